@@ -1,0 +1,262 @@
+//! `ClientBuilder`: the one way to configure a [`Client`](crate::Client).
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::couch::{Auth, Client};
+use crate::error::{Error, Result};
+
+/// The server URL used when none is given (CouchDB's default port on loopback).
+pub const DEFAULT_URL: &str = "http://127.0.0.1:5984";
+/// The database used when none is given.
+pub const DEFAULT_DATABASE: &str = "ledger";
+
+/// How transient failures are retried: capped exponential backoff with full jitter, honouring a
+/// server's `Retry-After` up to `retry_after_max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt (0 = never retry).
+    pub retries_max: u32,
+    /// Backoff before the first retry; doubles each time, before jitter.
+    pub delay_base: Duration,
+    /// Upper bound of one backoff.
+    pub delay_max: Duration,
+    /// Upper bound of a wait asked for by `Retry-After`.
+    pub retry_after_max: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            retries_max: 6,
+            delay_base: Duration::from_millis(50),
+            delay_max: Duration::from_secs(2),
+            retry_after_max: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Builds a [`Client`]. Consuming and `#[must_use]`; the first configuration error is kept and
+/// reported by [`ClientBuilder::build`].
+///
+/// ```no_run
+/// # async fn f() -> couch_ledger::Result<()> {
+/// use std::time::Duration;
+/// let client = couch_ledger::Client::builder()
+///     .url("http://127.0.0.1:5984")
+///     .database("ledger")
+///     .basic_auth("admin", "secret")
+///     .request_timeout(Duration::from_secs(30))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct ClientBuilder {
+    url: String,
+    database: String,
+    user: Option<String>,
+    password: Option<String>,
+    cookie: bool,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    retry: RetryPolicy,
+    error: Option<Error>,
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("url", &crate::couch::redact_url(&self.url))
+            .field("database", &self.database)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "_"))
+            .field("cookie", &self.cookie)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("retry", &self.retry)
+            .finish()
+    }
+}
+
+impl Default for ClientBuilder {
+    fn default() -> Self {
+        ClientBuilder {
+            url: DEFAULT_URL.to_owned(),
+            database: DEFAULT_DATABASE.to_owned(),
+            user: None,
+            password: None,
+            cookie: false,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(60),
+            retry: RetryPolicy::default(),
+            error: None,
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// The server's URL (`http://host:port`, optionally with a path prefix). Credentials in the
+    /// URL (`http://user:pass@host`) are taken out of it and used as basic auth.
+    pub fn url(mut self, url: impl Into<String>) -> Self {
+        self.url = url.into();
+        self
+    }
+
+    /// The database every call of the client works on.
+    pub fn database(mut self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        if let Err(e) = validate_database_name(&name) {
+            self.error.get_or_insert(e);
+        }
+        self.database = name;
+        self
+    }
+
+    /// HTTP basic authentication on every request.
+    pub fn basic_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self.cookie = false;
+        self
+    }
+
+    /// Cookie authentication: log in once with `POST /_session`, send the `AuthSession` cookie,
+    /// log in again when the server answers 401.
+    pub fn cookie_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self.password = Some(password.into());
+        self.cookie = true;
+        self
+    }
+
+    /// Time allowed to open a TCP connection.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Time allowed for one request, from sending to the end of the body.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How transient failures are retried.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Builds the client. No request is sent.
+    ///
+    /// # Errors
+    ///
+    /// An invalid URL or database name, a zero timeout, or a TLS backend that fails to start.
+    pub fn build(self) -> Result<Client> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let mut url = url::Url::parse(&self.url)
+            .map_err(|e| Error::config(format!("URL: {e}")))?;
+        if url.scheme() != "http" && url.scheme() != "https" {
+            return Err(Error::config("URL: the scheme must be http or https"));
+        }
+        if url.cannot_be_a_base() || url.host().is_none() {
+            return Err(Error::config("URL: needs a host"));
+        }
+        let mut user = self.user;
+        let mut password = self.password;
+        if !url.username().is_empty() {
+            let decode = |s: &str| {
+                percent_encoding::percent_decode_str(s)
+                    .decode_utf8_lossy()
+                    .into_owned()
+            };
+            if user.is_none() {
+                user = Some(decode(url.username()));
+                password = Some(decode(url.password().unwrap_or("")));
+            }
+            // Credentials never stay in a URL: URLs end up in errors and logs.
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+        }
+        if !url.path().ends_with('/') {
+            let path = format!("{}/", url.path());
+            url.set_path(&path);
+        }
+        url.set_query(None);
+        url.set_fragment(None);
+        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
+            return Err(Error::config("timeouts must be longer than zero"));
+        }
+        let auth = match (user, password) {
+            (Some(user), password) => Some(Auth {
+                user,
+                password: password.unwrap_or_default(),
+                cookie: self.cookie,
+            }),
+            (None, _) => None,
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout)
+            .timeout(self.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| Error::config("HTTP client").with_source(crate::error::scrub(e)))?;
+        Ok(Client::from_parts(
+            http,
+            url,
+            self.database,
+            auth,
+            self.retry,
+            self.request_timeout,
+        ))
+    }
+}
+
+/// CouchDB's rule for database names: a lower-case letter, then lower-case letters, digits and
+/// `_ $ ( ) + - /`.
+pub(crate) fn validate_database_name(name: &str) -> Result<()> {
+    let mut chars = name.chars();
+    let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+    let rest_ok = chars.all(|c| {
+        c.is_ascii_lowercase() || c.is_ascii_digit() || "_$()+-/".contains(c)
+    });
+    if !first_ok || !rest_ok || name.len() > 238 {
+        return Err(Error::invalid(
+            "database",
+            format!("{name:?}: use a lower-case letter, then lower-case letters, digits or _$()+-/"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_in_the_url_are_moved_out_of_it() {
+        let b = ClientBuilder::default().url("http://admin:s3cret@127.0.0.1:5984");
+        let debug = format!("{b:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        let client = b.build().unwrap();
+        let debug = format!("{client:?}");
+        assert!(!debug.contains("s3cret"), "{debug}");
+        assert!(debug.contains("admin"), "{debug}");
+    }
+
+    #[test]
+    fn bad_configuration_is_kept_until_build() {
+        let e = ClientBuilder::default().database("Bad Name").build().unwrap_err();
+        assert!(e.is_invalid_input());
+        let e = ClientBuilder::default().url("ftp://x").build().unwrap_err();
+        assert!(e.to_string().contains("scheme"), "{e}");
+        let e = ClientBuilder::default()
+            .request_timeout(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert!(e.to_string().contains("timeouts"), "{e}");
+    }
+}

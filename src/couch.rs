@@ -1,0 +1,1099 @@
+//! CouchDB's HTTP API over reqwest: requests, status → error mapping, retries.
+//!
+//! This layer knows the wire protocol and nothing about money. Every request sends
+//! `Content-Type` and `Accept: application/json` (pouchdb-server stores an empty document for a
+//! PUT without `Content-Type`), document ids are percent-encoded, and only requests that are safe
+//! to repeat are retried.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use reqwest::header::{HeaderValue, ACCEPT, CONTENT_TYPE, COOKIE, RETRY_AFTER, SET_COOKIE};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::config::{ClientBuilder, RetryPolicy};
+use crate::error::{is_transient_status, scrub, Error, Result};
+
+/// Everything but RFC 3986's unreserved characters is encoded in a path segment.
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A CouchDB client bound to one database. Cheap to clone (an `Arc`): create one and reuse it.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    /// Server URL with a trailing slash and no credentials.
+    base: url::Url,
+    database: String,
+    auth: Option<Auth>,
+    /// `AuthSession=…` once logged in with cookie auth.
+    session: Mutex<Option<String>>,
+    retry: RetryPolicy,
+    request_timeout: Duration,
+    /// HTTP requests sent (attempts, retries included).
+    requests: AtomicU64,
+}
+
+pub(crate) struct Auth {
+    pub(crate) user: String,
+    pub(crate) password: String,
+    pub(crate) cookie: bool,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client")
+            .field("url", &self.inner.base.as_str())
+            .field("database", &self.inner.database)
+            .field("user", &self.inner.auth.as_ref().map(|a| a.user.as_str()))
+            .field("password", &self.inner.auth.as_ref().map(|_| "_"))
+            .finish()
+    }
+}
+
+/// Whether a request may be sent again when its outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Repeating it cannot cause a second effect (a read, a PUT of a fixed id, a CAS write).
+    Safe,
+    /// Sent at most once.
+    Never,
+}
+
+/// The server's acknowledgement of a write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    /// Document id.
+    pub id: String,
+    /// The new revision.
+    pub rev: String,
+    /// `true` on `202 Accepted`: the write was stored but a cluster did not reach its write
+    /// quorum yet. The write is durable on at least one node; callers decide what that means.
+    pub accepted: bool,
+}
+
+/// One document's outcome in a `_bulk_docs` reply.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BulkResult {
+    /// Document id.
+    pub id: Option<String>,
+    /// New revision, when the document was written.
+    pub rev: Option<String>,
+    /// CouchDB's error for this document (`conflict`, `forbidden`…).
+    pub error: Option<String>,
+    /// Why.
+    pub reason: Option<String>,
+}
+
+impl BulkResult {
+    /// The document was written.
+    pub fn is_ok(&self) -> bool {
+        self.error.is_none() && self.rev.is_some()
+    }
+    /// Its `_rev` was stale, or it exists already.
+    pub fn is_conflict(&self) -> bool {
+        self.error.as_deref() == Some("conflict")
+    }
+    /// Refused by `validate_doc_update`.
+    pub fn is_forbidden(&self) -> bool {
+        self.error.as_deref() == Some("forbidden")
+    }
+}
+
+/// One row of `_all_docs`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct AllDocsRow {
+    /// The key asked for.
+    pub key: Value,
+    /// Document id, absent when it does not exist.
+    pub id: Option<String>,
+    /// `{rev, deleted?}`.
+    pub value: Option<Value>,
+    /// The document, with `include_docs`; `null` for a deleted one.
+    pub doc: Option<Value>,
+    /// `not_found` for a missing key.
+    pub error: Option<String>,
+}
+
+/// Parameters of a view query. Unset fields are not sent.
+#[derive(Debug, Clone, Default)]
+pub struct ViewQuery {
+    /// Only rows with this key.
+    pub key: Option<Value>,
+    /// Only rows with these keys (sent as a POST body).
+    pub keys: Option<Vec<Value>>,
+    /// First key.
+    pub start_key: Option<Value>,
+    /// Last key (inclusive unless `inclusive_end` is false).
+    pub end_key: Option<Value>,
+    /// Include `end_key`.
+    pub inclusive_end: Option<bool>,
+    /// Start at this document id among rows of `start_key`.
+    pub start_key_doc_id: Option<String>,
+    /// Group by key.
+    pub group: Option<bool>,
+    /// Group by the first N elements of an array key.
+    pub group_level: Option<u32>,
+    /// `false` to get map rows of a view with a reduce.
+    pub reduce: Option<bool>,
+    /// Include each row's document.
+    pub include_docs: Option<bool>,
+    /// At most this many rows.
+    pub limit: Option<u64>,
+    /// Skip this many rows.
+    pub skip: Option<u64>,
+    /// Reverse order.
+    pub descending: Option<bool>,
+    /// `true`, `false` or `lazy` (CouchDB; pouchdb-server ignores `false`).
+    pub update: Option<&'static str>,
+}
+
+/// One view row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ViewRow {
+    /// Source document id (absent in reduced rows).
+    pub id: Option<String>,
+    /// Emitted key.
+    #[serde(default)]
+    pub key: Value,
+    /// Emitted or reduced value.
+    #[serde(default)]
+    pub value: Value,
+    /// With `include_docs`.
+    pub doc: Option<Value>,
+}
+
+/// A view's reply.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ViewResponse {
+    /// Rows of the view (map rows) — absent for reduced results.
+    pub total_rows: Option<u64>,
+    /// Offset of the first row.
+    pub offset: Option<u64>,
+    /// The rows.
+    pub rows: Vec<ViewRow>,
+}
+
+/// Parameters of a `_changes` request.
+#[derive(Debug, Clone, Default)]
+pub struct ChangesQuery {
+    /// Sequence to start after (`now` for only new changes); `None` = from the beginning.
+    pub since: Option<Value>,
+    /// Wait for a change (longpoll) up to `timeout`.
+    pub longpoll: bool,
+    /// Longpoll / continuous wait. The client also puts its own deadline on the request, since
+    /// pouchdb-server does not honour `timeout`.
+    pub timeout: Option<Duration>,
+    /// At most this many rows.
+    pub limit: Option<u64>,
+    /// Include the documents.
+    pub include_docs: bool,
+    /// Only documents that the view `(ddoc, view)` maps (`filter=_view`).
+    pub view: Option<(String, String)>,
+    /// Only these documents (`filter=_doc_ids`).
+    pub doc_ids: Option<Vec<String>>,
+}
+
+/// One change.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChangeRow {
+    /// Its sequence (opaque: a number or a string).
+    pub seq: Value,
+    /// Document id.
+    pub id: String,
+    /// `[{rev}]`.
+    #[serde(default)]
+    pub changes: Vec<Value>,
+    /// The document was deleted.
+    #[serde(default)]
+    pub deleted: bool,
+    /// With `include_docs`.
+    pub doc: Option<Value>,
+}
+
+/// A `_changes` reply.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChangesResponse {
+    /// The changes.
+    pub results: Vec<ChangeRow>,
+    /// Where to continue from.
+    pub last_seq: Value,
+}
+
+/// A continuous `_changes` feed, read one row at a time.
+pub struct ChangesStream {
+    response: reqwest::Response,
+    buffer: Vec<u8>,
+    done: bool,
+}
+
+impl ChangesStream {
+    /// The next change; `None` when the server ended the feed (its `last_seq` line, or the
+    /// connection closed).
+    ///
+    /// # Errors
+    ///
+    /// The connection broke or a line was not a change.
+    pub async fn next(&mut self) -> Option<Result<ChangeRow>> {
+        loop {
+            if let Some(pos) = self.buffer.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=pos).collect();
+                let line = trim_ascii(&line);
+                if line.is_empty() {
+                    continue; // heartbeat
+                }
+                let value: Value = match serde_json::from_slice(line) {
+                    Ok(v) => v,
+                    Err(e) => return Some(Err(Error::decode(format!("changes line: {e}")))),
+                };
+                if value.get("last_seq").is_some() && value.get("id").is_none() {
+                    self.done = true;
+                    return None;
+                }
+                return Some(
+                    serde_json::from_value(value)
+                        .map_err(|e| Error::decode(format!("changes row: {e}"))),
+                );
+            }
+            if self.done {
+                return None;
+            }
+            match self.response.chunk().await {
+                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(None) => {
+                    self.done = true;
+                    if trim_ascii(&self.buffer).is_empty() {
+                        return None;
+                    }
+                    self.buffer.push(b'\n');
+                }
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(Error::transport(e.is_timeout()).with_source(scrub(e))));
+                }
+            }
+        }
+    }
+}
+
+fn trim_ascii(b: &[u8]) -> &[u8] {
+    let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
+    let end = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    &b[start..end]
+}
+
+/// A reply with a success status.
+struct Reply {
+    status: StatusCode,
+    body: Vec<u8>,
+}
+
+impl Client {
+    /// Starts configuring a client.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    pub(crate) fn from_parts(
+        http: reqwest::Client,
+        base: url::Url,
+        database: String,
+        auth: Option<Auth>,
+        retry: RetryPolicy,
+        request_timeout: Duration,
+    ) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                database,
+                auth,
+                session: Mutex::new(None),
+                retry,
+                request_timeout,
+                requests: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The same server and credentials, another database. Shares the connection pool; has its
+    /// own request counter.
+    ///
+    /// # Errors
+    ///
+    /// An invalid database name.
+    pub fn with_database(&self, name: &str) -> Result<Client> {
+        crate::config::validate_database_name(name)?;
+        let auth = self.inner.auth.as_ref().map(|a| Auth {
+            user: a.user.clone(),
+            password: a.password.clone(),
+            cookie: a.cookie,
+        });
+        Ok(Client::from_parts(
+            self.inner.http.clone(),
+            self.inner.base.clone(),
+            name.to_owned(),
+            auth,
+            self.inner.retry,
+            self.inner.request_timeout,
+        ))
+    }
+
+    /// The database this client works on.
+    pub fn database(&self) -> &str {
+        &self.inner.database
+    }
+
+    /// The server URL, without credentials.
+    pub fn url(&self) -> &str {
+        self.inner.base.as_str()
+    }
+
+    /// HTTP requests this client has sent so far, every retry counted.
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    fn db_path(&self) -> String {
+        utf8_percent_encode(&self.inner.database, SEGMENT).to_string()
+    }
+
+    /// `db/<encoded id>`, refusing ids CouchDB reserves.
+    fn doc_path(&self, id: &str) -> Result<String> {
+        Ok(format!("{}/{}", self.db_path(), encode_doc_id(id)?))
+    }
+
+    // ---- requests -------------------------------------------------------------------------
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        retry: Retry,
+    ) -> Result<Reply> {
+        self.send_with_timeout(method, path, query, body, retry, None)
+            .await
+    }
+
+    async fn send_with_timeout(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        retry: Retry,
+        timeout: Option<Duration>,
+    ) -> Result<Reply> {
+        let policy = self.inner.retry;
+        let mut attempt: u32 = 0;
+        let mut relogged = false;
+        loop {
+            let response = self
+                .attempt(&method, path, query, body.as_deref(), timeout)
+                .await;
+            let retries_left = retry == Retry::Safe && attempt < policy.retries_max;
+            match response {
+                Err(e) => {
+                    let timeout = e.is_timeout();
+                    let err = Error::transport(timeout)
+                        .with_source(scrub(e))
+                        .with_request(method.as_str(), path);
+                    if !retries_left {
+                        return Err(err);
+                    }
+                    tracing::debug!(%method, path, attempt, "transport error, retrying: {err}");
+                    tokio::time::sleep(backoff(&policy, attempt)).await;
+                }
+                Ok(response) => {
+                    let status = response.status();
+                    if status.is_success() {
+                        let body = response.bytes().await.map_err(|e| {
+                            Error::transport(e.is_timeout())
+                                .with_source(scrub(e))
+                                .with_request(method.as_str(), path)
+                        });
+                        match body {
+                            Ok(body) => {
+                                return Ok(Reply {
+                                    status,
+                                    body: body.to_vec(),
+                                })
+                            }
+                            Err(err) if retries_left => {
+                                tracing::debug!(%method, path, "body lost, retrying: {err}");
+                                tokio::time::sleep(backoff(&policy, attempt)).await;
+                                attempt += 1;
+                                continue;
+                            }
+                            Err(err) => return Err(err),
+                        }
+                    }
+                    if status == StatusCode::UNAUTHORIZED && !relogged && self.uses_cookie() {
+                        // The session expired: log in again once, then repeat the request.
+                        relogged = true;
+                        self.clear_session();
+                        continue;
+                    }
+                    let retry_after = retry_after(response.headers());
+                    let bytes = response.bytes().await.unwrap_or_default();
+                    let err = status_error(status, &bytes).with_request(method.as_str(), path);
+                    if !(retries_left && is_transient_status(status.as_u16())) {
+                        return Err(err);
+                    }
+                    let mut delay = backoff(&policy, attempt);
+                    if let Some(wait) = retry_after {
+                        delay = delay.max(wait.min(policy.retry_after_max));
+                    }
+                    tracing::debug!(%method, path, attempt, ?delay, "transient status, retrying: {err}");
+                    tokio::time::sleep(delay).await;
+                }
+            }
+            attempt += 1;
+        }
+    }
+
+    async fn attempt(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&[u8]>,
+        timeout: Option<Duration>,
+    ) -> std::result::Result<reqwest::Response, reqwest::Error> {
+        let mut url = self.inner.base.clone();
+        // The path is already encoded segment by segment; set it verbatim.
+        url.set_path(&format!("{}{}", self.inner.base.path(), path));
+        if !query.is_empty() {
+            url.query_pairs_mut()
+                .extend_pairs(query.iter().map(|(k, v)| (*k, v.as_str())));
+        }
+        let mut request = self
+            .inner
+            .http
+            .request(method.clone(), url)
+            .header(ACCEPT, "application/json")
+            .header(CONTENT_TYPE, "application/json");
+        if let Some(t) = timeout {
+            request = request.timeout(t);
+        }
+        if let Some(auth) = &self.inner.auth {
+            if auth.cookie {
+                if let Some(cookie) = self.session_cookie().await {
+                    request = request.header(COOKIE, cookie);
+                }
+            } else {
+                request = request.basic_auth(&auth.user, Some(&auth.password));
+            }
+        }
+        if let Some(body) = body {
+            request = request.body(body.to_vec());
+        }
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        request.send().await
+    }
+
+    fn uses_cookie(&self) -> bool {
+        self.inner.auth.as_ref().is_some_and(|a| a.cookie)
+    }
+
+    fn clear_session(&self) {
+        *self.inner.session.lock().expect("session lock") = None;
+    }
+
+    /// The `AuthSession` cookie, logging in first when there is none. A failed login sends the
+    /// request without a cookie, so the caller sees the server's own 401.
+    async fn session_cookie(&self) -> Option<HeaderValue> {
+        if let Some(c) = self.inner.session.lock().expect("session lock").clone() {
+            return HeaderValue::from_str(&c).ok();
+        }
+        let auth = self.inner.auth.as_ref()?;
+        let mut url = self.inner.base.clone();
+        url.set_path(&format!("{}_session", self.inner.base.path()));
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        let response = self
+            .inner
+            .http
+            .post(url)
+            .header(ACCEPT, "application/json")
+            .header(CONTENT_TYPE, "application/json")
+            .body(json!({"name": auth.user, "password": auth.password}).to_string())
+            .send()
+            .await
+            .ok()?;
+        if !response.status().is_success() {
+            tracing::warn!(status = %response.status(), "cookie login refused");
+            return None;
+        }
+        let cookie = response
+            .headers()
+            .get_all(SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|v| v.starts_with("AuthSession="))
+            .and_then(|v| v.split(';').next())
+            .map(str::to_owned)?;
+        *self.inner.session.lock().expect("session lock") = Some(cookie.clone());
+        HeaderValue::from_str(&cookie).ok()
+    }
+
+    async fn send_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Vec<u8>>,
+        retry: Retry,
+    ) -> Result<T> {
+        let reply = self.send(method.clone(), path, query, body, retry).await?;
+        decode(&reply.body).map_err(|e| e.with_request(method.as_str(), path))
+    }
+
+    // ---- server and database --------------------------------------------------------------
+
+    /// `GET /`: the server's welcome document (version, vendor…).
+    ///
+    /// # Errors
+    ///
+    /// The server could not be reached or refused the credentials.
+    pub async fn server_info(&self) -> Result<Value> {
+        self.send_json(Method::GET, "", &[], None, Retry::Safe).await
+    }
+
+    /// Creates the database unless it exists; `true` when this call created it.
+    ///
+    /// # Errors
+    ///
+    /// The server refused (e.g. 401/403 without admin rights).
+    pub async fn ensure_database(&self) -> Result<bool> {
+        let path = self.db_path();
+        match self.send(Method::GET, &path, &[], None, Retry::Safe).await {
+            Ok(_) => return Ok(false),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        match self.send(Method::PUT, &path, &[], None, Retry::Safe).await {
+            Ok(_) => Ok(true),
+            // Someone else (or our own retried request) created it first.
+            Err(e) if e.status_code() == Some(412) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes the database with everything in it.
+    ///
+    /// # Errors
+    ///
+    /// The server refused, or the database does not exist (404).
+    pub async fn delete_database(&self) -> Result<()> {
+        let path = self.db_path();
+        self.send(Method::DELETE, &path, &[], None, Retry::Safe)
+            .await
+            .map(drop)
+    }
+
+    /// `GET /db`: document count, update sequence…
+    ///
+    /// # Errors
+    ///
+    /// The database does not exist (404), or the server failed.
+    pub async fn database_info(&self) -> Result<Value> {
+        let path = self.db_path();
+        self.send_json(Method::GET, &path, &[], None, Retry::Safe)
+            .await
+    }
+
+    // ---- documents ------------------------------------------------------------------------
+
+    /// Reads a document.
+    ///
+    /// # Errors
+    ///
+    /// 404 when it does not exist (see [`Client::get_opt`]); a body that is not a `T`.
+    pub async fn get<T: DeserializeOwned>(&self, id: &str) -> Result<T> {
+        let path = self.doc_path(id)?;
+        self.send_json(Method::GET, &path, &[], None, Retry::Safe)
+            .await
+    }
+
+    /// Reads a document; `None` when it does not exist or was deleted.
+    ///
+    /// # Errors
+    ///
+    /// The database is missing, the server failed, or the body is not a `T`.
+    pub async fn get_opt<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
+        match self.get(id).await {
+            Ok(doc) => Ok(Some(doc)),
+            Err(e) if e.is_not_found() && !is_missing_database(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes a document: a create when `doc` has no `_rev`, a compare-and-swap update when it
+    /// has one. Retried on transient failures; a retried create or update that had landed
+    /// comes back as a 409, which the caller resolves by reading the document.
+    ///
+    /// # Errors
+    ///
+    /// 409 on a stale `_rev` or an existing document; 403 from `validate_doc_update`.
+    pub async fn put<T: Serialize + ?Sized>(&self, id: &str, doc: &T) -> Result<Written> {
+        let path = self.doc_path(id)?;
+        let body = serde_json::to_vec(doc).map_err(|e| Error::invalid_input(e.to_string()))?;
+        let reply = self
+            .send(Method::PUT, &path, &[], Some(body), Retry::Safe)
+            .await?;
+        written(&reply).map_err(|e| e.with_request("PUT", &path))
+    }
+
+    /// Deletes revision `rev` of a document.
+    ///
+    /// # Errors
+    ///
+    /// 409 when `rev` is not the current revision; 403 from `validate_doc_update`.
+    pub async fn delete(&self, id: &str, rev: &str) -> Result<Written> {
+        let path = self.doc_path(id)?;
+        let reply = self
+            .send(Method::DELETE, &path, &[("rev", rev.to_owned())], None, Retry::Safe)
+            .await?;
+        written(&reply).map_err(|e| e.with_request("DELETE", &path))
+    }
+
+    /// Writes several documents in one request. The reply has one result per document, in
+    /// order; a conflict or a refusal of one document does not fail the others.
+    ///
+    /// Retried on transient failures only when every document names its `_id` (a repeat then
+    /// finds its own writes as conflicts instead of making copies).
+    ///
+    /// # Errors
+    ///
+    /// The whole request failed, or the reply does not have one entry per document.
+    pub async fn bulk_docs<T: Serialize>(&self, docs: &[T]) -> Result<Vec<BulkResult>> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let docs: Vec<Value> = docs
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| Error::invalid_input(e.to_string()))?;
+        let mut retry = Retry::Safe;
+        for doc in &docs {
+            match doc.get("_id").and_then(Value::as_str) {
+                Some(id) => {
+                    encode_doc_id(id)?;
+                }
+                None => retry = Retry::Never,
+            }
+        }
+        let path = format!("{}/_bulk_docs", self.db_path());
+        let body = serde_json::to_vec(&json!({ "docs": docs })).expect("serializable");
+        let results: Vec<BulkResult> = self
+            .send_json(Method::POST, &path, &[], Some(body), retry)
+            .await?;
+        if results.len() != docs.len() {
+            return Err(Error::decode(format!(
+                "_bulk_docs answered {} results for {} documents",
+                results.len(),
+                docs.len()
+            ))
+            .with_request("POST", &path));
+        }
+        Ok(results)
+    }
+
+    /// `_all_docs` for these keys, in order, one row per key.
+    ///
+    /// # Errors
+    ///
+    /// The server failed, or the reply does not have one row per key.
+    pub async fn all_docs(&self, keys: &[String], include_docs: bool) -> Result<Vec<AllDocsRow>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        for key in keys {
+            encode_doc_id(key)?;
+        }
+        let path = format!("{}/_all_docs", self.db_path());
+        let mut query = Vec::new();
+        if include_docs {
+            query.push(("include_docs", "true".to_owned()));
+        }
+        let body = serde_json::to_vec(&json!({ "keys": keys })).expect("serializable");
+        #[derive(Deserialize)]
+        struct Reply {
+            rows: Vec<AllDocsRow>,
+        }
+        let reply: Reply = self
+            .send_json(Method::POST, &path, &query, Some(body), Retry::Safe)
+            .await?;
+        if reply.rows.len() != keys.len() {
+            return Err(Error::decode(format!(
+                "_all_docs answered {} rows for {} keys",
+                reply.rows.len(),
+                keys.len()
+            ))
+            .with_request("POST", &path));
+        }
+        Ok(reply.rows)
+    }
+
+    /// Queries a view of `_design/{ddoc}`.
+    ///
+    /// # Errors
+    ///
+    /// 404 when the design document or view is missing; the server failed.
+    pub async fn view(&self, ddoc: &str, view: &str, q: &ViewQuery) -> Result<ViewResponse> {
+        let path = format!(
+            "{}/_design/{}/_view/{}",
+            self.db_path(),
+            utf8_percent_encode(ddoc, SEGMENT),
+            utf8_percent_encode(view, SEGMENT)
+        );
+        let mut query: Vec<(&str, String)> = Vec::new();
+        let js = |v: &Value| v.to_string();
+        if let Some(v) = &q.key {
+            query.push(("key", js(v)));
+        }
+        if let Some(v) = &q.start_key {
+            query.push(("startkey", js(v)));
+        }
+        if let Some(v) = &q.end_key {
+            query.push(("endkey", js(v)));
+        }
+        if let Some(v) = q.inclusive_end {
+            query.push(("inclusive_end", v.to_string()));
+        }
+        if let Some(v) = &q.start_key_doc_id {
+            query.push(("startkey_docid", v.clone()));
+        }
+        if let Some(v) = q.group {
+            query.push(("group", v.to_string()));
+        }
+        if let Some(v) = q.group_level {
+            query.push(("group_level", v.to_string()));
+        }
+        if let Some(v) = q.reduce {
+            query.push(("reduce", v.to_string()));
+        }
+        if let Some(v) = q.include_docs {
+            query.push(("include_docs", v.to_string()));
+        }
+        if let Some(v) = q.limit {
+            query.push(("limit", v.to_string()));
+        }
+        if let Some(v) = q.skip {
+            query.push(("skip", v.to_string()));
+        }
+        if let Some(v) = q.descending {
+            query.push(("descending", v.to_string()));
+        }
+        if let Some(v) = q.update {
+            query.push(("update", v.to_owned()));
+        }
+        match &q.keys {
+            // A read: POST only because the keys may not fit in a URL. Safe to repeat.
+            Some(keys) => {
+                let body = serde_json::to_vec(&json!({ "keys": keys })).expect("serializable");
+                self.send_json(Method::POST, &path, &query, Some(body), Retry::Safe)
+                    .await
+            }
+            None => {
+                self.send_json(Method::GET, &path, &query, None, Retry::Safe)
+                    .await
+            }
+        }
+    }
+
+    /// One `_changes` request (normal or longpoll). A longpoll that times out on our side comes
+    /// back as no changes since `since`, so a missing server-side timeout cannot hang a caller.
+    ///
+    /// # Errors
+    ///
+    /// The server failed or could not be reached.
+    pub async fn changes(&self, q: &ChangesQuery) -> Result<ChangesResponse> {
+        let path = format!("{}/_changes", self.db_path());
+        let (query, body) = changes_params(q, if q.longpoll { "longpoll" } else { "normal" });
+        let method = if body.is_some() { Method::POST } else { Method::GET };
+        let wait = q.timeout.unwrap_or(Duration::from_secs(60));
+        let deadline = self.inner.request_timeout.max(wait + Duration::from_secs(5));
+        let result = self
+            .send_with_timeout(method.clone(), &path, &query, body, Retry::Safe, Some(deadline))
+            .await;
+        match result {
+            Ok(reply) => decode(&reply.body).map_err(|e| e.with_request(method.as_str(), &path)),
+            Err(e) if q.longpoll && e.is_timeout() => Ok(ChangesResponse {
+                results: Vec::new(),
+                last_seq: q.since.clone().unwrap_or(Value::from(0)),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Opens a continuous `_changes` feed that lasts at most `max_duration`.
+    ///
+    /// # Errors
+    ///
+    /// The feed could not be opened.
+    pub async fn changes_stream(
+        &self,
+        q: &ChangesQuery,
+        max_duration: Duration,
+    ) -> Result<ChangesStream> {
+        let path = format!("{}/_changes", self.db_path());
+        let (mut query, body) = changes_params(q, "continuous");
+        query.push(("heartbeat", "10000".to_owned()));
+        let method = if body.is_some() { Method::POST } else { Method::GET };
+        let response = self
+            .attempt(&method, &path, &query, body.as_deref(), Some(max_duration))
+            .await
+            .map_err(|e| {
+                Error::transport(e.is_timeout())
+                    .with_source(scrub(e))
+                    .with_request(method.as_str(), &path)
+            })?;
+        if !response.status().is_success() {
+            let status = response.status();
+            let bytes = response.bytes().await.unwrap_or_default();
+            return Err(status_error(status, &bytes).with_request(method.as_str(), &path));
+        }
+        Ok(ChangesStream {
+            response,
+            buffer: Vec::new(),
+            done: false,
+        })
+    }
+
+    /// `count` fresh ids from the server's `_uuids`.
+    ///
+    /// # Errors
+    ///
+    /// The server failed.
+    pub async fn uuids(&self, count: u32) -> Result<Vec<String>> {
+        #[derive(Deserialize)]
+        struct Reply {
+            uuids: Vec<String>,
+        }
+        let reply: Reply = self
+            .send_json(
+                Method::GET,
+                "_uuids",
+                &[("count", count.to_string())],
+                None,
+                Retry::Safe,
+            )
+            .await?;
+        if reply.uuids.len() != count as usize {
+            return Err(Error::decode("_uuids answered the wrong number of ids"));
+        }
+        Ok(reply.uuids)
+    }
+
+    /// Reads `_local/{name}` (not replicated, not in views or `_changes`).
+    ///
+    /// # Errors
+    ///
+    /// The server failed or the body is not a `T`.
+    pub async fn get_local<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>> {
+        self.get_opt(&format!("_local/{name}")).await
+    }
+
+    /// Writes `_local/{name}`; include `_rev` to update.
+    ///
+    /// # Errors
+    ///
+    /// 409 on a stale `_rev`.
+    pub async fn put_local<T: Serialize + ?Sized>(&self, name: &str, doc: &T) -> Result<Written> {
+        self.put(&format!("_local/{name}"), doc).await
+    }
+
+    /// Reads the database's `_security` object.
+    ///
+    /// # Errors
+    ///
+    /// The server refused or failed.
+    pub async fn security(&self) -> Result<Value> {
+        let path = format!("{}/_security", self.db_path());
+        self.send_json(Method::GET, &path, &[], None, Retry::Safe)
+            .await
+    }
+
+    /// Replaces the database's `_security` object (admins only).
+    ///
+    /// # Errors
+    ///
+    /// The server refused or failed.
+    pub async fn set_security(&self, security: &Value) -> Result<()> {
+        let path = format!("{}/_security", self.db_path());
+        let body = serde_json::to_vec(security).expect("serializable");
+        self.send(Method::PUT, &path, &[], Some(body), Retry::Safe)
+            .await
+            .map(drop)
+    }
+}
+
+fn changes_params(q: &ChangesQuery, feed: &str) -> (Vec<(&'static str, String)>, Option<Vec<u8>>) {
+    let mut query = vec![("feed", feed.to_owned())];
+    if let Some(since) = &q.since {
+        let since = match since {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        query.push(("since", since));
+    }
+    if let Some(t) = q.timeout {
+        query.push(("timeout", t.as_millis().to_string()));
+    }
+    if let Some(l) = q.limit {
+        query.push(("limit", l.to_string()));
+    }
+    if q.include_docs {
+        query.push(("include_docs", "true".to_owned()));
+    }
+    let mut body = None;
+    if let Some((ddoc, view)) = &q.view {
+        query.push(("filter", "_view".to_owned()));
+        query.push(("view", format!("{ddoc}/{view}")));
+    } else if let Some(ids) = &q.doc_ids {
+        query.push(("filter", "_doc_ids".to_owned()));
+        body = Some(serde_json::to_vec(&json!({ "doc_ids": ids })).expect("serializable"));
+    }
+    (query, body)
+}
+
+/// Percent-encodes a document id for a URL path. `_design/` and `_local/` keep their prefix;
+/// any other id beginning with `_` is refused (CouchDB reserves them), as are empty ids and ids
+/// holding control characters.
+pub(crate) fn encode_doc_id(id: &str) -> Result<String> {
+    if id.is_empty() {
+        return Err(Error::invalid("id", "must not be empty"));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(Error::invalid("id", format!("{id:?} holds a control character")));
+    }
+    for prefix in ["_design/", "_local/"] {
+        if let Some(rest) = id.strip_prefix(prefix) {
+            if rest.is_empty() {
+                return Err(Error::invalid("id", format!("{id:?} has no name")));
+            }
+            return Ok(format!("{prefix}{}", utf8_percent_encode(rest, SEGMENT)));
+        }
+    }
+    if id.starts_with('_') {
+        return Err(Error::invalid(
+            "id",
+            format!("{id:?} begins with '_', which CouchDB reserves"),
+        ));
+    }
+    Ok(utf8_percent_encode(id, SEGMENT).to_string())
+}
+
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T> {
+    serde_json::from_slice(body).map_err(|e| {
+        let shown: String = String::from_utf8_lossy(body).chars().take(80).collect();
+        Error::decode(format!("{e} in body starting {shown:?}"))
+    })
+}
+
+fn written(reply: &Reply) -> Result<Written> {
+    #[derive(Deserialize)]
+    struct Ack {
+        id: String,
+        rev: String,
+    }
+    let ack: Ack = decode(&reply.body)?;
+    Ok(Written {
+        id: ack.id,
+        rev: ack.rev,
+        accepted: reply.status == StatusCode::ACCEPTED,
+    })
+}
+
+fn status_error(status: StatusCode, body: &[u8]) -> Error {
+    #[derive(Deserialize)]
+    struct Body {
+        error: Option<String>,
+        reason: Option<String>,
+    }
+    let parsed: Option<Body> = serde_json::from_slice(body).ok();
+    let (error, reason) = parsed.map_or((None, None), |b| (b.error, b.reason));
+    Error::status(status.as_u16(), error, reason)
+}
+
+fn is_missing_database(e: &Error) -> bool {
+    e.reason()
+        .is_some_and(|r| r.contains("Database does not exist") || r.contains("no_db_file"))
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is ignored: the backoff applies instead).
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?;
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+/// Full-jitter exponential backoff: a random wait in `[0, min(cap, base·2^attempt)]`, at least
+/// 1 ms so a storm of retries still spreads out.
+fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
+    let cap = policy.delay_max.as_millis() as u64;
+    let exp = (policy.delay_base.as_millis() as u64).saturating_mul(1u64 << attempt.min(20));
+    let ceiling = exp.min(cap).max(1);
+    Duration::from_millis(fastrand::u64(1..=ceiling))
+}
+
+/// The URL as text with any user-info replaced, for `Debug` output of configuration.
+pub(crate) fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("_"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<invalid URL>".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_encoded_and_reserved_ones_refused() {
+        assert_eq!(encode_doc_id("payment:o1:r 1").unwrap(), "payment%3Ao1%3Ar%201");
+        assert_eq!(encode_doc_id("_design/orders").unwrap(), "_design/orders");
+        assert_eq!(encode_doc_id("_local/a/b").unwrap(), "_local/a%2Fb");
+        assert!(encode_doc_id("_users").unwrap_err().is_invalid_input());
+        assert!(encode_doc_id("a\u{7}b").unwrap_err().is_invalid_input());
+        assert!(encode_doc_id("").is_err());
+        assert!(encode_doc_id("_design/").is_err());
+    }
+
+    #[test]
+    fn backoff_stays_under_its_cap() {
+        let p = RetryPolicy::default();
+        for attempt in 0..40 {
+            let d = backoff(&p, attempt);
+            assert!(d <= p.delay_max, "{d:?}");
+            assert!(d >= Duration::from_millis(1));
+        }
+    }
+
+    #[test]
+    fn redacted_url_has_no_password() {
+        let r = redact_url("http://u:secret@h:1/");
+        assert!(!r.contains("secret"), "{r}");
+    }
+}

@@ -1,0 +1,216 @@
+//! Design documents as files, installed like migrations.
+//!
+//! Every file under `design_docs/` is embedded at compile time. `design_docs/<name>/` becomes
+//! `_design/<name>`: `views/<view>/map.js` and `views/<view>/reduce` (a built-in reducer name),
+//! and `validate_doc_update.js`. Each document carries a SHA-256 checksum of its content;
+//! installing writes only a document whose checksum differs, because a changed view makes
+//! CouchDB rebuild its whole index.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::couch::Client;
+use crate::error::{Error, Result};
+
+include!(concat!(env!("OUT_DIR"), "/design_files.rs"));
+
+/// The field of a design document that holds our checksum.
+const CHECKSUM_FIELD: &str = "couch_ledger_checksum";
+
+/// What installing did to one design document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InstallStatus {
+    /// It did not exist.
+    Created,
+    /// It was there with the same checksum; nothing was written.
+    Unchanged,
+    /// It was there with other content (an older version, or edited by hand) and was replaced.
+    Updated,
+}
+
+/// One design document's install outcome.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Installed {
+    /// `_design/<name>`.
+    pub id: String,
+    /// What happened.
+    pub status: InstallStatus,
+}
+
+/// A design document built from the embedded files.
+#[derive(Debug, Clone)]
+pub struct DesignDoc {
+    /// `_design/<name>`.
+    pub id: String,
+    /// The document body without `_id`, `_rev` or the checksum.
+    pub body: Value,
+    /// Hex SHA-256 of `body`'s canonical JSON.
+    pub checksum: String,
+}
+
+/// The design documents this version of the library carries, sorted by id.
+///
+/// # Panics
+///
+/// If the embedded files do not have the documented layout (a build mistake, caught by tests).
+pub fn design_docs() -> Vec<DesignDoc> {
+    let mut docs: BTreeMap<String, Map<String, Value>> = BTreeMap::new();
+    for (path, content) in DESIGN_FILES {
+        let parts: Vec<&str> = path.split('/').collect();
+        let doc = docs.entry(parts[0].to_owned()).or_insert_with(|| {
+            let mut m = Map::new();
+            m.insert("language".into(), json!("javascript"));
+            m
+        });
+        match parts.as_slice() {
+            [_, "validate_doc_update.js"] => {
+                doc.insert("validate_doc_update".into(), json!(content.trim()));
+            }
+            [_, "views", view, file @ ("map.js" | "reduce")] => {
+                let views = doc
+                    .entry("views")
+                    .or_insert_with(|| json!({}))
+                    .as_object_mut()
+                    .expect("views is an object");
+                let entry = views
+                    .entry(view.to_string())
+                    .or_insert_with(|| json!({}))
+                    .as_object_mut()
+                    .expect("view is an object");
+                let key = if *file == "map.js" { "map" } else { "reduce" };
+                let text = content.trim();
+                if key == "reduce" {
+                    assert!(
+                        text.starts_with('_'),
+                        "{path}: only built-in reducers (_sum, _count, _stats) are allowed"
+                    );
+                }
+                entry.insert(key.into(), json!(text));
+            }
+            _ => panic!("design_docs/{path}: unexpected file"),
+        }
+    }
+    docs.into_iter()
+        .map(|(name, body)| {
+            let body = Value::Object(body);
+            let checksum = checksum(&body);
+            DesignDoc {
+                id: format!("_design/{name}"),
+                body,
+                checksum,
+            }
+        })
+        .collect()
+}
+
+fn checksum(body: &Value) -> String {
+    // serde_json's map is ordered by key, so this text is canonical.
+    let text = serde_json::to_string(body).expect("serializable");
+    let digest = Sha256::digest(text.as_bytes());
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Installs every design document, writing only those whose checksum differs.
+///
+/// # Errors
+///
+/// The server refused (design documents need admin rights on CouchDB) or failed.
+pub async fn install(client: &Client) -> Result<Vec<Installed>> {
+    let mut out = Vec::new();
+    for doc in design_docs() {
+        out.push(install_one(client, &doc).await?);
+    }
+    Ok(out)
+}
+
+async fn install_one(client: &Client, doc: &DesignDoc) -> Result<Installed> {
+    // Two installers may race; the loser re-reads and judges again. Bounded.
+    for _ in 0..5 {
+        let existing: Option<Value> = client.get_opt(&doc.id).await?;
+        let mut body = doc.body.clone();
+        let obj = body.as_object_mut().expect("design doc is an object");
+        obj.insert(CHECKSUM_FIELD.into(), json!(doc.checksum));
+        let status = match &existing {
+            None => InstallStatus::Created,
+            Some(current) => {
+                if current.get(CHECKSUM_FIELD).and_then(Value::as_str) == Some(&doc.checksum)
+                    && stored_matches(current, &doc.body)
+                {
+                    return Ok(Installed {
+                        id: doc.id.clone(),
+                        status: InstallStatus::Unchanged,
+                    });
+                }
+                let rev = current
+                    .get("_rev")
+                    .cloned()
+                    .ok_or_else(|| Error::decode(format!("{} has no _rev", doc.id)))?;
+                obj.insert("_rev".into(), rev);
+                InstallStatus::Updated
+            }
+        };
+        match client.put(&doc.id, &body).await {
+            Ok(_) => {
+                tracing::info!(id = %doc.id, ?status, "design document installed");
+                return Ok(Installed {
+                    id: doc.id.clone(),
+                    status,
+                });
+            }
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::invariant(format!(
+        "{}: kept conflicting with another installer",
+        doc.id
+    )))
+}
+
+/// The stored document really holds our content (not a hand edit that kept the checksum
+/// field): drift is repaired, not hidden.
+fn stored_matches(current: &Value, body: &Value) -> bool {
+    let Some(current) = current.as_object() else {
+        return false;
+    };
+    body.as_object()
+        .expect("design doc is an object")
+        .iter()
+        .all(|(k, v)| current.get(k) == Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_docs_have_the_views_of_the_spec() {
+        let docs = design_docs();
+        let ids: Vec<&str> = docs.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["_design/orders", "_design/transactions", "_design/validation"]
+        );
+        let views = |i: usize| {
+            docs[i].body["views"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(views(0), ["by_account", "ledger"]);
+        assert_eq!(views(1), ["by_account", "by_state", "committed", "pending"]);
+        assert_eq!(docs[1].body["views"]["by_state"]["reduce"], "_count");
+        assert!(docs[2].body["validate_doc_update"]
+            .as_str()
+            .unwrap()
+            .starts_with("function"));
+        assert_eq!(docs[0].checksum.len(), 64);
+        assert_ne!(docs[0].checksum, docs[1].checksum);
+    }
+}

@@ -1,0 +1,330 @@
+//! The library's one error type.
+//!
+//! Opaque on purpose (reqwest, rust-postgres): callers ask questions (`is_conflict()`,
+//! `status()`…) instead of matching on a kind that would freeze the API. Nothing in here ever
+//! holds a credential: URLs are stored with their user-info stripped.
+
+use std::fmt;
+
+/// A `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in couch-ledger: a server reply, the network, bad input, or a
+/// broken promise of the protocol.
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: Kind,
+    /// `METHOD path` of the request, without credentials or host.
+    request: Option<String>,
+    source: Option<BoxError>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The server answered with a non-success status.
+    Status {
+        status: u16,
+        error: Option<String>,
+        reason: Option<String>,
+    },
+    /// The request did not get an answer (refused, reset, timed out).
+    Transport { timeout: bool },
+    /// The server's body was not what CouchDB's API documents.
+    Decode(String),
+    /// The caller's input is invalid; nothing was written.
+    Invalid { field: Option<String>, message: String },
+    /// A document with this id exists with other content (an idempotency key re-used).
+    Mismatch { id: String, field: String },
+    /// Configuration error, reported by `build()`.
+    Config(String),
+    /// A state change the transfer protocol does not allow.
+    Transition(crate::state::TransitionError),
+    /// An invariant of the ledger does not hold (found by a check, never assumed).
+    Invariant(String),
+}
+
+impl Error {
+    pub(crate) fn new(kind: Kind) -> Error {
+        Error {
+            inner: Box::new(Inner {
+                kind,
+                request: None,
+                source: None,
+            }),
+        }
+    }
+
+    pub(crate) fn with_request(mut self, method: &str, path: &str) -> Error {
+        self.inner.request = Some(format!("{method} {path}"));
+        self
+    }
+
+    pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Error {
+        self.inner.source = Some(source.into());
+        self
+    }
+
+    pub(crate) fn status(status: u16, error: Option<String>, reason: Option<String>) -> Error {
+        Error::new(Kind::Status {
+            status,
+            error,
+            reason,
+        })
+    }
+
+    pub(crate) fn transport(timeout: bool) -> Error {
+        Error::new(Kind::Transport { timeout })
+    }
+
+    pub(crate) fn decode(message: impl Into<String>) -> Error {
+        Error::new(Kind::Decode(message.into()))
+    }
+
+    /// Invalid input for a named field.
+    pub(crate) fn invalid(field: &str, message: impl Into<String>) -> Error {
+        Error::new(Kind::Invalid {
+            field: Some(field.to_owned()),
+            message: message.into(),
+        })
+    }
+
+    /// Invalid input not tied to one field.
+    pub(crate) fn invalid_input(message: impl Into<String>) -> Error {
+        Error::new(Kind::Invalid {
+            field: None,
+            message: message.into(),
+        })
+    }
+
+    pub(crate) fn mismatch(id: &str, field: &str) -> Error {
+        Error::new(Kind::Mismatch {
+            id: id.to_owned(),
+            field: field.to_owned(),
+        })
+    }
+
+    pub(crate) fn config(message: impl Into<String>) -> Error {
+        Error::new(Kind::Config(message.into()))
+    }
+
+    pub(crate) fn invariant(message: impl Into<String>) -> Error {
+        Error::new(Kind::Invariant(message.into()))
+    }
+
+    pub(crate) fn kind(&self) -> &Kind {
+        &self.inner.kind
+    }
+
+    /// The HTTP status of the server's reply, when there was one.
+    pub fn status_code(&self) -> Option<u16> {
+        match self.inner.kind {
+            Kind::Status { status, .. } => Some(status),
+            _ => None,
+        }
+    }
+
+    /// CouchDB's `error` field of the reply (`conflict`, `not_found`, `forbidden`…).
+    pub fn couch_error(&self) -> Option<&str> {
+        match &self.inner.kind {
+            Kind::Status { error, .. } => error.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// CouchDB's `reason` field of the reply (for a validation failure, the message thrown by
+    /// `validate_doc_update`).
+    pub fn reason(&self) -> Option<&str> {
+        match &self.inner.kind {
+            Kind::Status { reason, .. } => reason.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// 409: the document changed under us (a stale `_rev`, or it already exists).
+    pub fn is_conflict(&self) -> bool {
+        self.status_code() == Some(409)
+    }
+
+    /// 404: no such document or database.
+    pub fn is_not_found(&self) -> bool {
+        self.status_code() == Some(404)
+    }
+
+    /// 403: refused by `validate_doc_update` or by the server's security.
+    pub fn is_forbidden(&self) -> bool {
+        self.status_code() == Some(403)
+    }
+
+    /// 401: missing or wrong credentials.
+    pub fn is_unauthorized(&self) -> bool {
+        self.status_code() == Some(401)
+    }
+
+    /// A failure that may go away by itself: 429, 500, 502, 503, 504, or a network error.
+    pub fn is_transient(&self) -> bool {
+        match self.inner.kind {
+            Kind::Status { status, .. } => is_transient_status(status),
+            Kind::Transport { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// The request timed out.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self.inner.kind, Kind::Transport { timeout: true })
+    }
+
+    /// The caller's input was refused before anything was written (including an idempotency key
+    /// re-used with other content, see [`Error::is_mismatch`]).
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(
+            self.inner.kind,
+            Kind::Invalid { .. } | Kind::Mismatch { .. } | Kind::Config(_)
+        )
+    }
+
+    /// A document with this id already exists with other content; [`Error::field`] names the
+    /// first field that differs.
+    pub fn is_mismatch(&self) -> bool {
+        matches!(self.inner.kind, Kind::Mismatch { .. })
+    }
+
+    /// The field an input error or a mismatch is about.
+    pub fn field(&self) -> Option<&str> {
+        match &self.inner.kind {
+            Kind::Invalid { field, .. } => field.as_deref(),
+            Kind::Mismatch { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    /// The transfer state change that was refused, if that is what this error is.
+    pub fn transition(&self) -> Option<crate::state::TransitionError> {
+        match &self.inner.kind {
+            Kind::Transition(t) => Some(*t),
+            _ => None,
+        }
+    }
+
+    /// The server's answer could not be understood.
+    pub fn is_decode(&self) -> bool {
+        matches!(self.inner.kind, Kind::Decode(_))
+    }
+
+    /// An invariant of the ledger was found broken.
+    pub fn is_invariant(&self) -> bool {
+        matches!(self.inner.kind, Kind::Invariant(_))
+    }
+}
+
+pub(crate) fn is_transient_status(status: u16) -> bool {
+    matches!(status, 429 | 500 | 502 | 503 | 504)
+}
+
+impl From<crate::state::TransitionError> for Error {
+    fn from(t: crate::state::TransitionError) -> Error {
+        Error::new(Kind::Transition(t))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner.kind {
+            Kind::Status {
+                status,
+                error,
+                reason,
+            } => {
+                write!(f, "server answered {status}")?;
+                if let Some(e) = error {
+                    write!(f, " {e}")?;
+                }
+                if let Some(r) = reason {
+                    write!(f, ": {r}")?;
+                }
+            }
+            Kind::Transport { timeout: true } => f.write_str("request timed out")?,
+            Kind::Transport { timeout: false } => f.write_str("could not reach the server")?,
+            Kind::Decode(m) => write!(f, "unexpected reply from the server: {m}")?,
+            Kind::Invalid {
+                field: Some(field),
+                message,
+            } => write!(f, "invalid {field}: {message}")?,
+            Kind::Invalid {
+                field: None,
+                message,
+            } => write!(f, "invalid input: {message}")?,
+            Kind::Mismatch { id, field } => write!(
+                f,
+                "{id} already exists with a different {field} (an id is written once; use a new reference)"
+            )?,
+            Kind::Config(m) => write!(f, "invalid configuration: {m}")?,
+            Kind::Transition(t) => write!(f, "{t}")?,
+            Kind::Invariant(m) => write!(f, "invariant violated: {m}")?,
+        }
+        if let Some(request) = &self.inner.request {
+            write!(f, " ({request})")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.inner.kind);
+        if let Some(r) = &self.inner.request {
+            d.field("request", r);
+        }
+        if let Some(s) = &self.inner.source {
+            d.field("source", &s.to_string());
+        }
+        d.finish()
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_ref()
+            .map(|e| &**e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Strip everything but the URL's scheme-relative path so an error never carries a host's
+/// credentials; reqwest's `without_url` does the same for its own errors.
+pub(crate) fn scrub(e: reqwest::Error) -> reqwest::Error {
+    e.without_url()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn questions_follow_the_status() {
+        let e = Error::status(409, Some("conflict".into()), Some("Document update conflict.".into()));
+        assert!(e.is_conflict());
+        assert!(!e.is_transient());
+        assert!(!e.is_not_found());
+        let e = Error::status(503, None, None);
+        assert!(e.is_transient());
+        assert!(Error::transport(true).is_timeout());
+        assert!(Error::transport(false).is_transient());
+        assert!(Error::mismatch("payment:o:r", "value").is_invalid_input());
+    }
+
+    #[test]
+    fn display_names_the_field() {
+        let e = Error::mismatch("payment:o:r", "value");
+        assert!(e.to_string().contains("different value"), "{e}");
+        let e = Error::invalid("amount", "must be positive");
+        assert_eq!(e.to_string(), "invalid amount: must be positive");
+    }
+}

@@ -1,0 +1,42 @@
+//! couch-ledger: a money ledger on CouchDB.
+//!
+//! CouchDB makes one document's write atomic (`_rev` compare-and-swap) and nothing more. On
+//! that, this crate builds an immutable order ledger, two-phase transfers between accounts that
+//! survive a crash at any step, and a sweeper that finishes transfers left half-way.
+//!
+//! ```no_run
+//! # async fn demo() -> couch_ledger::Result<()> {
+//! use couch_ledger::{Client, Ledger};
+//!
+//! let client = Client::builder()
+//!     .url("http://127.0.0.1:5984")
+//!     .database("ledger")
+//!     .build()?;
+//! let ledger = Ledger::new(client);
+//! ledger.init().await?;
+//! let balance = ledger.order_balance("320afa89").await?;
+//! println!("still owed: {} minor units", balance.minor());
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+mod config;
+mod couch;
+pub mod design;
+pub mod devserver;
+mod error;
+mod ledger;
+mod money;
+mod orders;
+mod state;
+
+pub use config::{ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_URL};
+pub use couch::{
+    AllDocsRow, BulkResult, ChangeRow, ChangesQuery, ChangesResponse, ChangesStream, Client,
+    ViewQuery, ViewResponse, ViewRow, Written,
+};
+pub use error::{Error, Result};
+pub use ledger::{InitReport, Ledger};
+pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
+pub use orders::*;
+pub use state::{transition, Event, State, TransitionError};

@@ -1,0 +1,304 @@
+//! Money: integer minor units and ISO-4217 currencies. No floating point anywhere.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The largest magnitude an amount may have: CouchDB and JavaScript read numbers as doubles,
+/// which hold integers exactly only up to 2^53 − 1.
+pub const AMOUNT_ABS_MAX: i64 = (1 << 53) - 1;
+
+/// An amount in minor units (cents), `|amount| ≤ 2^53 − 1`. Arithmetic is checked: an overflow
+/// or a result out of range is an error, never a wrap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
+#[serde(transparent)]
+pub struct Amount(i64);
+
+impl Amount {
+    /// Zero.
+    pub const ZERO: Amount = Amount(0);
+
+    /// An amount of `minor` units.
+    ///
+    /// # Errors
+    ///
+    /// `|minor| > 2^53 − 1`.
+    pub fn new(minor: i64) -> Result<Amount> {
+        if minor.checked_abs().is_none_or(|a| a > AMOUNT_ABS_MAX) {
+            return Err(Error::invalid(
+                "amount",
+                format!("{minor} is beyond ±(2^53 − 1) minor units"),
+            ));
+        }
+        Ok(Amount(minor))
+    }
+
+    /// Minor units.
+    pub fn minor(self) -> i64 {
+        self.0
+    }
+
+    /// `self + other`, checked.
+    ///
+    /// # Errors
+    ///
+    /// The sum is out of range.
+    pub fn checked_add(self, other: Amount) -> Result<Amount> {
+        self.0
+            .checked_add(other.0)
+            .ok_or_else(|| Error::invalid("amount", "sum overflows"))
+            .and_then(Amount::new)
+    }
+
+    /// `self − other`, checked.
+    ///
+    /// # Errors
+    ///
+    /// The difference is out of range.
+    pub fn checked_sub(self, other: Amount) -> Result<Amount> {
+        self.0
+            .checked_sub(other.0)
+            .ok_or_else(|| Error::invalid("amount", "difference overflows"))
+            .and_then(Amount::new)
+    }
+
+    /// `−self` (always in range: the bound is symmetric).
+    pub fn neg(self) -> Amount {
+        Amount(-self.0)
+    }
+
+    /// `self × n`, checked.
+    ///
+    /// # Errors
+    ///
+    /// The product is out of range.
+    pub fn checked_mul(self, n: i64) -> Result<Amount> {
+        self.0
+            .checked_mul(n)
+            .ok_or_else(|| Error::invalid("amount", "product overflows"))
+            .and_then(Amount::new)
+    }
+
+    /// Greater than zero.
+    pub fn is_positive(self) -> bool {
+        self.0 > 0
+    }
+}
+
+impl<'de> Deserialize<'de> for Amount {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Amount, D::Error> {
+        // A JSON number with a fraction or exponent (2.5, 1e3) is refused here rather than
+        // rounded: money read back from the server is asserted to be exact.
+        let minor = i64::deserialize(d)?;
+        Amount::new(minor).map_err(serde::de::Error::custom)
+    }
+}
+
+/// An ISO-4217 currency this ledger knows, with its number of minor-unit digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Currency {
+    code: &'static str,
+    exponent: u8,
+}
+
+/// Active ISO-4217 codes and their minor-unit exponents. Codes not listed are refused rather
+/// than guessed at: a wrong exponent would misstate every amount by a power of ten.
+const CURRENCIES: &[(&str, u8)] = &[
+    ("AED", 2), ("ARS", 2), ("AUD", 2), ("BGN", 2), ("BHD", 3), ("BRL", 2), ("CAD", 2),
+    ("CHF", 2), ("CLP", 0), ("CNY", 2), ("COP", 2), ("CZK", 2), ("DKK", 2), ("EGP", 2),
+    ("EUR", 2), ("GBP", 2), ("HKD", 2), ("HUF", 2), ("IDR", 2), ("ILS", 2), ("INR", 2),
+    ("ISK", 0), ("JOD", 3), ("JPY", 0), ("KES", 2), ("KRW", 0), ("KWD", 3), ("MAD", 2),
+    ("MXN", 2), ("MYR", 2), ("NGN", 2), ("NOK", 2), ("NZD", 2), ("OMR", 3), ("PEN", 2),
+    ("PHP", 2), ("PKR", 2), ("PLN", 2), ("QAR", 2), ("RON", 2), ("RSD", 2), ("SAR", 2),
+    ("SEK", 2), ("SGD", 2), ("THB", 2), ("TND", 3), ("TRY", 2), ("TWD", 2), ("UAH", 2),
+    ("USD", 2), ("UYU", 2), ("VND", 0), ("ZAR", 2),
+];
+
+impl Currency {
+    /// Looks up an ISO-4217 code (upper case, as written in documents).
+    ///
+    /// # Errors
+    ///
+    /// An unknown code.
+    pub fn from_code(code: &str) -> Result<Currency> {
+        CURRENCIES
+            .iter()
+            .find(|(c, _)| *c == code)
+            .map(|&(code, exponent)| Currency { code, exponent })
+            .ok_or_else(|| {
+                Error::invalid(
+                    "currency",
+                    format!("{code:?} is not an ISO-4217 code this ledger knows"),
+                )
+            })
+    }
+
+    /// The three-letter code.
+    pub fn code(self) -> &'static str {
+        self.code
+    }
+
+    /// Digits after the decimal point (2 for EUR, 0 for JPY, 3 for KWD).
+    pub fn exponent(self) -> u8 {
+        self.exponent
+    }
+
+    /// Parses a decimal amount in this currency's units (`"6.46"` → 646 for EUR) exactly.
+    /// Accepts an optional leading `-` or `+`, digits, and at most `exponent` decimals;
+    /// refuses exponents (`1e3`), thousands separators, and extra decimals (`6.465`).
+    ///
+    /// # Errors
+    ///
+    /// Anything else, or an amount out of range.
+    pub fn parse(self, text: &str) -> Result<Amount> {
+        let bad = |why: &str| Error::invalid("amount", format!("{text:?}: {why}"));
+        let (negative, digits) = match text.as_bytes().first() {
+            Some(b'-') => (true, &text[1..]),
+            Some(b'+') => (false, &text[1..]),
+            _ => (false, text),
+        };
+        let (whole, fraction) = match digits.split_once('.') {
+            Some((w, f)) => (w, Some(f)),
+            None => (digits, None),
+        };
+        let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !all_digits(whole) {
+            return Err(bad("not a decimal number (digits, optionally a '.' and decimals)"));
+        }
+        let fraction = fraction.unwrap_or("");
+        if !fraction.is_empty() && !all_digits(fraction) {
+            return Err(bad("not a decimal number (digits, optionally a '.' and decimals)"));
+        }
+        if digits.ends_with('.') {
+            return Err(bad("a '.' must be followed by decimals"));
+        }
+        if fraction.len() > usize::from(self.exponent) {
+            return Err(bad(&format!(
+                "{} allows {} decimal places",
+                self.code, self.exponent
+            )));
+        }
+        let scale = 10i64.pow(u32::from(self.exponent));
+        let mut minor: i64 = 0;
+        for b in whole.bytes() {
+            minor = minor
+                .checked_mul(10)
+                .and_then(|m| m.checked_add(i64::from(b - b'0')))
+                .ok_or_else(|| bad("too large"))?;
+        }
+        minor = minor.checked_mul(scale).ok_or_else(|| bad("too large"))?;
+        let mut frac_value: i64 = 0;
+        for b in fraction.bytes() {
+            frac_value = frac_value * 10 + i64::from(b - b'0');
+        }
+        for _ in fraction.len()..usize::from(self.exponent) {
+            frac_value *= 10;
+        }
+        minor = minor.checked_add(frac_value).ok_or_else(|| bad("too large"))?;
+        if negative {
+            minor = -minor;
+        }
+        Amount::new(minor).map_err(|_| bad("beyond ±(2^53 − 1) minor units"))
+    }
+
+    /// Formats an amount in this currency's units (646 → `"6.46"`).
+    pub fn format(self, amount: Amount) -> String {
+        let minor = amount.minor();
+        if self.exponent == 0 {
+            return minor.to_string();
+        }
+        let scale = 10u64.pow(u32::from(self.exponent));
+        let abs = minor.unsigned_abs();
+        let sign = if minor < 0 { "-" } else { "" };
+        format!(
+            "{sign}{}.{:0width$}",
+            abs / scale,
+            abs % scale,
+            width = usize::from(self.exponent)
+        )
+    }
+}
+
+impl fmt::Display for Currency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code)
+    }
+}
+
+impl Serialize for Currency {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.code)
+    }
+}
+
+impl<'de> Deserialize<'de> for Currency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Currency, D::Error> {
+        let code = String::deserialize(d)?;
+        Currency::from_code(&code).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gbp() -> Currency {
+        Currency::from_code("GBP").unwrap()
+    }
+
+    #[test]
+    fn parses_decimals_exactly() {
+        assert_eq!(gbp().parse("6.46").unwrap().minor(), 646);
+        assert_eq!(gbp().parse("20").unwrap().minor(), 2000);
+        assert_eq!(gbp().parse("20.0").unwrap().minor(), 2000);
+        assert_eq!(gbp().parse("0.2").unwrap().minor(), 20);
+        assert_eq!(gbp().parse("-3.5").unwrap().minor(), -350);
+        assert_eq!(gbp().parse("+1.01").unwrap().minor(), 101);
+        assert_eq!(Currency::from_code("JPY").unwrap().parse("1500").unwrap().minor(), 1500);
+        assert_eq!(Currency::from_code("KWD").unwrap().parse("1.234").unwrap().minor(), 1234);
+    }
+
+    #[test]
+    fn refuses_what_is_not_exact() {
+        for bad in ["6.465", "abc", "1e3", "", "-", ".5", "5.", "1,000", " 1", "1 ", "0x10", "--1", "1.2.3", "NaN", "inf"] {
+            let e = gbp().parse(bad).unwrap_err();
+            assert!(e.is_invalid_input(), "{bad}: {e}");
+        }
+        assert!(Currency::from_code("JPY").unwrap().parse("1.5").is_err());
+        assert!(gbp().parse("90071992547409.92").is_err());
+        assert!(gbp().parse("99999999999999999999999").is_err());
+        assert_eq!(gbp().parse("90071992547409.91").unwrap().minor(), AMOUNT_ABS_MAX);
+    }
+
+    #[test]
+    fn formats_back() {
+        assert_eq!(gbp().format(Amount::new(2646).unwrap()), "26.46");
+        assert_eq!(gbp().format(Amount::new(-5).unwrap()), "-0.05");
+        assert_eq!(Currency::from_code("JPY").unwrap().format(Amount::new(7).unwrap()), "7");
+    }
+
+    #[test]
+    fn arithmetic_is_checked() {
+        let max = Amount::new(AMOUNT_ABS_MAX).unwrap();
+        assert!(max.checked_add(Amount::new(1).unwrap()).is_err());
+        assert!(max.neg().checked_sub(Amount::new(1).unwrap()).is_err());
+        assert!(Amount::new(i64::MIN).is_err());
+        assert_eq!(max.checked_sub(max).unwrap(), Amount::ZERO);
+    }
+
+    #[test]
+    fn unknown_currency_is_refused() {
+        assert!(Currency::from_code("XXX").is_err());
+        assert!(Currency::from_code("gbp").is_err());
+    }
+
+    #[test]
+    fn amounts_read_from_json_must_be_integers() {
+        assert!(serde_json::from_str::<Amount>("2.5").is_err());
+        assert!(serde_json::from_str::<Amount>("1e3").is_err());
+        assert_eq!(serde_json::from_str::<Amount>("646").unwrap().minor(), 646);
+        assert!(serde_json::from_str::<Amount>("9007199254740992").is_err());
+    }
+}
