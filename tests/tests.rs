@@ -4,3 +4,13 @@ mod support;
 
 // The HTTP layer against the real server: documents, views, changes, errors.
 mod client;
+// The order ledger: idempotent immutable entries, balances, statements, bad input.
+mod orders;
+// The HTTP layer against wiremock: retries, Retry-After, conflicts, garbage, secrets.
+mod http_faults;
+// Accounts and multi-phase transfers: the tutorial, idempotency, cancel, reverse, hot accounts.
+mod transfers;
+// The sweeper: stuck transfers finished, concurrent sweepers, poison documents.
+mod sweeper;
+// The command-line program as a user runs it: flags, --json contract, exit codes.
+mod cli;
