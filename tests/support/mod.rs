@@ -6,6 +6,8 @@
 //! CouchDB from `docker compose up`.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
