@@ -124,7 +124,7 @@ impl Drop for FaultProxy {
 
 /// Closes with RST rather than FIN, as a crashed peer or a broken network would.
 fn reset(stream: TcpStream) {
-    let _ = stream.set_linger(Some(Duration::ZERO));
+    let _ = stream.set_zero_linger();
     drop(stream);
 }
 
