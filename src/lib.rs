@@ -38,5 +38,9 @@ pub use couch::{
 pub use error::{Error, Result};
 pub use ledger::{InitReport, Ledger};
 pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
-pub use orders::*;
+pub use orders::{
+    Adjustment, BasketItem, CurrencyBalance, Delivered, Delivery, Entry, EntryKind, OrderBalance,
+    OrderSummary, OutstandingPage, Payment, Purchase, RecordStatus, Recorded, Refund, Shipment,
+    Statement, ID_PART_LEN_MAX, OUTSTANDING_LIMIT_MAX,
+};
 pub use state::{transition, Event, State, TransitionError};
