@@ -1,1 +1,62 @@
-fn main(){}
+//! `couch-ledger`: parses the command line, sets up logging, runs the command (`cli`), and
+//! turns an error into one line on stderr and an exit code (SPEC §8.1): 0 success, 1
+//! operational error, 2 usage or invalid input, 3 a transfer cancelled by a business rule.
+
+use std::io::{IsTerminal as _, Write as _};
+use std::process::ExitCode;
+
+mod cli;
+
+fn main() -> ExitCode {
+    // clap prints usage errors itself and exits with 2 (0 for --help / --version).
+    let (low, matches) = cli::args::parse();
+    init_logging();
+    match cli::run(low, &matches) {
+        Ok(exit) => ExitCode::from(exit.code()),
+        Err(err) => ExitCode::from(report(&err).code()),
+    }
+}
+
+/// Logs go to stderr (stdout is the command's output), filtered by `RUST_LOG`, `warn` by
+/// default.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Prints `error: <what failed>: <cause>` on one line and says which exit code it means.
+fn report(err: &anyhow::Error) -> cli::Exit {
+    // `couch-ledger … | head` closing the pipe is not a failure.
+    if err.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    }) {
+        return cli::Exit::Success;
+    }
+    let line = cli::redact(&format!("{err:#}")).replace(['\n', '\r'], " ");
+    let _ = writeln!(std::io::stderr(), "error: {line}");
+    exit_for(err)
+}
+
+/// Invalid input (including an idempotency key re-used with other content, and a bad
+/// configuration) is 2; everything else — the server, the network, a broken invariant — is 1.
+fn exit_for(err: &anyhow::Error) -> cli::Exit {
+    for cause in err.chain() {
+        if let Some(e) = cause.downcast_ref::<couch_ledger::Error>() {
+            return if e.is_invalid_input() {
+                cli::Exit::Invalid
+            } else {
+                cli::Exit::Operational
+            };
+        }
+        if cause.is::<cli::UsageError>() {
+            return cli::Exit::Invalid;
+        }
+    }
+    cli::Exit::Operational
+}

@@ -1,0 +1,141 @@
+//! The `couch-ledger` command line: one file per group of commands, all thin wrappers around
+//! the library. SPEC §8.1 is the contract (flags, `--json` fields, exit codes).
+//!
+//! To add a group of commands (accounts, transfers, sweeper): write `src/cli/transfers.rs`
+//! with a `#[derive(Subcommand)] enum TransferCommand` and an
+//! `async fn run(cmd, ctx: &mut Context) -> anyhow::Result<Exit>`, then add one flattened
+//! variant to [`args::Command`] and one arm to [`dispatch`]. A demo scenario goes in
+//! `demo.rs` (see there).
+
+use std::fmt;
+use std::sync::Mutex;
+
+use anyhow::Context as _;
+use serde_json::json;
+
+pub(crate) mod args;
+pub(crate) mod demo;
+pub(crate) mod orders;
+pub(crate) mod output;
+
+use args::{Command, HiArgs, LowArgs};
+pub(crate) use output::{Exit, Out};
+
+/// A mistake in how the program was called (exit code 2), found by us rather than by clap.
+#[derive(Debug)]
+pub(crate) struct UsageError(String);
+
+impl UsageError {
+    pub(crate) fn new(message: impl Into<String>) -> UsageError {
+        UsageError(message.into())
+    }
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Secrets given to this process (passwords), so that the last line of defence — printing an
+/// error — can blank them out even if some layer let one slip into a message.
+static SECRETS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Shorter secrets are not blanked: replacing every `a` in a message would garble it, and a
+/// password that short gives no protection anyway.
+const SECRET_LEN_MIN: usize = 3;
+
+pub(crate) fn remember_secret(secret: &str) {
+    if secret.len() >= SECRET_LEN_MIN {
+        SECRETS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(secret.to_owned());
+    }
+}
+
+/// `text` with every remembered secret replaced by `_`.
+pub(crate) fn redact(text: &str) -> String {
+    let secrets = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = text.to_owned();
+    for s in secrets.iter() {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "_");
+        }
+    }
+    out
+}
+
+/// What every command gets: the validated settings and stdout.
+pub(crate) struct Context {
+    pub(crate) settings: HiArgs,
+    pub(crate) out: Out,
+}
+
+impl Context {
+    /// The ledger on the configured server and database (no request is sent yet).
+    pub(crate) fn ledger(&self) -> anyhow::Result<couch_ledger::Ledger> {
+        self.settings.ledger().context("invalid server settings")
+    }
+}
+
+/// Validates the settings, then runs the command on a Tokio runtime.
+///
+/// # Errors
+///
+/// Whatever the command reports; `main` turns it into one line and an exit code.
+pub(crate) fn run(low: LowArgs, matches: &clap::ArgMatches) -> anyhow::Result<Exit> {
+    let settings = HiArgs::from_low(&low, matches)?;
+    tracing::debug!(?settings, "settings");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let mut ctx = Context {
+        out: Out::new(settings.json),
+        settings,
+    };
+    runtime.block_on(dispatch(low.command, &mut ctx))
+}
+
+async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
+    match command {
+        Command::Init => init(ctx).await,
+        Command::Orders(cmd) => orders::run(cmd, ctx).await,
+        // Command::Transfers(cmd) => transfers::run(cmd, ctx).await,
+        Command::Demo(args) => demo::run(args, ctx).await,
+    }
+}
+
+async fn init(ctx: &mut Context) -> anyhow::Result<Exit> {
+    let ledger = ctx.ledger()?;
+    let report = ledger
+        .init()
+        .await
+        .with_context(|| format!("could not initialise database {:?}", ctx.settings.db))?;
+    let docs: Vec<_> = report
+        .design_docs
+        .iter()
+        .map(|d| json!({"id": d.id, "status": output::install_status(d.status)}))
+        .collect();
+    let mut text = format!(
+        "database {}: {}\n",
+        report.database,
+        if report.created { "created" } else { "exists" }
+    );
+    for d in &report.design_docs {
+        text.push_str(&format!(
+            "  {:<24} {}\n",
+            d.id,
+            output::install_status(d.status)
+        ));
+    }
+    ctx.out.print(
+        &json!({"database": report.database, "created": report.created, "design_docs": docs}),
+        &text,
+    )?;
+    Ok(Exit::Success)
+}

@@ -1,0 +1,119 @@
+//! Standard output: human text, or with `--json` exactly one JSON object. Write errors are
+//! returned, not panicked on, so `main` can treat a closed pipe (`| head`) as success.
+
+use std::io::{self, Write};
+
+use couch_ledger::design::InstallStatus;
+use couch_ledger::{Amount, Currency, Recorded};
+use serde_json::{json, Value};
+
+/// The exit codes of SPEC §8.1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Exit {
+    /// 0.
+    Success,
+    /// 1: server, network, a conflict that could not be resolved, an invariant violated.
+    Operational,
+    /// 2: usage or invalid input.
+    Invalid,
+    /// 3: a transfer ended `cancelled` by a business rule (insufficient funds…).
+    #[allow(dead_code)] // for the transfer commands
+    Cancelled,
+}
+
+impl Exit {
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Exit::Success => 0,
+            Exit::Operational => 1,
+            Exit::Invalid => 2,
+            Exit::Cancelled => 3,
+        }
+    }
+}
+
+/// Standard output in the mode the user asked for.
+pub(crate) struct Out {
+    json: bool,
+}
+
+impl Out {
+    pub(crate) fn new(json: bool) -> Out {
+        Out { json }
+    }
+
+    /// `--json` was given.
+    pub(crate) fn is_json(&self) -> bool {
+        self.json
+    }
+
+    /// A command's result: `value` on one line with `--json`, else `text` as is.
+    pub(crate) fn print(&mut self, value: &Value, text: &str) -> io::Result<()> {
+        let mut stdout = io::stdout().lock();
+        if self.json {
+            debug_assert!(value.is_object(), "--json prints one object");
+            serde_json::to_writer(&mut stdout, value)?;
+            stdout.write_all(b"\n")?;
+        } else {
+            stdout.write_all(text.as_bytes())?;
+            if !text.is_empty() && !text.ends_with('\n') {
+                stdout.write_all(b"\n")?;
+            }
+        }
+        stdout.flush()
+    }
+
+    /// A line of narration, shown as it happens (human mode only; `--json` prints one object
+    /// at the end instead).
+    pub(crate) fn say(&mut self, text: &str) -> io::Result<()> {
+        if self.json {
+            return Ok(());
+        }
+        let mut stdout = io::stdout().lock();
+        stdout.write_all(text.as_bytes())?;
+        stdout.write_all(b"\n")?;
+        stdout.flush()
+    }
+
+    /// The result of a write-once command.
+    pub(crate) fn recorded(&mut self, what: &str, r: &Recorded) -> io::Result<()> {
+        let text = match r.status {
+            couch_ledger::RecordStatus::Created => format!("{what} {} created", r.id),
+            couch_ledger::RecordStatus::Exists => format!(
+                "{what} {} exists (already recorded with the same content; nothing written)",
+                r.id
+            ),
+        };
+        self.print(&json!({"id": r.id, "status": r.status.as_str()}), &text)
+    }
+}
+
+/// `26.46 GBP`.
+pub(crate) fn money(currency: Currency, amount: Amount) -> String {
+    format!("{} {currency}", currency.format(amount))
+}
+
+/// An amount whose currency may be unknown (an order without a purchase): minor units then.
+pub(crate) fn money_opt(currency: Option<Currency>, amount: Amount) -> String {
+    match currency {
+        Some(c) => money(c, amount),
+        None => format!("{} minor units", amount.minor()),
+    }
+}
+
+/// Who owes whom, in words.
+pub(crate) fn balance_words(balance: Amount) -> &'static str {
+    match balance.minor() {
+        0 => "settled",
+        b if b > 0 => "the customer owes",
+        _ => "the merchant owes the customer",
+    }
+}
+
+pub(crate) fn install_status(s: InstallStatus) -> &'static str {
+    match s {
+        InstallStatus::Created => "created",
+        InstallStatus::Unchanged => "unchanged",
+        InstallStatus::Updated => "updated",
+    }
+}
