@@ -14,8 +14,18 @@ fn main() {
     out.push_str("pub(crate) static DESIGN_FILES: &[(&str, &str)] = &[\n");
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());
-        let rel = file.strip_prefix(&root).unwrap().to_str().unwrap().replace('\\', "/");
-        writeln!(out, "    ({rel:?}, include_str!({:?})),", file.display().to_string()).unwrap();
+        let rel = file
+            .strip_prefix(&root)
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .replace('\\', "/");
+        writeln!(
+            out,
+            "    ({rel:?}, include_str!({:?})),",
+            file.display().to_string()
+        )
+        .unwrap();
     }
     out.push_str("];\n");
     let dest = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("design_files.rs");
@@ -23,7 +33,9 @@ fn main() {
 }
 
 fn collect(dir: &Path, files: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.is_dir() {

@@ -156,8 +156,7 @@ impl ClientBuilder {
         if let Some(e) = self.error {
             return Err(e);
         }
-        let mut url = url::Url::parse(&self.url)
-            .map_err(|e| Error::config(format!("URL: {e}")))?;
+        let mut url = url::Url::parse(&self.url).map_err(|e| Error::config(format!("URL: {e}")))?;
         if url.scheme() != "http" && url.scheme() != "https" {
             return Err(Error::config("URL: the scheme must be http or https"));
         }
@@ -220,13 +219,14 @@ impl ClientBuilder {
 pub(crate) fn validate_database_name(name: &str) -> Result<()> {
     let mut chars = name.chars();
     let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
-    let rest_ok = chars.all(|c| {
-        c.is_ascii_lowercase() || c.is_ascii_digit() || "_$()+-/".contains(c)
-    });
+    let rest_ok =
+        chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_$()+-/".contains(c));
     if !first_ok || !rest_ok || name.len() > 238 {
         return Err(Error::invalid(
             "database",
-            format!("{name:?}: use a lower-case letter, then lower-case letters, digits or _$()+-/"),
+            format!(
+                "{name:?}: use a lower-case letter, then lower-case letters, digits or _$()+-/"
+            ),
         ));
     }
     Ok(())
@@ -249,7 +249,10 @@ mod tests {
 
     #[test]
     fn bad_configuration_is_kept_until_build() {
-        let e = ClientBuilder::default().database("Bad Name").build().unwrap_err();
+        let e = ClientBuilder::default()
+            .database("Bad Name")
+            .build()
+            .unwrap_err();
         assert!(e.is_invalid_input());
         let e = ClientBuilder::default().url("ftp://x").build().unwrap_err();
         assert!(e.to_string().contains("scheme"), "{e}");

@@ -290,8 +290,14 @@ impl ChangesStream {
 }
 
 fn trim_ascii(b: &[u8]) -> &[u8] {
-    let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
-    let end = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(start, |e| e + 1);
+    let start = b
+        .iter()
+        .position(|c| !c.is_ascii_whitespace())
+        .unwrap_or(b.len());
+    let end = b
+        .iter()
+        .rposition(|c| !c.is_ascii_whitespace())
+        .map_or(start, |e| e + 1);
     &b[start..end]
 }
 
@@ -571,7 +577,8 @@ impl Client {
     ///
     /// The server could not be reached or refused the credentials.
     pub async fn server_info(&self) -> Result<Value> {
-        self.send_json(Method::GET, "", &[], None, Retry::Safe).await
+        self.send_json(Method::GET, "", &[], None, Retry::Safe)
+            .await
     }
 
     /// Creates the database unless it exists; `true` when this call created it.
@@ -667,7 +674,13 @@ impl Client {
     pub async fn delete(&self, id: &str, rev: &str) -> Result<Written> {
         let path = self.doc_path(id)?;
         let reply = self
-            .send(Method::DELETE, &path, &[("rev", rev.to_owned())], None, Retry::Safe)
+            .send(
+                Method::DELETE,
+                &path,
+                &[("rev", rev.to_owned())],
+                None,
+                Retry::Safe,
+            )
             .await?;
         written(&reply).map_err(|e| e.with_request("DELETE", &path))
     }
@@ -827,11 +840,25 @@ impl Client {
     pub async fn changes(&self, q: &ChangesQuery) -> Result<ChangesResponse> {
         let path = format!("{}/_changes", self.db_path());
         let (query, body) = changes_params(q, if q.longpoll { "longpoll" } else { "normal" });
-        let method = if body.is_some() { Method::POST } else { Method::GET };
+        let method = if body.is_some() {
+            Method::POST
+        } else {
+            Method::GET
+        };
         let wait = q.timeout.unwrap_or(Duration::from_secs(60));
-        let deadline = self.inner.request_timeout.max(wait + Duration::from_secs(5));
+        let deadline = self
+            .inner
+            .request_timeout
+            .max(wait + Duration::from_secs(5));
         let result = self
-            .send_with_timeout(method.clone(), &path, &query, body, Retry::Safe, Some(deadline))
+            .send_with_timeout(
+                method.clone(),
+                &path,
+                &query,
+                body,
+                Retry::Safe,
+                Some(deadline),
+            )
             .await;
         match result {
             Ok(reply) => decode(&reply.body).map_err(|e| e.with_request(method.as_str(), &path)),
@@ -856,7 +883,11 @@ impl Client {
         let path = format!("{}/_changes", self.db_path());
         let (mut query, body) = changes_params(q, "continuous");
         query.push(("heartbeat", "10000".to_owned()));
-        let method = if body.is_some() { Method::POST } else { Method::GET };
+        let method = if body.is_some() {
+            Method::POST
+        } else {
+            Method::GET
+        };
         let response = self
             .attempt(&method, &path, &query, body.as_deref(), Some(max_duration))
             .await
@@ -982,7 +1013,10 @@ pub(crate) fn encode_doc_id(id: &str) -> Result<String> {
         return Err(Error::invalid("id", "must not be empty"));
     }
     if id.chars().any(char::is_control) {
-        return Err(Error::invalid("id", format!("{id:?} holds a control character")));
+        return Err(Error::invalid(
+            "id",
+            format!("{id:?} holds a control character"),
+        ));
     }
     for prefix in ["_design/", "_local/"] {
         if let Some(rest) = id.strip_prefix(prefix) {
@@ -1072,7 +1106,10 @@ mod tests {
 
     #[test]
     fn ids_are_encoded_and_reserved_ones_refused() {
-        assert_eq!(encode_doc_id("payment:o1:r 1").unwrap(), "payment%3Ao1%3Ar%201");
+        assert_eq!(
+            encode_doc_id("payment:o1:r 1").unwrap(),
+            "payment%3Ao1%3Ar%201"
+        );
         assert_eq!(encode_doc_id("_design/orders").unwrap(), "_design/orders");
         assert_eq!(encode_doc_id("_local/a/b").unwrap(), "_local/a%2Fb");
         assert!(encode_doc_id("_users").unwrap_err().is_invalid_input());

@@ -193,7 +193,12 @@ mod tests {
         let ids: Vec<&str> = docs.iter().map(|d| d.id.as_str()).collect();
         assert_eq!(
             ids,
-            ["_design/orders", "_design/transactions", "_design/validation"]
+            [
+                "_design/accounts",
+                "_design/orders",
+                "_design/transactions",
+                "_design/validation"
+            ]
         );
         let views = |i: usize| {
             docs[i].body["views"]
@@ -203,14 +208,17 @@ mod tests {
                 .cloned()
                 .collect::<Vec<_>>()
         };
-        assert_eq!(views(0), ["by_account", "ledger"]);
-        assert_eq!(views(1), ["by_account", "by_state", "committed", "pending"]);
-        assert_eq!(docs[1].body["views"]["by_state"]["reduce"], "_count");
-        assert!(docs[2].body["validate_doc_update"]
+        assert_eq!(views(0), ["balances", "pending"]);
+        assert_eq!(docs[0].body["views"]["pending"]["reduce"], "_count");
+        assert_eq!(docs[0].body["views"]["balances"]["reduce"], "_sum");
+        assert_eq!(views(1), ["by_account", "ledger"]);
+        assert_eq!(views(2), ["by_account", "by_state", "committed", "pending"]);
+        assert_eq!(docs[2].body["views"]["by_state"]["reduce"], "_count");
+        assert!(docs[3].body["validate_doc_update"]
             .as_str()
             .unwrap()
             .starts_with("function"));
-        assert_eq!(docs[0].checksum.len(), 64);
-        assert_ne!(docs[0].checksum, docs[1].checksum);
+        assert_eq!(docs[1].checksum.len(), 64);
+        assert_ne!(docs[1].checksum, docs[2].checksum);
     }
 }

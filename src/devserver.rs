@@ -60,9 +60,8 @@ pub fn ensure_installed() -> Result<PathBuf> {
         return Ok(dir);
     }
     let lock_path = dir.join(".install.lock");
-    let lock = std::fs::File::create(&lock_path).map_err(|e| {
-        Error::config(format!("cannot write {}: {e}", lock_path.display()))
-    })?;
+    let lock = std::fs::File::create(&lock_path)
+        .map_err(|e| Error::config(format!("cannot write {}: {e}", lock_path.display())))?;
     lock.lock()
         .map_err(|e| Error::config(format!("cannot lock {}: {e}", lock_path.display())))?;
     if entry.exists() {
@@ -99,7 +98,9 @@ pub fn ensure_installed() -> Result<PathBuf> {
         std::thread::sleep(Duration::from_millis(100));
     }
     if !entry.exists() {
-        return Err(Error::config("npm ci finished but pouchdb-server is missing"));
+        return Err(Error::config(
+            "npm ci finished but pouchdb-server is missing",
+        ));
     }
     Ok(dir)
 }
@@ -162,7 +163,11 @@ impl DevServer {
             .arg("--no-stdout-logs")
             .current_dir(&self.data_dir)
             .stdin(Stdio::piped())
-            .stdout(output.try_clone().map_err(|e| Error::config(e.to_string()))?)
+            .stdout(
+                output
+                    .try_clone()
+                    .map_err(|e| Error::config(e.to_string()))?,
+            )
             .stderr(output)
             .spawn()
             .map_err(|e| {
@@ -264,7 +269,10 @@ fn remove_stale_data_dirs() {
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("couch-ledger-server-")) else {
+        let Some(rest) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("couch-ledger-server-"))
+        else {
             continue;
         };
         let Some(pid) = rest.split('-').next() else {
@@ -319,7 +327,7 @@ pub fn url_answers(url: &str) -> bool {
     let Ok(addrs) = std::net::ToSocketAddrs::to_socket_addrs(&(host, port)) else {
         return false;
     };
-    addrs.into_iter().any(|a| {
-        TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok()
-    })
+    addrs
+        .into_iter()
+        .any(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).is_ok())
 }

@@ -37,7 +37,10 @@ pub(crate) enum Kind {
     /// The server's body was not what CouchDB's API documents.
     Decode(String),
     /// The caller's input is invalid; nothing was written.
-    Invalid { field: Option<String>, message: String },
+    Invalid {
+        field: Option<String>,
+        message: String,
+    },
     /// A document with this id exists with other content (an idempotency key re-used).
     Mismatch { id: String, field: String },
     /// Configuration error, reported by `build()`.
@@ -309,7 +312,11 @@ mod tests {
 
     #[test]
     fn questions_follow_the_status() {
-        let e = Error::status(409, Some("conflict".into()), Some("Document update conflict.".into()));
+        let e = Error::status(
+            409,
+            Some("conflict".into()),
+            Some("Document update conflict.".into()),
+        );
         assert!(e.is_conflict());
         assert!(!e.is_transient());
         assert!(!e.is_not_found());

@@ -1,13 +1,19 @@
 //! `Ledger`: the domain entry point. Orders, accounts, transfers and the sweeper are methods
 //! on it (in their own files); it knows money and nothing about HTTP.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::couch::Client;
 use crate::design::{self, Installed};
-use crate::error::Result;
+use crate::engine::{AccountEngine, TxnWriter};
+use crate::error::{Error, Result};
+use crate::limits::LEASE_MS;
 
 /// The ledger in one database. Cheap to clone; create one and reuse it.
 #[derive(Clone, Debug)]
@@ -20,6 +26,30 @@ pub(crate) struct LedgerInner {
     pub(crate) client: Client,
     /// Names this process in transfer claims.
     pub(crate) worker_id: String,
+    /// How long this worker's claims last (at most [`LEASE_MS`]).
+    pub(crate) lease: Duration,
+    /// Group commit of account steps (src/engine.rs).
+    pub(crate) accounts: Arc<AccountEngine>,
+    /// Group commit of transfer-document writes.
+    pub(crate) txns: Arc<TxnWriter>,
+    /// Test hook awaited before every protocol write (see [`Ledger::with_pause_hook`]).
+    pub(crate) pause: Option<PauseHook>,
+}
+
+/// A test hook: awaited with the name of the protocol phase (`begin`, `apply`, `commit`,
+/// `settle`, `done`, `canceling`, `undo`, `cancelled`) after the worker checked its lease and
+/// right before it writes, so a test can hold a worker in the one window the lease cannot
+/// protect.
+#[derive(Clone)]
+pub struct PauseHook(pub Arc<PauseFn>);
+
+/// The function inside a [`PauseHook`]: phase name in, a future to await out.
+pub type PauseFn = dyn Fn(&'static str) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync;
+
+impl fmt::Debug for PauseHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("PauseHook")
+    }
 }
 
 /// What [`Ledger::init`] did.
@@ -36,12 +66,77 @@ pub struct InitReport {
 impl Ledger {
     /// A ledger on the client's database.
     pub fn new(client: Client) -> Ledger {
+        Ledger::assemble(
+            client,
+            uuid::Uuid::now_v7().to_string(),
+            Duration::from_millis(LEASE_MS),
+            None,
+        )
+    }
+
+    fn assemble(
+        client: Client,
+        worker_id: String,
+        lease: Duration,
+        pause: Option<PauseHook>,
+    ) -> Ledger {
         Ledger {
             inner: Arc::new(LedgerInner {
+                accounts: Arc::new(AccountEngine::new(client.clone())),
+                txns: Arc::new(TxnWriter::new(client.clone())),
                 client,
-                worker_id: uuid::Uuid::now_v7().to_string(),
+                worker_id,
+                lease,
+                pause,
             }),
         }
+    }
+
+    /// The same ledger with claims that last `lease` instead of the default
+    /// [`LEASE_MS`](crate::limits::LEASE_MS) — shorter ones let tests and impatient operators
+    /// see an abandoned transfer taken over sooner. Configure before sharing: clones made
+    /// earlier keep the old lease.
+    ///
+    /// # Errors
+    ///
+    /// `lease` is zero or longer than [`LEASE_MS`](crate::limits::LEASE_MS) (the settled-marker
+    /// retention is sized against that bound).
+    pub fn with_lease(self, lease: Duration) -> Result<Ledger> {
+        if lease.is_zero() || lease > Duration::from_millis(LEASE_MS) {
+            return Err(Error::invalid(
+                "lease",
+                format!("must be between 1 ms and {LEASE_MS} ms"),
+            ));
+        }
+        Ok(Ledger::assemble(
+            self.inner.client.clone(),
+            self.inner.worker_id.clone(),
+            lease,
+            self.inner.pause.clone(),
+        ))
+    }
+
+    /// Test support: the same ledger with a hook awaited before every protocol write.
+    #[doc(hidden)]
+    pub fn with_pause_hook(self, hook: PauseHook) -> Ledger {
+        Ledger::assemble(
+            self.inner.client.clone(),
+            self.inner.worker_id.clone(),
+            self.inner.lease,
+            Some(hook),
+        )
+    }
+
+    /// Test support: rounds run by the account-op engine and the transfer writer so far (how
+    /// well concurrent work was grouped into requests).
+    #[doc(hidden)]
+    pub fn engine_rounds(&self) -> (u64, u64) {
+        (self.inner.accounts.rounds(), self.inner.txns.rounds())
+    }
+
+    /// How long this worker's claims on transfers last.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
     }
 
     /// The CouchDB client underneath.

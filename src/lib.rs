@@ -20,23 +20,31 @@
 //! ```
 #![deny(missing_docs)]
 
+mod accounts;
+mod audit;
 mod config;
 mod couch;
 pub mod design;
 pub mod devserver;
+mod engine;
 mod error;
 mod ledger;
+pub mod limits;
 mod money;
 mod orders;
 mod state;
+mod sweeper;
+mod transfer;
 
+pub use accounts::{AccountCreated, AccountSpec, AccountView, CreateStatus, PendingEntry};
+pub use audit::{Check, VerifyOptions, VerifyReport};
 pub use config::{ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_URL};
 pub use couch::{
     AllDocsRow, BulkResult, ChangeRow, ChangesQuery, ChangesResponse, ChangesStream, Client,
     ViewQuery, ViewResponse, ViewRow, Written,
 };
 pub use error::{Error, Result};
-pub use ledger::{InitReport, Ledger};
+pub use ledger::{InitReport, Ledger, PauseFn, PauseHook};
 pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
 pub use orders::{
     Adjustment, BasketItem, CurrencyBalance, Delivered, Delivery, Entry, EntryKind, OrderBalance,
@@ -44,3 +52,5 @@ pub use orders::{
     Statement, ID_PART_LEN_MAX, OUTSTANDING_LIMIT_MAX,
 };
 pub use state::{transition, Event, State, TransitionError};
+pub use sweeper::{LedgerStatus, StateCounts, SweepOptions, SweepOutcome};
+pub use transfer::{Claim, Reason, TransferOutcome, TransferRequest, TransferView, FAIL_POINTS};

@@ -64,11 +64,6 @@ impl Amount {
             .and_then(Amount::new)
     }
 
-    /// `−self` (always in range: the bound is symmetric).
-    pub fn neg(self) -> Amount {
-        Amount(-self.0)
-    }
-
     /// `self × n`, checked.
     ///
     /// # Errors
@@ -79,6 +74,13 @@ impl Amount {
             .checked_mul(n)
             .ok_or_else(|| Error::invalid("amount", "product overflows"))
             .and_then(Amount::new)
+    }
+
+    /// `−self`: always in range, because the bound is symmetric. An inherent method rather
+    /// than `std::ops::Neg` so money code reads `amount.neg()` with no trait import.
+    #[allow(clippy::should_implement_trait)]
+    pub fn neg(self) -> Amount {
+        Amount(-self.0)
     }
 
     /// Greater than zero.
@@ -106,14 +108,59 @@ pub struct Currency {
 /// Active ISO-4217 codes and their minor-unit exponents. Codes not listed are refused rather
 /// than guessed at: a wrong exponent would misstate every amount by a power of ten.
 const CURRENCIES: &[(&str, u8)] = &[
-    ("AED", 2), ("ARS", 2), ("AUD", 2), ("BGN", 2), ("BHD", 3), ("BRL", 2), ("CAD", 2),
-    ("CHF", 2), ("CLP", 0), ("CNY", 2), ("COP", 2), ("CZK", 2), ("DKK", 2), ("EGP", 2),
-    ("EUR", 2), ("GBP", 2), ("HKD", 2), ("HUF", 2), ("IDR", 2), ("ILS", 2), ("INR", 2),
-    ("ISK", 0), ("JOD", 3), ("JPY", 0), ("KES", 2), ("KRW", 0), ("KWD", 3), ("MAD", 2),
-    ("MXN", 2), ("MYR", 2), ("NGN", 2), ("NOK", 2), ("NZD", 2), ("OMR", 3), ("PEN", 2),
-    ("PHP", 2), ("PKR", 2), ("PLN", 2), ("QAR", 2), ("RON", 2), ("RSD", 2), ("SAR", 2),
-    ("SEK", 2), ("SGD", 2), ("THB", 2), ("TND", 3), ("TRY", 2), ("TWD", 2), ("UAH", 2),
-    ("USD", 2), ("UYU", 2), ("VND", 0), ("ZAR", 2),
+    ("AED", 2),
+    ("ARS", 2),
+    ("AUD", 2),
+    ("BGN", 2),
+    ("BHD", 3),
+    ("BRL", 2),
+    ("CAD", 2),
+    ("CHF", 2),
+    ("CLP", 0),
+    ("CNY", 2),
+    ("COP", 2),
+    ("CZK", 2),
+    ("DKK", 2),
+    ("EGP", 2),
+    ("EUR", 2),
+    ("GBP", 2),
+    ("HKD", 2),
+    ("HUF", 2),
+    ("IDR", 2),
+    ("ILS", 2),
+    ("INR", 2),
+    ("ISK", 0),
+    ("JOD", 3),
+    ("JPY", 0),
+    ("KES", 2),
+    ("KRW", 0),
+    ("KWD", 3),
+    ("MAD", 2),
+    ("MXN", 2),
+    ("MYR", 2),
+    ("NGN", 2),
+    ("NOK", 2),
+    ("NZD", 2),
+    ("OMR", 3),
+    ("PEN", 2),
+    ("PHP", 2),
+    ("PKR", 2),
+    ("PLN", 2),
+    ("QAR", 2),
+    ("RON", 2),
+    ("RSD", 2),
+    ("SAR", 2),
+    ("SEK", 2),
+    ("SGD", 2),
+    ("THB", 2),
+    ("TND", 3),
+    ("TRY", 2),
+    ("TWD", 2),
+    ("UAH", 2),
+    ("USD", 2),
+    ("UYU", 2),
+    ("VND", 0),
+    ("ZAR", 2),
 ];
 
 impl Currency {
@@ -165,11 +212,15 @@ impl Currency {
         };
         let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         if !all_digits(whole) {
-            return Err(bad("not a decimal number (digits, optionally a '.' and decimals)"));
+            return Err(bad(
+                "not a decimal number (digits, optionally a '.' and decimals)",
+            ));
         }
         let fraction = fraction.unwrap_or("");
         if !fraction.is_empty() && !all_digits(fraction) {
-            return Err(bad("not a decimal number (digits, optionally a '.' and decimals)"));
+            return Err(bad(
+                "not a decimal number (digits, optionally a '.' and decimals)",
+            ));
         }
         if digits.ends_with('.') {
             return Err(bad("a '.' must be followed by decimals"));
@@ -196,7 +247,9 @@ impl Currency {
         for _ in fraction.len()..usize::from(self.exponent) {
             frac_value *= 10;
         }
-        minor = minor.checked_add(frac_value).ok_or_else(|| bad("too large"))?;
+        minor = minor
+            .checked_add(frac_value)
+            .ok_or_else(|| bad("too large"))?;
         if negative {
             minor = -minor;
         }
@@ -256,27 +309,52 @@ mod tests {
         assert_eq!(gbp().parse("0.2").unwrap().minor(), 20);
         assert_eq!(gbp().parse("-3.5").unwrap().minor(), -350);
         assert_eq!(gbp().parse("+1.01").unwrap().minor(), 101);
-        assert_eq!(Currency::from_code("JPY").unwrap().parse("1500").unwrap().minor(), 1500);
-        assert_eq!(Currency::from_code("KWD").unwrap().parse("1.234").unwrap().minor(), 1234);
+        assert_eq!(
+            Currency::from_code("JPY")
+                .unwrap()
+                .parse("1500")
+                .unwrap()
+                .minor(),
+            1500
+        );
+        assert_eq!(
+            Currency::from_code("KWD")
+                .unwrap()
+                .parse("1.234")
+                .unwrap()
+                .minor(),
+            1234
+        );
     }
 
     #[test]
     fn refuses_what_is_not_exact() {
-        for bad in ["6.465", "abc", "1e3", "", "-", ".5", "5.", "1,000", " 1", "1 ", "0x10", "--1", "1.2.3", "NaN", "inf"] {
+        for bad in [
+            "6.465", "abc", "1e3", "", "-", ".5", "5.", "1,000", " 1", "1 ", "0x10", "--1",
+            "1.2.3", "NaN", "inf",
+        ] {
             let e = gbp().parse(bad).unwrap_err();
             assert!(e.is_invalid_input(), "{bad}: {e}");
         }
         assert!(Currency::from_code("JPY").unwrap().parse("1.5").is_err());
         assert!(gbp().parse("90071992547409.92").is_err());
         assert!(gbp().parse("99999999999999999999999").is_err());
-        assert_eq!(gbp().parse("90071992547409.91").unwrap().minor(), AMOUNT_ABS_MAX);
+        assert_eq!(
+            gbp().parse("90071992547409.91").unwrap().minor(),
+            AMOUNT_ABS_MAX
+        );
     }
 
     #[test]
     fn formats_back() {
         assert_eq!(gbp().format(Amount::new(2646).unwrap()), "26.46");
         assert_eq!(gbp().format(Amount::new(-5).unwrap()), "-0.05");
-        assert_eq!(Currency::from_code("JPY").unwrap().format(Amount::new(7).unwrap()), "7");
+        assert_eq!(
+            Currency::from_code("JPY")
+                .unwrap()
+                .format(Amount::new(7).unwrap()),
+            "7"
+        );
     }
 
     #[test]

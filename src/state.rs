@@ -189,7 +189,10 @@ mod tests {
             Event::FinishCancel,
         ];
         for e in events {
-            assert_eq!(transition(State::Done, e), Err(TransitionError::AlreadyDone));
+            assert_eq!(
+                transition(State::Done, e),
+                Err(TransitionError::AlreadyDone)
+            );
             assert_eq!(
                 transition(State::Cancelled, e),
                 Err(TransitionError::AlreadyCancelled)

@@ -151,7 +151,7 @@ async fn init_installs_design_docs_once() {
     let l = couch_ledger::Ledger::new(support::builder("init_twice").build().unwrap());
     let first = l.init().await.unwrap();
     assert!(first.created);
-    assert_eq!(first.design_docs.len(), 3);
+    assert_eq!(first.design_docs.len(), 4);
     assert!(first
         .design_docs
         .iter()

@@ -1,1 +1,820 @@
-// (filled in by the transfers work)
+//! Accounts and multi-phase transfers against the real server: the tutorial, idempotency,
+//! refusals, cancel, reverse, the request budget, group commit, a stale worker, hot accounts.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+use crate::support;
+use couch_ledger::{
+    AccountSpec, Amount, CreateStatus, Currency, Ledger, PauseHook, State, SweepOptions,
+    TransferRequest, TransitionError, VerifyOptions, ViewQuery,
+};
+
+fn eur() -> Currency {
+    Currency::from_code("EUR").unwrap()
+}
+
+fn amount(minor: i64) -> Amount {
+    Amount::new(minor).unwrap()
+}
+
+async fn open(l: &Ledger, id: &str, opening: i64, min: Option<i64>) {
+    open_in(l, id, eur(), opening, min).await;
+}
+
+async fn open_in(l: &Ledger, id: &str, currency: Currency, opening: i64, min: Option<i64>) {
+    let created = l
+        .create_account(AccountSpec {
+            account_id: id.into(),
+            currency,
+            opening: amount(opening),
+            min_balance: min.map(amount),
+        })
+        .await
+        .unwrap();
+    assert_eq!(created.status, CreateStatus::Created);
+}
+
+fn request(id: Option<&str>, from: &str, to: &str, value: i64) -> TransferRequest {
+    TransferRequest {
+        id: id.map(str::to_owned),
+        source: from.into(),
+        destination: to.into(),
+        amount: amount(value),
+        currency: eur(),
+    }
+}
+
+async fn balance(l: &Ledger, id: &str) -> i64 {
+    l.account(id).await.unwrap().balance.minor()
+}
+
+/// `[source, destination] → value` rows of a transactions view, grouped.
+async fn view_rows(l: &Ledger, view: &str) -> Vec<(Value, Value)> {
+    let q = ViewQuery {
+        group: Some(true),
+        ..ViewQuery::default()
+    };
+    l.client()
+        .view("transactions", view, &q)
+        .await
+        .unwrap()
+        .rows
+        .into_iter()
+        .map(|r| (r.key, r.value))
+        .collect()
+}
+
+async fn assert_at_rest(l: &Ledger) {
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+}
+
+#[tokio::test]
+async fn the_tutorial_steps_through_every_state() {
+    let l = support::ledger("tutorial").await;
+    open(&l, "A", 100_000, Some(0)).await;
+    open(&l, "B", 100_000, Some(0)).await;
+
+    let t = l
+        .submit(request(Some("t1"), "A", "B", 10_000), false)
+        .await
+        .unwrap();
+    assert_eq!((t.state, t.status), (State::Initial, CreateStatus::Created));
+
+    // begin: pending, no account touched yet; the pending view shows the money in flight.
+    let v = l.step("t1").await.unwrap();
+    assert_eq!(v.state, State::Pending);
+    assert_eq!(v.claim.as_ref().unwrap().owner, l.worker_id());
+    assert_eq!(
+        view_rows(&l, "pending").await,
+        [(json!(["A", "B"]), json!(10_000))]
+    );
+    assert_eq!(balance(&l, "A").await, 100_000);
+
+    // apply: both accounts changed, each holding the transfer's marker.
+    let v = l.step("t1").await.unwrap();
+    assert_eq!(v.state, State::Pending);
+    let a = l.account("A").await.unwrap();
+    assert_eq!(
+        (a.balance.minor(), a.available.minor(), a.posted.minor()),
+        (90_000, 90_000, 100_000)
+    );
+    assert_eq!(a.pending.len(), 1);
+    assert_eq!(
+        (a.pending[0].txn.as_str(), a.pending[0].delta.minor()),
+        ("t1", -10_000)
+    );
+    let b = l.account("B").await.unwrap();
+    // The credit is on the books but not spendable until settled.
+    assert_eq!(
+        (b.balance.minor(), b.available.minor(), b.posted.minor()),
+        (110_000, 100_000, 100_000)
+    );
+
+    // commit: the money moves from the pending view to the committed view.
+    let v = l.step("t1").await.unwrap();
+    assert_eq!(v.state, State::Committed);
+    assert!(view_rows(&l, "pending").await.is_empty());
+    assert_eq!(
+        view_rows(&l, "committed").await,
+        [(json!(["A", "B"]), json!(10_000))]
+    );
+
+    // settle: markers leave the accounts; the transfer is still committed.
+    let v = l.step("t1").await.unwrap();
+    assert_eq!(v.state, State::Committed);
+    let b = l.account("B").await.unwrap();
+    assert!(b.pending.is_empty());
+    assert_eq!((b.balance.minor(), b.available.minor()), (110_000, 110_000));
+
+    // done.
+    let v = l.step("t1").await.unwrap();
+    assert_eq!(v.state, State::Done);
+    assert!(v.claim.is_none(), "a finished transfer holds no claim");
+    assert!(view_rows(&l, "pending").await.is_empty());
+    assert!(view_rows(&l, "committed").await.is_empty());
+    assert_eq!(balance(&l, "A").await, 90_000);
+    assert_eq!(balance(&l, "B").await, 110_000);
+    // Stepping a finished transfer changes nothing.
+    assert_eq!(l.step("t1").await.unwrap().state, State::Done);
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn accounts_are_created_once_and_read_with_their_balances() {
+    let l = support::ledger("accounts").await;
+    let spec = AccountSpec {
+        account_id: "alice".into(),
+        currency: eur(),
+        opening: amount(500),
+        min_balance: Some(amount(0)),
+    };
+    assert_eq!(
+        l.create_account(spec.clone()).await.unwrap().status,
+        CreateStatus::Created
+    );
+    assert_eq!(
+        l.create_account(spec.clone()).await.unwrap().status,
+        CreateStatus::Exists
+    );
+    let e = l
+        .create_account(AccountSpec {
+            opening: amount(501),
+            ..spec.clone()
+        })
+        .await
+        .unwrap_err();
+    assert!(e.is_mismatch(), "{e}");
+    assert_eq!(e.field(), Some("opening"));
+    let e = l
+        .create_account(AccountSpec {
+            min_balance: None,
+            ..spec.clone()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.field(), Some("min_balance"));
+    let e = l
+        .create_account(AccountSpec {
+            currency: Currency::from_code("USD").unwrap(),
+            ..spec.clone()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.field(), Some("currency"));
+
+    let v = l.account("alice").await.unwrap();
+    assert_eq!((v.account.as_str(), v.currency.as_str()), ("alice", "EUR"));
+    assert_eq!(
+        (v.balance.minor(), v.available.minor(), v.posted.minor()),
+        (500, 500, 500)
+    );
+    assert_eq!(v.min_balance, Some(amount(0)));
+    assert!(v.pending.is_empty());
+
+    // Bad input is refused before anything is written.
+    let before = l.client().requests_sent();
+    for bad in ["", "_x", "a:b", "tab\there", &"x".repeat(201)] {
+        let e = l
+            .create_account(AccountSpec {
+                account_id: bad.into(),
+                ..spec.clone()
+            })
+            .await
+            .unwrap_err();
+        assert!(e.is_invalid_input(), "{bad:?}: {e}");
+    }
+    let e = l
+        .create_account(AccountSpec {
+            account_id: "bob".into(),
+            opening: amount(-1),
+            ..spec.clone()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.field(), Some("opening"));
+    assert_eq!(
+        l.client().requests_sent(),
+        before,
+        "refusals send no request"
+    );
+    // An unlimited account may open negative (an issuer).
+    open(&l, "issuer", -1_000, None).await;
+    assert!(l.account("nobody").await.unwrap_err().is_not_found());
+}
+
+#[tokio::test]
+async fn the_same_id_is_one_transfer() {
+    let l = support::ledger("idempotent").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    let first = l
+        .submit(request(Some("k1"), "A", "B", 300), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.state, first.status),
+        (State::Done, CreateStatus::Created)
+    );
+    let again = l
+        .submit(request(Some("k1"), "A", "B", 300), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.state, again.status),
+        (State::Done, CreateStatus::Exists)
+    );
+    assert_eq!(balance(&l, "A").await, 700);
+    assert_eq!(balance(&l, "B").await, 300);
+
+    for (other, field) in [
+        (request(Some("k1"), "A", "B", 301), "value"),
+        (request(Some("k1"), "B", "A", 300), "source"),
+        (request(Some("k1"), "A", "C", 300), "destination"),
+    ] {
+        let e = l.submit(other, true).await.unwrap_err();
+        assert!(e.is_mismatch(), "{e}");
+        assert_eq!(e.field(), Some(field));
+    }
+    let mut usd = request(Some("k1"), "A", "B", 300);
+    usd.currency = Currency::from_code("USD").unwrap();
+    assert_eq!(
+        l.submit(usd, true).await.unwrap_err().field(),
+        Some("currency")
+    );
+
+    // Without an id, each submit is its own transfer (a UUID v7).
+    let x = l.submit(request(None, "A", "B", 1), true).await.unwrap();
+    let y = l.submit(request(None, "A", "B", 1), true).await.unwrap();
+    assert_ne!(x.id, y.id);
+    assert_eq!(x.id.len(), 36);
+
+    // A transfer left for the sweeper is driven on by a waiting retry of the same submit.
+    let left = l
+        .submit(request(Some("k2"), "A", "B", 10), false)
+        .await
+        .unwrap();
+    assert_eq!(left.state, State::Initial);
+    let retry = l
+        .submit(request(Some("k2"), "A", "B", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (retry.state, retry.status),
+        (State::Done, CreateStatus::Exists)
+    );
+    assert_eq!(balance(&l, "A").await, 688);
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_before_any_write() {
+    let l = support::ledger("refusals").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    let before = l.client().requests_sent();
+    let mut cases = vec![
+        (request(Some("r1"), "A", "A", 10), "destination"),
+        (request(Some("r2"), "A", "B", 0), "amount"),
+        (request(Some("r3"), "A", "B", -5), "amount"),
+        (request(Some("_r4"), "A", "B", 5), "id"),
+        (request(Some("r:5"), "A", "B", 5), "id"),
+        (request(Some(""), "A", "B", 5), "id"),
+        (request(Some("r6"), "", "B", 5), "source"),
+        (request(Some("r7"), "A", "b\u{0}", 5), "destination"),
+    ];
+    cases.push((request(Some(&"x".repeat(201)), "A", "B", 5), "id"));
+    for (req, field) in cases {
+        let e = l.submit(req.clone(), true).await.unwrap_err();
+        assert!(e.is_invalid_input(), "{req:?}: {e}");
+        assert_eq!(e.field(), Some(field), "{req:?}");
+    }
+    // An unknown currency cannot even be named: the request's currency is a `Currency`.
+    assert!(Currency::from_code("XXX").is_err());
+    assert_eq!(l.client().requests_sent(), before, "nothing was sent");
+}
+
+#[tokio::test]
+async fn business_refusals_end_cancelled_with_balances_unchanged() {
+    let l = support::ledger("business_refusals").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    open_in(&l, "U", Currency::from_code("USD").unwrap(), 1_000, Some(0)).await;
+
+    let t = l
+        .submit(request(Some("too-much"), "A", "B", 1_001), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (State::Cancelled, Some("insufficient_funds"))
+    );
+    let t = l
+        .submit(request(Some("nobody-from"), "Z", "B", 5), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (State::Cancelled, Some("unknown_account"))
+    );
+    let t = l
+        .submit(request(Some("nobody-to"), "A", "Z", 5), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (State::Cancelled, Some("unknown_account"))
+    );
+    // Currency: decided when the accounts are read, recorded like the other refusals.
+    let t = l
+        .submit(request(Some("to-usd"), "A", "U", 5), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (State::Cancelled, Some("currency_mismatch"))
+    );
+    let t = l
+        .submit(request(Some("from-usd"), "U", "A", 5), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (State::Cancelled, Some("currency_mismatch"))
+    );
+    for id in ["A", "B", "U"] {
+        let a = l.account(id).await.unwrap();
+        assert!(a.pending.is_empty(), "{a:?}");
+    }
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    assert_eq!(balance(&l, "U").await, 1_000);
+
+    // Exactly the whole balance may be spent.
+    let t = l
+        .submit(request(Some("all"), "A", "B", 1_000), true)
+        .await
+        .unwrap();
+    assert_eq!(t.state, State::Done);
+    assert_eq!(balance(&l, "A").await, 0);
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn a_pending_credit_is_not_spendable() {
+    let l = support::ledger("pending_credit").await;
+    open(&l, "A", 0, Some(0)).await;
+    open(&l, "B", 500, Some(0)).await;
+    open(&l, "C", 0, Some(0)).await;
+    // B → A applied but not settled: A's balance is 500, its available still 0.
+    l.submit(request(Some("in"), "B", "A", 500), false)
+        .await
+        .unwrap();
+    l.step("in").await.unwrap();
+    l.step("in").await.unwrap();
+    let a = l.account("A").await.unwrap();
+    assert_eq!((a.balance.minor(), a.available.minor()), (500, 0));
+    let t = l
+        .submit(request(Some("out"), "A", "C", 1), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (t.state, t.reason.as_deref()),
+        (State::Cancelled, Some("insufficient_funds"))
+    );
+    // Once it is done, the money is A's.
+    while !l.step("in").await.unwrap().state.is_terminal() {}
+    let t = l
+        .submit(request(Some("out2"), "A", "C", 500), true)
+        .await
+        .unwrap();
+    assert_eq!(t.state, State::Done);
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn cancel_follows_the_graph() {
+    let l = support::ledger("cancel").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+
+    // From initial: straight to cancelled.
+    l.submit(request(Some("c-init"), "A", "B", 100), false)
+        .await
+        .unwrap();
+    let c = l.cancel("c-init").await.unwrap();
+    assert_eq!(
+        (c.state, c.reason.as_deref()),
+        (State::Cancelled, Some("cancelled_by_user"))
+    );
+
+    // From pending with both deltas applied: undone on both accounts.
+    l.submit(request(Some("c-pend"), "A", "B", 100), false)
+        .await
+        .unwrap();
+    l.step("c-pend").await.unwrap();
+    l.step("c-pend").await.unwrap();
+    assert_eq!(balance(&l, "A").await, 900);
+    let c = l.cancel("c-pend").await.unwrap();
+    assert_eq!(
+        (c.state, c.reason.as_deref()),
+        (State::Cancelled, Some("cancelled_by_user"))
+    );
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    assert!(l.account("B").await.unwrap().pending.is_empty());
+    // Again: reported as it is.
+    let again = l.cancel("c-pend").await.unwrap();
+    assert_eq!(
+        (again.state, again.status),
+        (State::Cancelled, CreateStatus::Exists)
+    );
+    // A stale step after the cancel changes nothing.
+    assert_eq!(l.step("c-pend").await.unwrap().state, State::Cancelled);
+
+    // Committed and done transfers are never rolled back.
+    l.submit(request(Some("c-comm"), "A", "B", 100), false)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        l.step("c-comm").await.unwrap();
+    }
+    assert_eq!(l.transfer("c-comm").await.unwrap().state, State::Committed);
+    let e = l.cancel("c-comm").await.unwrap_err();
+    assert_eq!(e.transition(), Some(TransitionError::AlreadyCommitted));
+    l.submit(request(Some("c-done"), "A", "B", 100), true)
+        .await
+        .unwrap();
+    let e = l.cancel("c-done").await.unwrap_err();
+    assert_eq!(e.transition(), Some(TransitionError::AlreadyDone));
+    assert!(l.cancel("c-missing").await.unwrap_err().is_not_found());
+
+    while !l.step("c-comm").await.unwrap().state.is_terminal() {}
+    assert_eq!(balance(&l, "A").await, 800);
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn reverse_twice_makes_one_reversal() {
+    let l = support::ledger("reverse").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    open(&l, "C", 0, Some(0)).await;
+    l.submit(request(Some("pay"), "A", "B", 400), true)
+        .await
+        .unwrap();
+
+    let r = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (r.id.as_str(), r.state, r.status),
+        ("rev-pay", State::Done, CreateStatus::Created)
+    );
+    let again = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (again.id.as_str(), again.state, again.status),
+        ("rev-pay", State::Done, CreateStatus::Exists)
+    );
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    let view = l.transfer("rev-pay").await.unwrap();
+    assert_eq!(view.reverses.as_deref(), Some("pay"));
+    assert_eq!(
+        (view.source.as_str(), view.destination.as_str()),
+        ("B", "A")
+    );
+
+    // A reversal is an ordinary transfer: it can be refused for funds, and stays refused.
+    l.submit(request(Some("pay2"), "A", "B", 300), true)
+        .await
+        .unwrap();
+    l.submit(request(Some("spend"), "B", "C", 300), true)
+        .await
+        .unwrap();
+    let r = l.reverse("pay2").await.unwrap();
+    assert_eq!(
+        (r.state, r.reason.as_deref()),
+        (State::Cancelled, Some("insufficient_funds"))
+    );
+    assert_eq!(l.reverse("pay2").await.unwrap().state, State::Cancelled);
+
+    // Only committed or done transfers can be reversed.
+    let t = l
+        .submit(request(Some("broke"), "C", "A", 1_000_000), true)
+        .await
+        .unwrap();
+    assert_eq!(t.state, State::Cancelled);
+    assert!(l.reverse("broke").await.unwrap_err().is_invalid_input());
+    assert!(l.reverse("nothing").await.unwrap_err().is_not_found());
+    let long = "y".repeat(199);
+    l.submit(request(Some(&long), "A", "B", 1), true)
+        .await
+        .unwrap();
+    let e = l.reverse(&long).await.unwrap_err();
+    assert!(e.is_invalid_input(), "{e}");
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn an_uncontended_transfer_takes_at_most_six_requests() {
+    let l = support::ledger("six_requests").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    let before = l.client().requests_sent();
+    let t = l
+        .submit(request(Some("one"), "A", "B", 10), true)
+        .await
+        .unwrap();
+    let cold = l.client().requests_sent() - before;
+    assert_eq!(t.state, State::Done);
+    assert!(cold <= 6, "first transfer took {cold} requests");
+    // With the accounts' revisions remembered, the read before the apply is skipped.
+    let before = l.client().requests_sent();
+    l.submit(request(Some("two"), "B", "A", 10), true)
+        .await
+        .unwrap();
+    let warm = l.client().requests_sent() - before;
+    assert!(warm <= 5, "second transfer took {warm} requests");
+    // A cancelled one stays within the same budget.
+    let before = l.client().requests_sent();
+    let t = l
+        .submit(request(Some("three"), "B", "A", 10_000), true)
+        .await
+        .unwrap();
+    let refused = l.client().requests_sent() - before;
+    assert_eq!(t.state, State::Cancelled);
+    assert!(refused <= 6, "refused transfer took {refused} requests");
+    eprintln!("requests per transfer: cold {cold}, warm {warm}, refused {refused}");
+}
+
+#[tokio::test]
+async fn concurrent_transfers_share_requests() {
+    let l = support::ledger("group_commit").await;
+    open(&l, "hot", 1_000_000, Some(0)).await;
+    let n = 64;
+    for i in 0..n {
+        open(&l, &format!("d{i}"), 0, Some(0)).await;
+    }
+    let before = l.client().requests_sent();
+    let (acct_rounds, txn_rounds) = l.engine_rounds();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let l = l.clone();
+        tasks.push(tokio::spawn(async move {
+            l.submit(
+                request(Some(&format!("g{i}")), "hot", &format!("d{i}"), 100),
+                true,
+            )
+            .await
+        }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap().state, State::Done);
+    }
+    let used = l.client().requests_sent() - before;
+    let (acct_after, txn_after) = l.engine_rounds();
+    eprintln!(
+        "{n} concurrent transfers: {used} requests, {} account rounds, {} transfer-doc rounds",
+        acct_after - acct_rounds,
+        txn_after - txn_rounds
+    );
+    // One at a time this would be 64 × 6 = 384 requests, and a queue of 409s on "hot".
+    assert!(used <= 64, "{used} requests for {n} transfers");
+    assert_eq!(balance(&l, "hot").await, 1_000_000 - 100 * n);
+    assert_at_rest(&l).await;
+}
+
+/// Holds a worker once, right before it writes in `phase` (after its lease check).
+struct Gate {
+    phase: &'static str,
+    armed: AtomicBool,
+    reached: Notify,
+    release: Notify,
+}
+
+fn gate(phase: &'static str) -> (Arc<Gate>, PauseHook) {
+    let g = Arc::new(Gate {
+        phase,
+        armed: AtomicBool::new(true),
+        reached: Notify::new(),
+        release: Notify::new(),
+    });
+    let hook_gate = g.clone();
+    let hook = PauseHook(Arc::new(move |p| {
+        let g = hook_gate.clone();
+        Box::pin(async move {
+            if p == g.phase && g.armed.swap(false, Ordering::SeqCst) {
+                g.reached.notify_one();
+                g.release.notified().await;
+            }
+        })
+    }));
+    (g, hook)
+}
+
+#[tokio::test]
+async fn a_stale_worker_resumes_into_skips() {
+    let base = support::ledger("stale_worker").await;
+    for (i, phase) in ["apply", "commit", "settle", "done"]
+        .into_iter()
+        .enumerate()
+    {
+        let (a, b, id) = (format!("A{i}"), format!("B{i}"), format!("slow{i}"));
+        open(&base, &a, 1_000, Some(0)).await;
+        open(&base, &b, 0, Some(0)).await;
+        let (g, hook) = gate(phase);
+        let slow = Ledger::new(base.client().clone())
+            .with_lease(Duration::from_millis(300))
+            .unwrap()
+            .with_pause_hook(hook);
+        let other = Ledger::new(base.client().clone());
+        assert_ne!(slow.worker_id(), other.worker_id());
+
+        let req = request(Some(&id), &a, &b, 250);
+        let worker = tokio::spawn(async move { slow.submit(req, true).await });
+        g.reached.notified().await;
+        // The slow worker passed its lease check and sits right before its write. Once its
+        // claim has expired, another worker takes the transfer over and finishes it.
+        let claim_end = base.transfer(&id).await.unwrap().claim.unwrap().expires_at;
+        support::wait_for(
+            "the slow worker's claim to expire",
+            Duration::from_secs(10),
+            || async { (now_ms() > claim_end).then_some(()) },
+        )
+        .await;
+        let swept = other
+            .sweep_once(SweepOptions {
+                limit: 10,
+                stale_after: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+        assert_eq!(swept.advanced, 1, "{phase}: {swept:?}");
+        assert_eq!(base.transfer(&id).await.unwrap().state, State::Done);
+
+        // The slow worker resumes and writes what it was about to: every step is a skip.
+        g.release.notify_one();
+        let outcome = worker.await.unwrap().unwrap();
+        assert!(
+            matches!(
+                outcome.state,
+                State::Done | State::Pending | State::Committed
+            ),
+            "{phase}: {outcome:?}"
+        );
+        assert_eq!(
+            base.transfer(&id).await.unwrap().state,
+            State::Done,
+            "{phase}"
+        );
+        assert_eq!(balance(&base, &a).await, 750, "{phase}: debited once");
+        assert_eq!(balance(&base, &b).await, 250, "{phase}: credited once");
+        assert!(
+            base.account(&a).await.unwrap().pending.is_empty(),
+            "{phase}"
+        );
+        assert!(
+            base.account(&b).await.unwrap().pending.is_empty(),
+            "{phase}"
+        );
+    }
+    assert_at_rest(&base).await;
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_accounts_never_overdraw() {
+    let l = support::ledger("hot_accounts").await;
+    let accounts = ["h0", "h1", "h2", "h3", "h4"];
+    for a in accounts {
+        open(&l, a, 2_000, Some(0)).await;
+    }
+    // A watcher samples every balance while the transfers run: never below the minimum.
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(AtomicU64::new(0));
+    let watcher = {
+        let (l, stop, samples) = (l.clone(), stop.clone(), samples.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::SeqCst) {
+                for a in l.all_accounts().await.unwrap() {
+                    assert!(a.balance.minor() >= 0, "overdrawn: {a:?}");
+                    assert!(a.available.minor() >= 0, "overdrawn: {a:?}");
+                }
+                samples.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    // A sweeper in another "process" finishes the transfers submitted without waiting.
+    let (stop_sweeper, shutdown) = tokio::sync::oneshot::channel::<()>();
+    let sweeper = {
+        let s = Ledger::new(l.client().clone());
+        tokio::spawn(async move {
+            s.sweep_watch(
+                SweepOptions {
+                    limit: 500,
+                    stale_after: Duration::ZERO,
+                },
+                async move {
+                    let _ = shutdown.await;
+                },
+            )
+            .await
+        })
+    };
+
+    let total = 400;
+    let tasks = 24;
+    let mut handles = Vec::new();
+    for task in 0..tasks {
+        let l = l.clone();
+        handles.push(tokio::spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(task as u64);
+            let mut outcomes = Vec::new();
+            for k in 0..(total / tasks + 1) {
+                let n = task * (total / tasks + 1) + k;
+                if n >= total {
+                    break;
+                }
+                let from = rng.usize(..accounts.len());
+                let to = (from + 1 + rng.usize(..accounts.len() - 1)) % accounts.len();
+                let value = rng.i64(1..=700);
+                let wait = rng.u8(..4) != 0;
+                let req = request(Some(&format!("x{n}")), accounts[from], accounts[to], value);
+                outcomes.push(l.submit(req, wait).await.unwrap());
+            }
+            outcomes
+        }));
+    }
+    let mut submitted = 0;
+    for h in handles {
+        submitted += h.await.unwrap().len();
+    }
+    assert_eq!(submitted, total);
+    let counts = support::wait_for(
+        "every transfer to finish",
+        Duration::from_secs(120),
+        || async {
+            let s = l.status().await.unwrap();
+            (s.states.open() == 0).then_some(s.states)
+        },
+    )
+    .await;
+    stop_sweeper.send(()).unwrap();
+    let swept = tokio::time::timeout(Duration::from_secs(30), sweeper)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    stop.store(true, Ordering::SeqCst);
+    watcher.await.unwrap();
+    eprintln!(
+        "{counts:?}; sweeper {swept:?}; {} balance samples",
+        samples.load(Ordering::SeqCst)
+    );
+    assert_eq!((counts.done + counts.cancelled) as usize, total);
+    assert!(
+        counts.done > 0 && counts.cancelled > 0,
+        "{counts:?}: the mix should have both"
+    );
+    let all = l.all_accounts().await.unwrap();
+    let sum: i64 = all.iter().map(|a| a.balance.minor()).sum();
+    assert_eq!(sum, 2_000 * accounts.len() as i64);
+    let by_id: HashMap<_, _> = all.iter().map(|a| (a.account.clone(), a)).collect();
+    for a in accounts {
+        assert!(by_id[a].balance.minor() >= 0);
+        assert!(by_id[a].pending.is_empty());
+    }
+    assert_at_rest(&l).await;
+}

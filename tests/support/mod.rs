@@ -51,7 +51,13 @@ pub fn server() -> &'static TestServer {
 pub fn db_name(test: &str) -> String {
     let clean: String = test
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .take(40)
         .collect();
     format!("t_{clean}_{:08x}", fastrand::u32(..))

@@ -56,7 +56,10 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts a proxy on 127.0.0.1 in front of `upstream` (a loopback address).
     pub async fn start(upstream: SocketAddr, faults: Faults, seed: u64) -> FaultProxy {
-        assert!(upstream.ip().is_loopback(), "fault tests target loopback only");
+        assert!(
+            upstream.ip().is_loopback(),
+            "fault tests target loopback only"
+        );
         let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let faults = Arc::new(Mutex::new(faults));

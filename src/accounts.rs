@@ -1,0 +1,364 @@
+//! Accounts: `account:{id}` documents whose balance and pending set change only by `_rev`
+//! compare-and-swap (docs/DOCUMENTS.md).
+//!
+//! An account carries, besides its balance, the markers of the transfers that touched it:
+//! `pending` (applied to `balance`, not yet settled) and `settled` (recently settled or undone,
+//! kept for [`SETTLED_RETENTION_MS`](crate::limits::SETTLED_RETENTION_MS)). Those markers are
+//! what make every account step of a transfer idempotent.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+use crate::limits::ID_CHARS_MAX;
+use crate::money::{Amount, Currency};
+
+/// What to create: [`Ledger::create_account`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AccountSpec {
+    /// The account's id (`account:{account_id}` is its document).
+    pub account_id: String,
+    /// Its currency; never changes.
+    pub currency: Currency,
+    /// Opening balance; never changes.
+    pub opening: Amount,
+    /// The lowest `available` balance a debit may leave; `None` = unlimited (an issuer or
+    /// external account that may go negative).
+    pub min_balance: Option<Amount>,
+}
+
+/// Whether a create wrote the document or found it already there with the same content.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CreateStatus {
+    /// This call wrote it.
+    Created,
+    /// It was there already with the same content (a retry); treat it like `Created`.
+    Exists,
+}
+
+/// What [`Ledger::create_account`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccountCreated {
+    /// Document id, `account:{account_id}`.
+    pub id: String,
+    /// Created or already there.
+    pub status: CreateStatus,
+}
+
+/// A transfer applied to an account's balance and not yet settled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PendingEntry {
+    /// Transfer id.
+    pub txn: String,
+    /// The signed change it made to `balance`.
+    pub delta: Amount,
+}
+
+/// An account as [`Ledger::account`] reads it, with the balances of SPEC §5.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccountView {
+    /// Account id.
+    pub account: String,
+    /// ISO-4217 code.
+    pub currency: String,
+    /// Opening balance.
+    pub opening: Amount,
+    /// What the document stores: every applied delta, settled or not.
+    pub balance: Amount,
+    /// `balance − Σ positive pending deltas`: a credit that might still be rolled back is not
+    /// spendable.
+    pub available: Amount,
+    /// `balance − Σ all pending deltas`: only settled transfers.
+    pub posted: Amount,
+    /// `None` = unlimited.
+    pub min_balance: Option<Amount>,
+    /// Transfers applied and not yet settled.
+    pub pending: Vec<PendingEntry>,
+}
+
+// ---- the document ---------------------------------------------------------------------------
+
+/// `account:{id}` as stored. Unknown fields are kept (`extra`) so a CAS write never drops what
+/// another version of the program added.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct AccountDoc {
+    #[serde(rename = "_id")]
+    pub(crate) id: String,
+    #[serde(rename = "_rev", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rev: Option<String>,
+    #[serde(rename = "type")]
+    pub(crate) doc_type: String,
+    pub(crate) account_id: String,
+    pub(crate) currency: String,
+    pub(crate) opening: Amount,
+    pub(crate) balance: Amount,
+    #[serde(default)]
+    pub(crate) min_balance: Option<Amount>,
+    #[serde(default)]
+    pub(crate) pending: Vec<Marker>,
+    #[serde(default)]
+    pub(crate) settled: Vec<Settled>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) created_at: Option<i64>,
+    #[serde(flatten)]
+    pub(crate) extra: Map<String, Value>,
+}
+
+/// One entry of `pending`. `at` (when it was applied, wall ms) is our addition to the documented
+/// `{txn, delta}`: the `accounts/pending` view orders markers by it so the sweeper finds old
+/// (possibly orphaned) ones without reading young, in-flight ones.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Marker {
+    pub(crate) txn: String,
+    pub(crate) delta: Amount,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) at: Option<i64>,
+}
+
+/// One entry of `settled`: the transfer is finished on this account, either settled (its delta
+/// stays) or undone (`undone: true`, its delta was reversed). Either way a later apply, settle
+/// or undo of it on this account is skipped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Settled {
+    pub(crate) txn: String,
+    pub(crate) at: i64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) undone: bool,
+}
+
+impl AccountDoc {
+    /// Parses a document read from the server and asserts what must hold after a read.
+    pub(crate) fn from_value(value: Value) -> Result<AccountDoc> {
+        let id = value
+            .get("_id")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned();
+        let doc: AccountDoc = serde_json::from_value(value)
+            .map_err(|e| Error::decode(format!("{id} is not a valid account document: {e}")))?;
+        if doc.doc_type != "account" {
+            return Err(Error::decode(format!(
+                "{id} has type {:?}, not account",
+                doc.doc_type
+            )));
+        }
+        if doc.id != account_doc_id(&doc.account_id) {
+            return Err(Error::decode(format!(
+                "{id} holds account_id {:?}",
+                doc.account_id
+            )));
+        }
+        // The balances derived from the markers must be representable too.
+        doc.available()?;
+        doc.posted()?;
+        Ok(doc)
+    }
+
+    /// `balance − Σ positive pending deltas`.
+    pub(crate) fn available(&self) -> Result<Amount> {
+        let mut available = self.balance;
+        for m in self.pending.iter().filter(|m| m.delta.is_positive()) {
+            available = available.checked_sub(m.delta)?;
+        }
+        Ok(available)
+    }
+
+    /// `balance − Σ pending deltas`.
+    pub(crate) fn posted(&self) -> Result<Amount> {
+        let mut posted = self.balance;
+        for m in &self.pending {
+            posted = posted.checked_sub(m.delta)?;
+        }
+        Ok(posted)
+    }
+
+    pub(crate) fn view(&self) -> Result<AccountView> {
+        Ok(AccountView {
+            account: self.account_id.clone(),
+            currency: self.currency.clone(),
+            opening: self.opening,
+            balance: self.balance,
+            available: self.available()?,
+            posted: self.posted()?,
+            min_balance: self.min_balance,
+            pending: self
+                .pending
+                .iter()
+                .map(|m| PendingEntry {
+                    txn: m.txn.clone(),
+                    delta: m.delta,
+                })
+                .collect(),
+        })
+    }
+}
+
+/// `account:{id}`.
+pub(crate) fn account_doc_id(account_id: &str) -> String {
+    format!("account:{account_id}")
+}
+
+/// Checks an account or transfer id: non-empty, at most [`ID_CHARS_MAX`] characters, no control
+/// character, not beginning with `_` (CouchDB reserves those) and no `:` (the separator of our
+/// document ids, so `account:a:b` can never be ambiguous).
+pub(crate) fn validate_id(field: &str, id: &str) -> Result<()> {
+    if id.is_empty() {
+        return Err(Error::invalid(field, "must not be empty"));
+    }
+    if id.chars().count() > ID_CHARS_MAX {
+        return Err(Error::invalid(
+            field,
+            format!("is longer than {ID_CHARS_MAX} characters"),
+        ));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(Error::invalid(
+            field,
+            format!("{id:?} holds a control character"),
+        ));
+    }
+    if id.starts_with('_') {
+        return Err(Error::invalid(field, format!("{id:?} begins with '_'")));
+    }
+    if id.contains(':') {
+        return Err(Error::invalid(field, format!("{id:?} holds a ':'")));
+    }
+    Ok(())
+}
+
+impl Ledger {
+    /// Creates an account. Idempotent: the same spec again is [`CreateStatus::Exists`] (the
+    /// balance may have moved since; only the fixed fields are compared).
+    ///
+    /// # Errors
+    ///
+    /// Invalid input (a bad id, an opening below a limited account's `min_balance`); the
+    /// account exists with another currency, opening or minimum (a mismatch naming the field);
+    /// the server failed.
+    pub async fn create_account(&self, spec: AccountSpec) -> Result<AccountCreated> {
+        validate_id("account", &spec.account_id)?;
+        if let Some(min) = spec.min_balance {
+            if spec.opening < min {
+                return Err(Error::invalid(
+                    "opening",
+                    format!(
+                        "{} is below the account's minimum balance {}",
+                        spec.opening.minor(),
+                        min.minor()
+                    ),
+                ));
+            }
+        }
+        let id = account_doc_id(&spec.account_id);
+        let doc = AccountDoc {
+            id: id.clone(),
+            rev: None,
+            doc_type: "account".to_owned(),
+            account_id: spec.account_id.clone(),
+            currency: spec.currency.code().to_owned(),
+            opening: spec.opening,
+            balance: spec.opening,
+            min_balance: spec.min_balance,
+            pending: Vec::new(),
+            settled: Vec::new(),
+            created_at: Some(crate::engine::now_ms()),
+            extra: Map::new(),
+        };
+        let client = &self.inner.client;
+        match client.put(&id, &doc).await {
+            Ok(_) => {
+                return Ok(AccountCreated {
+                    id,
+                    status: CreateStatus::Created,
+                })
+            }
+            Err(e) if e.is_conflict() => {}
+            // pouchdb-server validates against the existing document before it notices the
+            // create conflicts: an account created with other fixed fields is refused there.
+            Err(e) if e.is_forbidden() && self.changed_under_us(&id, None).await? => {}
+            Err(e) => return Err(e),
+        }
+        // It exists (or our own retried create landed): same fixed fields → Exists.
+        let existing: Value = client.get(&id).await?;
+        let existing = AccountDoc::from_value(existing)?;
+        if existing.currency != doc.currency {
+            return Err(Error::mismatch(&id, "currency"));
+        }
+        if existing.opening != doc.opening {
+            return Err(Error::mismatch(&id, "opening"));
+        }
+        if existing.min_balance != doc.min_balance {
+            return Err(Error::mismatch(&id, "min_balance"));
+        }
+        Ok(AccountCreated {
+            id,
+            status: CreateStatus::Exists,
+        })
+    }
+
+    /// Reads an account with its balances.
+    ///
+    /// # Errors
+    ///
+    /// A bad id; no such account (404, [`Error::is_not_found`]); a document that is not a valid
+    /// account (amounts out of range, wrong shape); the server failed.
+    pub async fn account(&self, account_id: &str) -> Result<AccountView> {
+        validate_id("account", account_id)?;
+        let value: Value = self.inner.client.get(&account_doc_id(account_id)).await?;
+        AccountDoc::from_value(value)?.view()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ids_are_checked() {
+        for ok in ["alice", "a-b_c.d", "ünï", &"x".repeat(ID_CHARS_MAX)] {
+            validate_id("account", ok).unwrap();
+        }
+        for bad in ["", "_a", "a:b", "a\nb", &"x".repeat(ID_CHARS_MAX + 1)] {
+            assert!(
+                validate_id("account", bad).unwrap_err().is_invalid_input(),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn balances_follow_the_markers() {
+        let doc = AccountDoc::from_value(json!({
+            "_id": "account:a", "_rev": "3-x", "type": "account", "account_id": "a",
+            "currency": "EUR", "opening": 1000, "balance": 1200, "min_balance": 0,
+            "pending": [{"txn": "t1", "delta": -300}, {"txn": "t2", "delta": 500}],
+            "settled": [{"txn": "t0", "at": 1}], "created_at": 1, "other": true
+        }))
+        .unwrap();
+        assert_eq!(doc.available().unwrap().minor(), 700);
+        assert_eq!(doc.posted().unwrap().minor(), 1000);
+        // Unknown fields survive a round trip (a CAS write never drops them).
+        assert_eq!(serde_json::to_value(&doc).unwrap()["other"], true);
+    }
+
+    #[test]
+    fn malformed_accounts_are_refused() {
+        let base = json!({
+            "_id": "account:a", "type": "account", "account_id": "a", "currency": "EUR",
+            "opening": 0, "balance": 0, "min_balance": null, "pending": [], "settled": []
+        });
+        AccountDoc::from_value(base.clone()).unwrap();
+        let mut wrong_id = base.clone();
+        wrong_id["_id"] = json!("account:b");
+        assert!(AccountDoc::from_value(wrong_id).is_err());
+        let mut float = base.clone();
+        float["balance"] = json!(2.5);
+        assert!(AccountDoc::from_value(float).is_err());
+        let mut huge = base;
+        huge["balance"] = json!(9007199254740992i64);
+        assert!(AccountDoc::from_value(huge).is_err());
+    }
+}

@@ -1,0 +1,1030 @@
+//! Group commit: the in-process engine that applies account steps and writes transfer documents
+//! for every transfer this process drives, batching concurrent ones into few requests.
+//!
+//! CouchDB makes one document's write atomic and nothing more, and a hot account is one
+//! document: one CAS per transfer step on it means a queue of 409s (SERVERS.md: 10 updates/s
+//! from 16 clients on pouchdb-server). So callers do not write accounts themselves. They enqueue
+//! ops — "apply this delta for txn T on account A", "settle T on A", "undo T on A" — and await
+//! their answer. One driver task at a time takes everything queued and, per round:
+//!
+//! 1. reads the accounts it holds no copy of with one `_all_docs?include_docs` request (it keeps
+//!    the last doc + `_rev` it read or wrote: a stale copy only costs a 409 and a re-read);
+//! 2. applies all ops in memory, in queue order — the idempotency rules of SPEC §5 live in
+//!    [`evaluate`];
+//! 3. writes every changed account in one `_bulk_docs`, each with its `_rev` (a CAS, so the
+//!    request is safe to repeat); a per-document conflict re-reads that account and re-runs its
+//!    ops, at most [`ACCOUNT_CAS_ATTEMPTS_MAX`] times.
+//!
+//! An op is answered only once its outcome is certain: after the write that carries it landed,
+//! or — when it changes nothing (skipped, insufficient funds) — once it was decided on a copy
+//! read in this round, never on a cached copy that may be stale.
+//!
+//! Transfer documents go through the same kind of queue ([`TxnWriter`]): concurrent CAS writes
+//! of different transfers share one `_bulk_docs`.
+//!
+//! While a round's requests are in flight, new ops queue up; the next round takes them all.
+//! So one caller alone pays no waiting, and 64 concurrent callers share about one request per
+//! phase.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::accounts::{account_doc_id, AccountDoc, Marker, Settled};
+use crate::couch::{BulkResult, Client};
+use crate::error::{Error, Result};
+use crate::limits::{
+    ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, ENGINE_ROUNDS_MAX,
+    READ_BATCH_KEYS_MAX, SETTLED_MAX, SETTLED_RETENTION_MIN_MS, SETTLED_RETENTION_MS,
+    TXN_BATCH_DOCS_MAX,
+};
+use crate::money::Amount;
+
+/// Wall-clock milliseconds since the Unix epoch (for `last_modified`, claims and markers; never
+/// for a decision that must be monotonic — leases use `Instant`).
+pub(crate) fn now_ms() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A copy of an error for each of several waiters (the library error is not `Clone`): same
+/// kind, so `is_transient()`, `is_conflict()`… still answer, with the original's text as source.
+pub(crate) fn duplicate(e: &Error) -> Error {
+    Error::new(e.kind().clone()).with_source(e.to_string())
+}
+
+/// A per-document failure in a `_bulk_docs` reply, as the error a single write would have had.
+fn bulk_error(id: &str, r: &BulkResult) -> Error {
+    let status = match r.error.as_deref() {
+        Some("conflict") => Some(409),
+        Some("forbidden") => Some(403),
+        Some("unauthorized") => Some(401),
+        _ => None,
+    };
+    match status {
+        Some(s) => {
+            Error::status(s, r.error.clone(), r.reason.clone()).with_request("POST", "_bulk_docs")
+        }
+        None => Error::decode(format!(
+            "_bulk_docs answered {:?} ({:?}) for {id}",
+            r.error, r.reason
+        )),
+    }
+}
+
+/// A `_bulk_docs` reply keyed by document id. Never by position: pouchdb-server, with a
+/// `validate_doc_update` installed, answers refusals first and the rest in the order their
+/// validations finished (pouchdb-bulkdocs-wrapper). Every batch holds each id at most once.
+fn results_by_id(results: Vec<BulkResult>) -> HashMap<String, BulkResult> {
+    results
+        .into_iter()
+        .filter_map(|r| r.id.clone().map(|id| (id, r)))
+        .collect()
+}
+
+// ---- a queue with at most one driver ---------------------------------------------------------
+
+struct Queue<T> {
+    state: Mutex<QueueState<T>>,
+}
+
+struct QueueState<T> {
+    items: VecDeque<T>,
+    /// A driver task is running (or about to): pushers must not start another.
+    driving: bool,
+}
+
+impl<T> Queue<T> {
+    fn new() -> Queue<T> {
+        Queue {
+            state: Mutex::new(QueueState {
+                items: VecDeque::new(),
+                driving: false,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState<T>> {
+        // A panic elsewhere while holding this short lock leaves plain data behind: keep going.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends; `true` when the caller must start the driver.
+    fn push(&self, items: impl IntoIterator<Item = T>) -> bool {
+        let mut s = self.lock();
+        s.items.extend(items);
+        !std::mem::replace(&mut s.driving, true)
+    }
+
+    /// Puts items back at the head, in order (deferred to the next round).
+    fn push_front(&self, items: Vec<T>) {
+        let mut s = self.lock();
+        for item in items.into_iter().rev() {
+            s.items.push_front(item);
+        }
+    }
+
+    /// Takes up to `max` items. An empty answer also ends the driver's turn, atomically with
+    /// the emptiness check, so a concurrent push either lands in this driver's next round or
+    /// starts a new driver.
+    fn take(&self, max: usize) -> Vec<T> {
+        let mut s = self.lock();
+        let n = s.items.len().min(max);
+        let batch: Vec<T> = s.items.drain(..n).collect();
+        if batch.is_empty() {
+            s.driving = false;
+        }
+        batch
+    }
+}
+
+/// Ends a driver's turn if it stops abnormally (a panic): the waiting callers get an error
+/// instead of hanging, and the next push starts a new driver.
+struct DriverGuard<'a, T> {
+    queue: &'a Queue<T>,
+    armed: bool,
+}
+
+impl<T> Drop for DriverGuard<'_, T> {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut s = self.queue.lock();
+            s.items.clear();
+            s.driving = false;
+        }
+    }
+}
+
+// ---- account ops -----------------------------------------------------------------------------
+
+/// What to do to one account for one transfer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    /// Add `delta` to the balance and a pending marker (SPEC §5 steps 3 and 4).
+    Apply {
+        delta: Amount,
+        /// The transfer's currency; the account's must be the same.
+        currency: String,
+        /// A debit: refuse when `available + delta < min_balance`.
+        check_funds: bool,
+    },
+    /// Move the marker from pending to settled (step 6).
+    Settle,
+    /// Reverse a pending marker's delta and record the transfer as finished here (cancel).
+    Undo,
+}
+
+/// One queued op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AccountOp {
+    /// Account id (not the document id).
+    pub(crate) account: String,
+    pub(crate) txn: String,
+    pub(crate) kind: OpKind,
+    /// Applies of one transfer share a link: when one of them fails (insufficient funds…) in a
+    /// round, the later ones of that round are not applied (there would only be an undo).
+    pub(crate) link: Option<u64>,
+}
+
+/// The answer to an op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpResult {
+    /// This op changed the account, and the write carrying it landed.
+    Applied,
+    /// Apply: the marker is there already (another worker, or a retry, applied it).
+    AlreadyPending,
+    /// The transfer is in the account's settled set (settled or undone): nothing to do.
+    Finished,
+    /// Settle / undo: no marker and no settled entry (never applied here, or long pruned).
+    Absent,
+    /// Apply of a debit: `available − value < min_balance`.
+    Insufficient,
+    /// No such account.
+    UnknownAccount,
+    /// The account's currency is not the transfer's.
+    CurrencyMismatch,
+    /// Apply not attempted: a linked apply of the same transfer failed in this round.
+    NotApplied,
+}
+
+impl OpResult {
+    fn is_failure(self) -> bool {
+        matches!(
+            self,
+            OpResult::Insufficient | OpResult::UnknownAccount | OpResult::CurrencyMismatch
+        )
+    }
+}
+
+struct QueuedOp {
+    op: AccountOp,
+    reply: oneshot::Sender<Result<OpResult>>,
+}
+
+/// One op during a round: answered once `reply` is taken.
+struct OpSlot {
+    op: AccountOp,
+    reply: Option<oneshot::Sender<Result<OpResult>>>,
+}
+
+impl OpSlot {
+    fn answer(&mut self, result: Result<OpResult>) {
+        if let Some(reply) = self.reply.take() {
+            // A caller that stopped waiting (its future dropped) does not need the answer;
+            // the op's effect stands, and every step is idempotent.
+            let _ = reply.send(result);
+        }
+    }
+}
+
+/// An account as this round knows it.
+struct Slot {
+    /// `None`: the account does not exist.
+    doc: Option<AccountDoc>,
+    /// Read (or written) in this round: a decision that writes nothing may rely on it.
+    fresh: bool,
+}
+
+/// The account-op engine of one [`Ledger`](crate::Ledger).
+pub(crate) struct AccountEngine {
+    client: Client,
+    queue: Queue<QueuedOp>,
+    /// Last known doc + `_rev` per account id. Only the driver touches it; the lock is for
+    /// `Sync`, held for no await.
+    cache: Mutex<HashMap<String, AccountDoc>>,
+    links: AtomicU64,
+    /// Rounds run (for tests and logs: how well ops were grouped).
+    rounds: AtomicU64,
+}
+
+impl fmt::Debug for AccountEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AccountEngine")
+            .field("rounds", &self.rounds.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl AccountEngine {
+    pub(crate) fn new(client: Client) -> AccountEngine {
+        AccountEngine {
+            client,
+            queue: Queue::new(),
+            cache: Mutex::new(HashMap::new()),
+            links: AtomicU64::new(1),
+            rounds: AtomicU64::new(0),
+        }
+    }
+
+    /// A fresh link id for the applies of one transfer.
+    pub(crate) fn next_link(&self) -> u64 {
+        self.links.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn cache(&self) -> MutexGuard<'_, HashMap<String, AccountDoc>> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Enqueues `ops` together (so they can share a round) and waits for every answer, in order.
+    pub(crate) async fn run(self: &Arc<Self>, ops: Vec<AccountOp>) -> Vec<Result<OpResult>> {
+        let mut receivers = Vec::with_capacity(ops.len());
+        let queued: Vec<QueuedOp> = ops
+            .into_iter()
+            .map(|op| {
+                let (reply, rx) = oneshot::channel();
+                receivers.push(rx);
+                QueuedOp { op, reply }
+            })
+            .collect();
+        if self.queue.push(queued) {
+            tokio::spawn(Arc::clone(self).drive());
+        }
+        let mut answers = Vec::with_capacity(receivers.len());
+        for rx in receivers {
+            answers.push(rx.await.unwrap_or_else(|_| {
+                Err(Error::invariant(
+                    "the account-op engine stopped before answering",
+                ))
+            }));
+        }
+        answers
+    }
+
+    async fn drive(self: Arc<Self>) {
+        let mut guard = DriverGuard {
+            queue: &self.queue,
+            armed: true,
+        };
+        for _ in 0..ENGINE_ROUNDS_MAX {
+            let batch = self.queue.take(ACCOUNT_BATCH_OPS_MAX);
+            if batch.is_empty() {
+                guard.armed = false;
+                return;
+            }
+            self.round(batch).await;
+        }
+        // Still busy after the bound: hand the queue (still marked as driven) to a new task.
+        guard.armed = false;
+        tokio::spawn(Arc::clone(&self).drive_boxed());
+    }
+
+    /// `drive` behind a box: a task that spawns its own successor needs a named future type.
+    fn drive_boxed(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.drive())
+    }
+
+    /// One group of ops: read what is needed, decide in memory, write once, retry conflicts.
+    async fn round(&self, batch: Vec<QueuedOp>) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        let mut ops: Vec<OpSlot> = batch
+            .into_iter()
+            .map(|q| OpSlot {
+                op: q.op,
+                reply: Some(q.reply),
+            })
+            .collect();
+        let mut accounts: Vec<String> = Vec::new();
+        {
+            let mut seen = HashSet::new();
+            for o in &ops {
+                if seen.insert(o.op.account.clone()) {
+                    accounts.push(o.op.account.clone());
+                }
+            }
+        }
+        let mut slots: HashMap<String, Slot> = {
+            let cache = self.cache();
+            accounts
+                .iter()
+                .filter_map(|a| {
+                    cache.get(a).map(|doc| {
+                        (
+                            a.clone(),
+                            Slot {
+                                doc: Some(doc.clone()),
+                                fresh: false,
+                            },
+                        )
+                    })
+                })
+                .collect()
+        };
+        let mut open: HashSet<String> = accounts.iter().cloned().collect();
+        // Links whose failure is final (answered): later attempts keep honouring them.
+        let mut failed_links: HashSet<u64> = HashSet::new();
+
+        for _attempt in 0..ACCOUNT_CAS_ATTEMPTS_MAX {
+            if open.is_empty() {
+                return;
+            }
+            // 1. Read every open account we hold no trustworthy copy of, in one request.
+            let to_read: Vec<String> = accounts
+                .iter()
+                .filter(|a| open.contains(*a) && !slots.contains_key(*a))
+                .cloned()
+                .collect();
+            if !to_read.is_empty() {
+                match self.read(&to_read).await {
+                    Ok(read) => {
+                        for (account, doc) in read {
+                            match doc {
+                                Ok(doc) => {
+                                    if let Some(d) = &doc {
+                                        self.remember(d);
+                                    }
+                                    slots.insert(account, Slot { doc, fresh: true });
+                                }
+                                Err(e) => {
+                                    answer_account(&mut ops, &account, |_| Err(duplicate(&e)));
+                                    open.remove(&account);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // Nothing was written in this attempt: every open op fails alike.
+                        for o in &mut ops {
+                            if open.contains(&o.op.account) {
+                                o.answer(Err(duplicate(&e)));
+                            }
+                        }
+                        return;
+                    }
+                }
+            }
+
+            // 2. Decide every open op in queue order, each account on its own working copy.
+            let now = now_ms();
+            let mut work: HashMap<String, (Option<AccountDoc>, bool)> = HashMap::new();
+            for a in &accounts {
+                if open.contains(a) {
+                    let doc = slots.get(a).and_then(|s| s.doc.clone());
+                    work.insert(a.clone(), (doc, false));
+                }
+            }
+            let mut links_now = failed_links.clone();
+            let mut decided: Vec<Option<Result<OpResult>>> = (0..ops.len()).map(|_| None).collect();
+            for (i, o) in ops.iter().enumerate() {
+                if o.reply.is_none() || !open.contains(&o.op.account) {
+                    continue;
+                }
+                let (doc, changed) = work
+                    .get_mut(&o.op.account)
+                    .expect("open account has a copy");
+                let result = evaluate(doc.as_mut(), &o.op, now, &links_now);
+                if let Ok(r) = &result {
+                    if r.is_failure() {
+                        if let Some(link) = o.op.link {
+                            links_now.insert(link);
+                        }
+                    }
+                    if *r == OpResult::Applied {
+                        *changed = true;
+                    }
+                }
+                decided[i] = Some(result);
+            }
+
+            // 3. Accounts that need no write are answered — if their copy is fresh.
+            let mut writes: Vec<AccountDoc> = Vec::new();
+            for a in &accounts {
+                if !open.contains(a) {
+                    continue;
+                }
+                let (doc, changed) = work.remove(a).expect("open account has a copy");
+                if changed {
+                    let mut doc = doc.expect("a changed account exists");
+                    prune_settled(&mut doc, now);
+                    writes.push(doc);
+                } else if slots.get(a).is_some_and(|s| s.fresh) {
+                    answer_decided(&mut ops, &mut decided, a, &mut failed_links);
+                    open.remove(a);
+                } else {
+                    // Decided on a cached copy that may be stale: read it and decide again.
+                    slots.remove(a);
+                    self.forget(a);
+                }
+            }
+            if writes.is_empty() {
+                continue;
+            }
+
+            // 4. One `_bulk_docs` for every changed account, each a CAS on its `_rev`.
+            match self.client.bulk_docs(&writes).await {
+                Err(e) => {
+                    // Unknown whether it landed: drop the copies and fail these ops; the
+                    // caller's protocol step is idempotent and will be redone.
+                    for doc in &writes {
+                        let a = doc.account_id.clone();
+                        slots.remove(&a);
+                        self.forget(&a);
+                        answer_account(&mut ops, &a, |_| Err(duplicate(&e)));
+                        open.remove(&a);
+                    }
+                }
+                Ok(results) => {
+                    let mut by_id = results_by_id(results);
+                    for mut doc in writes {
+                        let a = doc.account_id.clone();
+                        let Some(r) = by_id.remove(&doc.id) else {
+                            // No answer for it: unknown whether it landed, as for a failed
+                            // request.
+                            slots.remove(&a);
+                            self.forget(&a);
+                            let e =
+                                Error::decode(format!("_bulk_docs did not answer for {}", doc.id));
+                            answer_account(&mut ops, &a, |_| Err(duplicate(&e)));
+                            open.remove(&a);
+                            continue;
+                        };
+                        if r.is_ok() {
+                            doc.rev = r.rev.clone();
+                            self.remember(&doc);
+                            slots.insert(
+                                a.clone(),
+                                Slot {
+                                    doc: Some(doc),
+                                    fresh: true,
+                                },
+                            );
+                            answer_decided(&mut ops, &mut decided, &a, &mut failed_links);
+                            open.remove(&a);
+                        } else if r.is_conflict() {
+                            slots.remove(&a);
+                            self.forget(&a);
+                        } else {
+                            let e = bulk_error(&account_doc_id(&a), &r);
+                            answer_account(&mut ops, &a, |_| Err(duplicate(&e)));
+                            open.remove(&a);
+                        }
+                    }
+                }
+            }
+        }
+        for a in open {
+            tracing::warn!(account = %a, "account kept conflicting; giving up this round");
+            answer_account(&mut ops, &a, |_| {
+                Err(Error::status(
+                    409,
+                    Some("conflict".to_owned()),
+                    Some(format!(
+                        "account {a} changed under every one of {ACCOUNT_CAS_ATTEMPTS_MAX} attempts"
+                    )),
+                ))
+            });
+        }
+    }
+
+    /// Reads accounts with `_all_docs?include_docs`: per account, its document, `None` when it
+    /// does not exist, or an error when it is not a valid account.
+    async fn read(&self, accounts: &[String]) -> Result<Vec<(String, Result<Option<AccountDoc>>)>> {
+        let mut out = Vec::with_capacity(accounts.len());
+        for chunk in accounts.chunks(READ_BATCH_KEYS_MAX) {
+            let keys: Vec<String> = chunk.iter().map(|a| account_doc_id(a)).collect();
+            let rows = self.client.all_docs(&keys, true).await?;
+            for (account, row) in chunk.iter().zip(rows) {
+                let doc = match row.doc {
+                    Some(Value::Object(m)) => AccountDoc::from_value(Value::Object(m)).map(Some),
+                    // Missing (`error: not_found`) or deleted (`doc: null`).
+                    _ => Ok(None),
+                };
+                out.push((account.clone(), doc));
+            }
+        }
+        Ok(out)
+    }
+
+    fn remember(&self, doc: &AccountDoc) {
+        let mut cache = self.cache();
+        if cache.len() >= ACCOUNT_CACHE_MAX && !cache.contains_key(&doc.account_id) {
+            // Crude but bounded: a cleared cache only costs reads.
+            cache.clear();
+        }
+        cache.insert(doc.account_id.clone(), doc.clone());
+    }
+
+    fn forget(&self, account: &str) {
+        self.cache().remove(account);
+    }
+
+    /// Rounds run so far.
+    pub(crate) fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Relaxed)
+    }
+}
+
+/// Answers every unanswered op of `account` with what `f` makes of it.
+fn answer_account(ops: &mut [OpSlot], account: &str, f: impl Fn(&AccountOp) -> Result<OpResult>) {
+    for o in ops.iter_mut() {
+        if o.reply.is_some() && o.op.account == account {
+            let r = f(&o.op);
+            o.answer(r);
+        }
+    }
+}
+
+/// Answers the ops of `account` with the decisions of this attempt.
+fn answer_decided(
+    ops: &mut [OpSlot],
+    decided: &mut [Option<Result<OpResult>>],
+    account: &str,
+    failed_links: &mut HashSet<u64>,
+) {
+    for (o, d) in ops.iter_mut().zip(decided.iter_mut()) {
+        if o.reply.is_none() || o.op.account != account {
+            continue;
+        }
+        let Some(result) = d.take() else {
+            continue;
+        };
+        if let Ok(r) = &result {
+            if r.is_failure() {
+                if let Some(link) = o.op.link {
+                    failed_links.insert(link);
+                }
+            }
+        }
+        o.answer(result);
+    }
+}
+
+/// The rules of SPEC §5 for one op on one account, in memory. `Applied` means `doc` changed.
+pub(crate) fn evaluate(
+    doc: Option<&mut AccountDoc>,
+    op: &AccountOp,
+    now: i64,
+    failed_links: &HashSet<u64>,
+) -> Result<OpResult> {
+    let Some(doc) = doc else {
+        return Ok(OpResult::UnknownAccount);
+    };
+    let in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
+    let in_settled = doc.settled.iter().any(|s| s.txn == op.txn);
+    match &op.kind {
+        OpKind::Apply {
+            delta,
+            currency,
+            check_funds,
+        } => {
+            if in_pending.is_some() {
+                return Ok(OpResult::AlreadyPending);
+            }
+            if in_settled {
+                return Ok(OpResult::Finished);
+            }
+            if op.link.is_some_and(|l| failed_links.contains(&l)) {
+                return Ok(OpResult::NotApplied);
+            }
+            if doc.currency != *currency {
+                return Ok(OpResult::CurrencyMismatch);
+            }
+            if *check_funds && delta.minor() < 0 {
+                if let Some(min) = doc.min_balance {
+                    if doc.available()?.checked_add(*delta)? < min {
+                        return Ok(OpResult::Insufficient);
+                    }
+                }
+            }
+            doc.balance = doc.balance.checked_add(*delta)?;
+            doc.pending.push(Marker {
+                txn: op.txn.clone(),
+                delta: *delta,
+                at: Some(now),
+            });
+            Ok(OpResult::Applied)
+        }
+        OpKind::Settle => match in_pending {
+            Some(pos) => {
+                doc.pending.remove(pos);
+                doc.settled.push(Settled {
+                    txn: op.txn.clone(),
+                    at: now,
+                    undone: false,
+                });
+                Ok(OpResult::Applied)
+            }
+            None if in_settled => Ok(OpResult::Finished),
+            None => Ok(OpResult::Absent),
+        },
+        OpKind::Undo => match in_pending {
+            Some(pos) => {
+                let delta = doc.pending[pos].delta;
+                doc.balance = doc.balance.checked_sub(delta)?;
+                doc.pending.remove(pos);
+                // Recorded like a settle so that a late apply of this transfer is skipped
+                // instead of re-adding a marker someone would have to undo again.
+                doc.settled.push(Settled {
+                    txn: op.txn.clone(),
+                    at: now,
+                    undone: true,
+                });
+                Ok(OpResult::Applied)
+            }
+            None if in_settled => Ok(OpResult::Finished),
+            None => Ok(OpResult::Absent),
+        },
+    }
+}
+
+/// Drops settled entries past [`SETTLED_RETENTION_MS`]; above [`SETTLED_MAX`] entries, drops
+/// the oldest too, but never one younger than [`SETTLED_RETENTION_MIN_MS`].
+pub(crate) fn prune_settled(doc: &mut AccountDoc, now: i64) {
+    let retention = i64::try_from(SETTLED_RETENTION_MS).expect("fits");
+    let retention_min = i64::try_from(SETTLED_RETENTION_MIN_MS).expect("fits");
+    doc.settled
+        .retain(|s| s.at >= now.saturating_sub(retention));
+    if doc.settled.len() > SETTLED_MAX {
+        doc.settled.sort_by_key(|s| s.at);
+        let excess = doc.settled.len() - SETTLED_MAX;
+        let old = doc
+            .settled
+            .iter()
+            .take(excess)
+            .take_while(|s| s.at < now.saturating_sub(retention_min))
+            .count();
+        doc.settled.drain(..old);
+    }
+}
+
+// ---- transfer documents ----------------------------------------------------------------------
+
+/// The outcome of one transfer-document write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TxnWrite {
+    /// Landed; the new `_rev`.
+    Written(String),
+    /// Stale `_rev`, or (for a create) the document exists.
+    Conflict,
+}
+
+struct QueuedTxn {
+    id: String,
+    doc: Value,
+    reply: oneshot::Sender<Result<TxnWrite>>,
+}
+
+/// Batches concurrent transfer-document writes into one `_bulk_docs`.
+pub(crate) struct TxnWriter {
+    client: Client,
+    queue: Queue<QueuedTxn>,
+    rounds: AtomicU64,
+}
+
+impl fmt::Debug for TxnWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxnWriter")
+            .field("rounds", &self.rounds.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl TxnWriter {
+    pub(crate) fn new(client: Client) -> TxnWriter {
+        TxnWriter {
+            client,
+            queue: Queue::new(),
+            rounds: AtomicU64::new(0),
+        }
+    }
+
+    /// Writes one document (a create without `_rev`, a CAS with one).
+    pub(crate) async fn write(self: &Arc<Self>, id: String, doc: Value) -> Result<TxnWrite> {
+        let (reply, rx) = oneshot::channel();
+        if self.queue.push([QueuedTxn { id, doc, reply }]) {
+            tokio::spawn(Arc::clone(self).drive());
+        }
+        rx.await.unwrap_or_else(|_| {
+            Err(Error::invariant(
+                "the transfer writer stopped before answering",
+            ))
+        })
+    }
+
+    async fn drive(self: Arc<Self>) {
+        let mut guard = DriverGuard {
+            queue: &self.queue,
+            armed: true,
+        };
+        for _ in 0..ENGINE_ROUNDS_MAX {
+            let batch = self.queue.take(TXN_BATCH_DOCS_MAX);
+            if batch.is_empty() {
+                guard.armed = false;
+                return;
+            }
+            self.round(batch).await;
+        }
+        guard.armed = false;
+        tokio::spawn(Arc::clone(&self).drive_boxed());
+    }
+
+    /// `drive` behind a box: a task that spawns its own successor needs a named future type.
+    fn drive_boxed(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.drive())
+    }
+
+    async fn round(&self, batch: Vec<QueuedTxn>) {
+        self.rounds.fetch_add(1, Ordering::Relaxed);
+        // Two writes of one document in one request would race inside the server: the later
+        // one waits for the next round (it will most likely conflict, as it should).
+        let mut seen = HashSet::new();
+        let (now, later): (Vec<QueuedTxn>, Vec<QueuedTxn>) =
+            batch.into_iter().partition(|q| seen.insert(q.id.clone()));
+        if !later.is_empty() {
+            self.queue.push_front(later);
+        }
+        let docs: Vec<&Value> = now.iter().map(|q| &q.doc).collect();
+        match self.client.bulk_docs(&docs).await {
+            Err(e) => {
+                for q in now {
+                    let _ = q.reply.send(Err(duplicate(&e)));
+                }
+            }
+            Ok(results) => {
+                let mut by_id = results_by_id(results);
+                for q in now {
+                    let Some(r) = by_id.remove(&q.id) else {
+                        let e = Error::decode(format!("_bulk_docs did not answer for {}", q.id));
+                        let _ = q.reply.send(Err(e));
+                        continue;
+                    };
+                    let answer = if r.is_ok() {
+                        Ok(TxnWrite::Written(r.rev.clone().unwrap_or_default()))
+                    } else if r.is_conflict() {
+                        Ok(TxnWrite::Conflict)
+                    } else {
+                        Err(bulk_error(&q.id, &r))
+                    };
+                    let _ = q.reply.send(answer);
+                }
+            }
+        }
+    }
+
+    /// Rounds run so far.
+    pub(crate) fn rounds(&self) -> u64 {
+        self.rounds.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn account(balance: i64, min: Option<i64>) -> AccountDoc {
+        AccountDoc::from_value(json!({
+            "_id": "account:a", "_rev": "1-x", "type": "account", "account_id": "a",
+            "currency": "EUR", "opening": balance, "balance": balance, "min_balance": min,
+            "pending": [], "settled": []
+        }))
+        .unwrap()
+    }
+
+    fn apply(txn: &str, delta: i64, check: bool, link: Option<u64>) -> AccountOp {
+        AccountOp {
+            account: "a".into(),
+            txn: txn.into(),
+            kind: OpKind::Apply {
+                delta: Amount::new(delta).unwrap(),
+                currency: "EUR".into(),
+                check_funds: check,
+            },
+            link,
+        }
+    }
+
+    fn op(txn: &str, kind: OpKind) -> AccountOp {
+        AccountOp {
+            account: "a".into(),
+            txn: txn.into(),
+            kind,
+            link: None,
+        }
+    }
+
+    #[test]
+    fn apply_settle_undo_are_idempotent() {
+        let none = HashSet::new();
+        let mut doc = account(1000, Some(0));
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t", -300, true, None), 1, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t", -300, true, None), 2, &none).unwrap(),
+            OpResult::AlreadyPending
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", OpKind::Settle), 3, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert!(doc.pending.is_empty());
+        // A late apply after the settle finds the settled entry and skips.
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t", -300, true, None), 4, &none).unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", OpKind::Undo), 5, &none).unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("u", OpKind::Undo), 5, &none).unwrap(),
+            OpResult::Absent
+        );
+    }
+
+    #[test]
+    fn undo_reverses_and_blocks_a_late_apply() {
+        let none = HashSet::new();
+        let mut doc = account(1000, Some(0));
+        evaluate(Some(&mut doc), &apply("t", 250, false, None), 1, &none).unwrap();
+        assert_eq!(doc.balance.minor(), 1250);
+        assert_eq!(
+            doc.available().unwrap().minor(),
+            1000,
+            "a pending credit is not spendable"
+        );
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", OpKind::Undo), 2, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 1000);
+        assert!(doc.settled[0].undone);
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t", 250, false, None), 3, &none).unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(doc.balance.minor(), 1000);
+    }
+
+    #[test]
+    fn funds_are_checked_against_available_and_links_stop_the_pair() {
+        let mut links = HashSet::new();
+        let mut doc = account(100, Some(0));
+        evaluate(Some(&mut doc), &apply("c", 500, false, None), 1, &links).unwrap();
+        // 600 on the books, but only 100 available.
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("d", -101, true, Some(7)), 2, &links).unwrap(),
+            OpResult::Insufficient
+        );
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("d", -100, true, None), 2, &links).unwrap(),
+            OpResult::Applied
+        );
+        links.insert(9);
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("e", 5, false, Some(9)), 3, &links).unwrap(),
+            OpResult::NotApplied
+        );
+        // Unlimited accounts go negative; other currencies and missing accounts are refused.
+        let mut issuer = account(0, None);
+        assert_eq!(
+            evaluate(Some(&mut issuer), &apply("f", -5, true, None), 1, &links).unwrap(),
+            OpResult::Applied
+        );
+        let mut usd = apply("g", 5, false, None);
+        if let OpKind::Apply { currency, .. } = &mut usd.kind {
+            *currency = "USD".into();
+        }
+        assert_eq!(
+            evaluate(Some(&mut issuer), &usd, 1, &links).unwrap(),
+            OpResult::CurrencyMismatch
+        );
+        assert_eq!(
+            evaluate(None, &usd, 1, &links).unwrap(),
+            OpResult::UnknownAccount
+        );
+    }
+
+    #[test]
+    fn pruning_keeps_young_entries_whatever_the_count() {
+        let mut doc = account(0, None);
+        let now = 10_000_000_000i64;
+        let old = now - i64::try_from(SETTLED_RETENTION_MS).unwrap() - 1;
+        let mid = now - i64::try_from(SETTLED_RETENTION_MIN_MS).unwrap() - 1;
+        doc.settled.push(Settled {
+            txn: "old".into(),
+            at: old,
+            undone: false,
+        });
+        for i in 0..SETTLED_MAX {
+            doc.settled.push(Settled {
+                txn: format!("mid{i}"),
+                at: mid,
+                undone: false,
+            });
+        }
+        for i in 0..10 {
+            doc.settled.push(Settled {
+                txn: format!("young{i}"),
+                at: now,
+                undone: false,
+            });
+        }
+        prune_settled(&mut doc, now);
+        assert_eq!(doc.settled.len(), SETTLED_MAX);
+        assert!(doc.settled.iter().all(|s| s.txn != "old"));
+        assert_eq!(
+            doc.settled
+                .iter()
+                .filter(|s| s.txn.starts_with("young"))
+                .count(),
+            10
+        );
+
+        // Only young entries over the cap: none pruned.
+        let mut hot = account(0, None);
+        for i in 0..SETTLED_MAX + 5 {
+            hot.settled.push(Settled {
+                txn: format!("y{i}"),
+                at: now,
+                undone: false,
+            });
+        }
+        prune_settled(&mut hot, now);
+        assert_eq!(hot.settled.len(), SETTLED_MAX + 5);
+    }
+
+    #[test]
+    fn an_empty_take_ends_the_turn() {
+        let q: Queue<u32> = Queue::new();
+        assert!(q.push([1, 2]));
+        assert!(!q.push([3]), "one driver at a time");
+        assert_eq!(q.take(2), vec![1, 2]);
+        assert_eq!(q.take(2), vec![3]);
+        assert!(q.take(2).is_empty());
+        assert!(q.push([4]), "the next push starts a driver again");
+    }
+}

@@ -1,0 +1,635 @@
+//! The sweeper (SPEC §6): finds transfers that stopped half-way and drives each to `done` or
+//! `cancelled`; repairs orphan markers; reports the ledger's status.
+//!
+//! A pass ([`Ledger::sweep_once`]) is bounded: it reads its candidates from the views —
+//! `transactions/by_state` for open transfers not modified for `stale_after`, oldest first, and
+//! `accounts/pending` for markers older than that — re-reads every candidate (views lag), and
+//! acts only on a transfer whose `last_modified` is old enough and whose claim has expired. It
+//! takes the transfer over with a CAS of a new claim (so of two sweepers one wins, the other
+//! skips) and drives it with the same code a writer uses. Up to
+//! [`SWEEP_CONCURRENCY_MAX`] transfers are driven at once so their account steps share the
+//! group-commit engine's requests.
+//!
+//! [`Ledger::sweep_watch`] loops passes, woken by the `_changes` feed of transfers and by a
+//! periodic timer as a safety net, until its shutdown future resolves.
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+
+use crate::couch::{ChangesQuery, ViewQuery};
+use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+use crate::limits::{
+    PROBLEMS_MAX, READ_BATCH_KEYS_MAX, STALE_AFTER_DEFAULT_MS, SWEEP_CONCURRENCY_MAX,
+    SWEEP_LIMIT_MAX, WATCH_BACKOFF_MAX_MS, WATCH_WAIT_MAX_MS, WATCH_WAIT_MIN_MS,
+};
+use crate::money::Amount;
+use crate::state::State;
+#[cfg(feature = "failpoints")]
+use crate::transfer::crash;
+use crate::transfer::{txn_doc_id, TxnDoc};
+
+/// The states a transfer can be stuck in.
+const OPEN_STATES: [State; 4] = [
+    State::Initial,
+    State::Pending,
+    State::Committed,
+    State::Canceling,
+];
+
+/// How one pass runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SweepOptions {
+    /// At most this many transfers (and this many markers) looked at in one pass.
+    pub limit: usize,
+    /// Only transfers not modified for this long (and whose claim expired) are taken over.
+    pub stale_after: Duration,
+}
+
+impl Default for SweepOptions {
+    fn default() -> SweepOptions {
+        SweepOptions {
+            limit: 1_000,
+            stale_after: Duration::from_millis(STALE_AFTER_DEFAULT_MS),
+        }
+    }
+}
+
+/// What one pass (or, summed, a watch) did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SweepOutcome {
+    /// Candidate transfers re-read.
+    pub examined: u64,
+    /// Transfers this pass drove to `done`.
+    pub advanced: u64,
+    /// Transfers this pass drove to `cancelled`.
+    pub cancelled: u64,
+    /// Candidates left alone: not stale yet, claimed by a live worker, taken by another
+    /// sweeper first, already finished, or not understood (see `problems`).
+    pub skipped: u64,
+    /// Candidates whose drive failed (server error, lease ran out); they stay for a later pass.
+    pub failed: u64,
+    /// Transfers still open (`initial`, `pending`, `committed`, `canceling`) after the pass.
+    pub remaining: u64,
+    /// Orphan markers undone (a pending marker whose transfer had already finished).
+    pub repaired_markers: u64,
+    /// What could not be handled, one line each (at most [`PROBLEMS_MAX`]).
+    pub problems: Vec<String>,
+}
+
+impl SweepOutcome {
+    fn problem(&mut self, line: String) {
+        if self.problems.len() < PROBLEMS_MAX {
+            self.problems.push(line);
+        }
+    }
+
+    fn add(&mut self, other: SweepOutcome) {
+        self.examined += other.examined;
+        self.advanced += other.advanced;
+        self.cancelled += other.cancelled;
+        self.skipped += other.skipped;
+        self.failed += other.failed;
+        self.remaining = other.remaining;
+        self.repaired_markers += other.repaired_markers;
+        for p in other.problems {
+            self.problem(p);
+        }
+    }
+}
+
+/// Transfers per state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct StateCounts {
+    /// Written, not started.
+    pub initial: u64,
+    /// Claimed; deltas may be applied.
+    pub pending: u64,
+    /// Applied; settling.
+    pub committed: u64,
+    /// Finished.
+    pub done: u64,
+    /// Rolling back.
+    pub canceling: u64,
+    /// Rolled back.
+    pub cancelled: u64,
+}
+
+impl StateCounts {
+    /// The count of one state.
+    pub fn get(&self, state: State) -> u64 {
+        match state {
+            State::Initial => self.initial,
+            State::Pending => self.pending,
+            State::Committed => self.committed,
+            State::Done => self.done,
+            State::Canceling => self.canceling,
+            State::Cancelled => self.cancelled,
+        }
+    }
+
+    fn slot(&mut self, state: State) -> &mut u64 {
+        match state {
+            State::Initial => &mut self.initial,
+            State::Pending => &mut self.pending,
+            State::Committed => &mut self.committed,
+            State::Done => &mut self.done,
+            State::Canceling => &mut self.canceling,
+            State::Cancelled => &mut self.cancelled,
+        }
+    }
+
+    /// Transfers not yet `done` or `cancelled`.
+    pub fn open(&self) -> u64 {
+        OPEN_STATES.iter().map(|s| self.get(*s)).sum()
+    }
+}
+
+/// What [`Ledger::status`] reports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LedgerStatus {
+    /// Transfers per state.
+    pub states: StateCounts,
+    /// Age of the oldest open transfer (by `last_modified`), seconds; `None` when none is open.
+    pub oldest_open_age_s: Option<u64>,
+    /// Money in `pending` transfers (the `transactions/pending` view's `_sum`). The view has no
+    /// currency: with several currencies this adds their minor units together.
+    pub in_flight: Amount,
+    /// Pending markers held by accounts (transfers applied and not yet settled or undone).
+    pub pending_markers: u64,
+}
+
+/// One candidate's fate in a pass.
+enum Swept {
+    Advanced,
+    Cancelled,
+    Skipped,
+    Failed(String),
+}
+
+impl Ledger {
+    /// One bounded pass of the sweeper. Never stops for one bad document: what it cannot
+    /// understand is reported in `problems` and counted in `skipped` or `failed`.
+    ///
+    /// # Errors
+    ///
+    /// `limit` is 0 or above [`SWEEP_LIMIT_MAX`]; the views could not be read (the pass did
+    /// nothing then, or only some of its drives).
+    pub async fn sweep_once(&self, options: SweepOptions) -> Result<SweepOutcome> {
+        if options.limit == 0 || options.limit > SWEEP_LIMIT_MAX {
+            return Err(Error::invalid(
+                "limit",
+                format!("must be between 1 and {SWEEP_LIMIT_MAX}"),
+            ));
+        }
+        let client = &self.inner.client;
+        let now = now_ms();
+        let stale_ms = i64::try_from(options.stale_after.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now.saturating_sub(stale_ms);
+        let limit = options.limit as u64;
+        let mut out = SweepOutcome::default();
+
+        // 1. Open transfers not modified since the cutoff, oldest first.
+        let mut queue: Vec<(i64, String)> = Vec::new();
+        for state in OPEN_STATES {
+            let q = ViewQuery {
+                start_key: Some(json!([state.as_str()])),
+                end_key: Some(json!([state.as_str(), cutoff])),
+                reduce: Some(false),
+                limit: Some(limit),
+                ..ViewQuery::default()
+            };
+            for row in client.view("transactions", "by_state", &q).await?.rows {
+                if let Some(id) = row.id {
+                    let modified = row.key.get(1).and_then(Value::as_i64).unwrap_or(0);
+                    queue.push((modified, id));
+                }
+            }
+        }
+        queue.sort();
+        let mut candidates: Vec<String> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        for (_, id) in queue {
+            if candidates.len() < options.limit && seen.insert(id.clone()) {
+                candidates.push(id);
+            }
+        }
+
+        // 2. Markers applied before the cutoff and still pending: orphans, or markers of
+        //    transfers that are themselves stuck.
+        let q = ViewQuery {
+            end_key: Some(json!([cutoff, {}])),
+            reduce: Some(false),
+            limit: Some(limit),
+            ..ViewQuery::default()
+        };
+        let mut markers: Vec<(String, String)> = Vec::new();
+        for row in client.view("accounts", "pending", &q).await?.rows {
+            match (row.id, row.key.get(1).and_then(Value::as_str)) {
+                (Some(account_doc), Some(txn)) => markers.push((account_doc, txn.to_owned())),
+                (id, _) => out.problem(format!("accounts/pending row without a transfer: {id:?}")),
+            }
+        }
+
+        // 3. Re-read every transfer involved (views lag).
+        let mut ids: Vec<String> = candidates.clone();
+        for (_, txn) in &markers {
+            let id = txn_doc_id(txn);
+            if seen.insert(id.clone()) {
+                ids.push(id);
+            }
+        }
+        let docs = self.read_docs(&ids).await?;
+        out.examined = ids.len() as u64;
+
+        // 4. Orphan markers: undo those of finished transfers; drive the stuck ones.
+        let mut in_candidates: HashSet<String> = candidates.iter().cloned().collect();
+        let mut reported: HashSet<String> = HashSet::new();
+        let mut undo: Vec<AccountOp> = Vec::new();
+        for (account_doc, txn) in &markers {
+            let id = txn_doc_id(txn);
+            let Some(account) = account_doc.strip_prefix("account:") else {
+                out.problem(format!(
+                    "{account_doc}: pending marker on a non-account document"
+                ));
+                continue;
+            };
+            let Some(Some(value)) = docs.get(&id) else {
+                out.skipped += 1;
+                out.problem(format!(
+                    "{account_doc} holds a pending marker of transfer {txn}, which does not exist"
+                ));
+                continue;
+            };
+            let doc = match TxnDoc::from_value(value.clone()) {
+                Ok(doc) => doc,
+                Err(e) => {
+                    // A candidate reports its own problem in step 5.
+                    if !in_candidates.contains(&id) && reported.insert(id.clone()) {
+                        out.skipped += 1;
+                        out.problem(format!("{id}: {e}"));
+                    }
+                    continue;
+                }
+            };
+            match doc.state {
+                // `done` is written only after both markers were settled: a pending one is a
+                // late repeat; undoing it keeps the transfer exactly-once.
+                State::Done | State::Cancelled => undo.push(AccountOp {
+                    account: account.to_owned(),
+                    txn: txn.clone(),
+                    kind: OpKind::Undo,
+                    link: None,
+                }),
+                State::Committed | State::Canceling => {
+                    if in_candidates.insert(id.clone()) {
+                        candidates.push(id);
+                    }
+                }
+                // Its own drive applies or undoes it; by_state finds it if it is stuck.
+                State::Pending => {}
+                State::Initial => out.problem(format!(
+                    "{account_doc} holds a marker of transfer {txn}, which is still initial"
+                )),
+            }
+        }
+
+        // 5. Take over and drive the stale ones, a bounded number at a time.
+        let mut tasks: JoinSet<Swept> = JoinSet::new();
+        for id in &candidates {
+            let doc = match docs.get(id) {
+                Some(Some(value)) => match TxnDoc::from_value(value.clone()) {
+                    Ok(doc) => doc,
+                    Err(e) => {
+                        out.skipped += 1;
+                        out.problem(format!("{id}: {e}"));
+                        continue;
+                    }
+                },
+                // Gone since the view was built (transfers are never deleted: a view artefact).
+                _ => {
+                    out.skipped += 1;
+                    continue;
+                }
+            };
+            let eligible = !doc.state.is_terminal()
+                && doc.last_modified <= cutoff
+                && doc.claim_free(now_ms(), &self.inner.worker_id, false);
+            if !eligible {
+                out.skipped += 1;
+                continue;
+            }
+            while tasks.len() >= SWEEP_CONCURRENCY_MAX {
+                if let Some(done) = tasks.join_next().await {
+                    tally(&mut out, done);
+                }
+            }
+            let ledger = self.clone();
+            tasks.spawn(async move { ledger.sweep_one(doc).await });
+        }
+        while let Some(done) = tasks.join_next().await {
+            tally(&mut out, done);
+        }
+
+        // 6. Orphan undos, all in one engine call.
+        if !undo.is_empty() {
+            let answers = self.inner.accounts.run(undo.clone()).await;
+            for (answer, op) in answers.into_iter().zip(&undo) {
+                match answer {
+                    Ok(OpResult::Applied) => {
+                        out.repaired_markers += 1;
+                        tracing::warn!(txn = %op.txn, account = %op.account, "undid an orphan marker");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        out.failed += 1;
+                        out.problem(format!(
+                            "could not undo the marker of {} on {}: {e}",
+                            op.txn, op.account
+                        ));
+                    }
+                }
+            }
+            fail::fail_point!("sweeper-after-repair", |_| Err(crash(
+                "sweeper-after-repair"
+            )));
+        }
+
+        let (counts, unknown) = state_counts_and_unknown(self).await?;
+        for (name, n) in unknown {
+            out.problem(format!(
+                "{n} transfers in state {name:?}, which this program does not know"
+            ));
+        }
+        out.remaining = counts.open();
+        Ok(out)
+    }
+
+    /// Takes one candidate over and drives it.
+    async fn sweep_one(&self, doc: TxnDoc) -> Swept {
+        let id = doc.txn_id.clone();
+        let drive = match self.take_over(&doc).await {
+            Ok(Some(drive)) => drive,
+            Ok(None) => return Swept::Skipped,
+            Err(e) => return Swept::Failed(format!("{id}: {e}")),
+        };
+        fail::fail_point!("sweeper-after-takeover", |_| Swept::Failed(format!(
+            "{id}: {}",
+            crash("sweeper-after-takeover")
+        )));
+        match self.drive(drive).await {
+            Ok(end) if end.lease_lost => {
+                Swept::Failed(format!("{id}: lease ran out in state {}", end.doc.state))
+            }
+            Ok(end) => match end.doc.state {
+                State::Done => Swept::Advanced,
+                State::Cancelled => Swept::Cancelled,
+                other => Swept::Failed(format!("{id}: stopped in state {other}")),
+            },
+            Err(e) => Swept::Failed(format!("{id}: {e}")),
+        }
+    }
+
+    /// Reads documents by id with `_all_docs?include_docs` (a fresh read, unlike a view):
+    /// `None` for a missing or deleted one.
+    async fn read_docs(&self, ids: &[String]) -> Result<HashMap<String, Option<Value>>> {
+        let mut out = HashMap::with_capacity(ids.len());
+        for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
+            let rows = self.inner.client.all_docs(chunk, true).await?;
+            for (id, row) in chunk.iter().zip(rows) {
+                out.insert(id.clone(), row.doc.filter(Value::is_object));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs passes until `shutdown` resolves: after each pass it waits for a change to a
+    /// transfer (`_changes` longpoll, with its own deadline since pouchdb-server ignores
+    /// `timeout`) or for `stale_after / 2` (clamped to [`WATCH_WAIT_MIN_MS`]..
+    /// [`WATCH_WAIT_MAX_MS`]), whichever comes first. A pass in progress when `shutdown`
+    /// resolves is finished, never cut off mid-step. A failed pass is logged and retried after
+    /// a back-off that doubles up to [`WATCH_BACKOFF_MAX_MS`].
+    ///
+    /// Returns the sum of the passes (`remaining` from the last one).
+    ///
+    /// # Errors
+    ///
+    /// Invalid options (see [`Ledger::sweep_once`]); server failures are logged and retried,
+    /// never returned.
+    pub async fn sweep_watch<F>(&self, options: SweepOptions, shutdown: F) -> Result<SweepOutcome>
+    where
+        F: Future<Output = ()>,
+    {
+        if options.limit == 0 || options.limit > SWEEP_LIMIT_MAX {
+            return Err(Error::invalid(
+                "limit",
+                format!("must be between 1 and {SWEEP_LIMIT_MAX}"),
+            ));
+        }
+        tokio::pin!(shutdown);
+        let wait_min = Duration::from_millis(WATCH_WAIT_MIN_MS);
+        let period =
+            (options.stale_after / 2).clamp(wait_min, Duration::from_millis(WATCH_WAIT_MAX_MS));
+        let backoff_max = Duration::from_millis(WATCH_BACKOFF_MAX_MS);
+        let mut backoff = wait_min;
+        let mut totals = SweepOutcome::default();
+        let mut since: Option<Value> = None;
+        loop {
+            if since.is_none() {
+                // Where the feed stands before the pass: a change during the pass wakes the
+                // next wait at once.
+                match self.inner.client.database_info().await {
+                    Ok(info) => since = info.get("update_seq").cloned(),
+                    Err(e) => {
+                        tracing::warn!("sweep_watch: could not read the update sequence: {e}")
+                    }
+                }
+            }
+            // One pass, never interrupted: shutdown is noted and honoured after it.
+            let mut stopping = false;
+            let pass = self.sweep_once(options.clone());
+            tokio::pin!(pass);
+            let result = loop {
+                tokio::select! {
+                    r = &mut pass => break r,
+                    () = &mut shutdown, if !stopping => stopping = true,
+                }
+            };
+            match result {
+                Ok(outcome) => {
+                    if outcome.advanced + outcome.cancelled + outcome.failed > 0 {
+                        tracing::info!(?outcome, "sweep pass");
+                    }
+                    totals.add(outcome);
+                    backoff = wait_min;
+                }
+                Err(e) => {
+                    tracing::warn!("sweep pass failed, retrying in {backoff:?}: {e}");
+                    if stopping {
+                        return Ok(totals);
+                    }
+                    tokio::select! {
+                        () = &mut shutdown => return Ok(totals),
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(backoff_max);
+                    continue;
+                }
+            }
+            if stopping {
+                return Ok(totals);
+            }
+            // A busy database would wake us constantly: at least `wait_min` between passes.
+            tokio::select! {
+                () = &mut shutdown => return Ok(totals),
+                () = tokio::time::sleep(wait_min) => {}
+            }
+            let query = ChangesQuery {
+                since: since.clone(),
+                longpoll: true,
+                timeout: Some(period),
+                view: Some(("transactions".to_owned(), "by_state".to_owned())),
+                ..ChangesQuery::default()
+            };
+            let changes = tokio::time::timeout(period, self.inner.client.changes(&query));
+            tokio::select! {
+                () = &mut shutdown => return Ok(totals),
+                r = changes => match r {
+                    Ok(Ok(reply)) => since = Some(reply.last_seq),
+                    Ok(Err(e)) => {
+                        tracing::warn!("sweep_watch: changes feed failed: {e}");
+                        since = None;
+                    }
+                    Err(_) => {} // the period ran out: scan anyway
+                },
+            }
+        }
+    }
+
+    /// Transfers per state, the oldest open one's age, money in flight and pending markers.
+    ///
+    /// # Errors
+    ///
+    /// The views could not be read.
+    pub async fn status(&self) -> Result<LedgerStatus> {
+        let states = state_counts(self).await?;
+        let oldest = oldest_open(self).await?;
+        let client = &self.inner.client;
+        let q = ViewQuery::default();
+        let in_flight = match client
+            .view("transactions", "pending", &q)
+            .await?
+            .rows
+            .first()
+        {
+            Some(row) => {
+                let minor = row.value.as_i64().ok_or_else(|| {
+                    Error::decode(format!(
+                        "transactions/pending sum {} is not an integer",
+                        row.value
+                    ))
+                })?;
+                Amount::new(minor)?
+            }
+            None => Amount::ZERO,
+        };
+        Ok(LedgerStatus {
+            states,
+            oldest_open_age_s: oldest
+                .map(|t| u64::try_from(now_ms().saturating_sub(t).max(0)).unwrap_or(0) / 1000),
+            in_flight,
+            pending_markers: marker_count(self).await?,
+        })
+    }
+}
+
+fn tally(out: &mut SweepOutcome, done: std::result::Result<Swept, tokio::task::JoinError>) {
+    match done {
+        Ok(Swept::Advanced) => out.advanced += 1,
+        Ok(Swept::Cancelled) => out.cancelled += 1,
+        Ok(Swept::Skipped) => out.skipped += 1,
+        Ok(Swept::Failed(why)) => {
+            out.failed += 1;
+            out.problem(why);
+        }
+        Err(e) => {
+            out.failed += 1;
+            out.problem(format!("a drive task ended abnormally: {e}"));
+        }
+    }
+}
+
+/// Transfers per state (`transactions/by_state`, `group_level=1`).
+pub(crate) async fn state_counts(ledger: &Ledger) -> Result<StateCounts> {
+    Ok(state_counts_and_unknown(ledger).await?.0)
+}
+
+/// Transfers per state, and the names and counts of states this program does not know.
+async fn state_counts_and_unknown(ledger: &Ledger) -> Result<(StateCounts, Vec<(String, u64)>)> {
+    let q = ViewQuery {
+        group_level: Some(1),
+        ..ViewQuery::default()
+    };
+    let mut counts = StateCounts::default();
+    let mut unknown = Vec::new();
+    for row in ledger
+        .inner
+        .client
+        .view("transactions", "by_state", &q)
+        .await?
+        .rows
+    {
+        let name = row.key.get(0).and_then(Value::as_str).unwrap_or("");
+        let n = row.value.as_u64().unwrap_or(0);
+        match State::parse(name) {
+            Some(state) => *counts.slot(state) += n,
+            None => unknown.push((name.to_owned(), n)),
+        }
+    }
+    Ok((counts, unknown))
+}
+
+/// `last_modified` of the oldest open transfer.
+pub(crate) async fn oldest_open(ledger: &Ledger) -> Result<Option<i64>> {
+    let mut oldest: Option<i64> = None;
+    for state in OPEN_STATES {
+        let q = ViewQuery {
+            start_key: Some(json!([state.as_str()])),
+            end_key: Some(json!([state.as_str(), {}])),
+            reduce: Some(false),
+            limit: Some(1),
+            ..ViewQuery::default()
+        };
+        let rows = ledger
+            .inner
+            .client
+            .view("transactions", "by_state", &q)
+            .await?
+            .rows;
+        if let Some(t) = rows
+            .first()
+            .and_then(|r| r.key.get(1))
+            .and_then(Value::as_i64)
+        {
+            oldest = Some(oldest.map_or(t, |o| o.min(t)));
+        }
+    }
+    Ok(oldest)
+}
+
+/// Pending markers held by accounts (`accounts/pending`, `_count`).
+pub(crate) async fn marker_count(ledger: &Ledger) -> Result<u64> {
+    let rows = ledger
+        .inner
+        .client
+        .view("accounts", "pending", &ViewQuery::default())
+        .await?
+        .rows;
+    Ok(rows.first().and_then(|r| r.value.as_u64()).unwrap_or(0))
+}

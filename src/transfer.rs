@@ -1,0 +1,1023 @@
+//! Multi-phase transfers between accounts (SPEC §5).
+//!
+//! ```text
+//! initial ──► pending ──► committed ──► done
+//!    │           │
+//!    │           └──► canceling ──► cancelled
+//!    └──────────────────────────────► cancelled
+//! ```
+//!
+//! A transfer is the document `txn:{id}`; every state change is a CAS on it decided by
+//! [`transition`]. The account steps (apply a delta, settle, undo) are CAS writes on the
+//! accounts, done through the group-commit engine (src/engine.rs) and each idempotent through
+//! the account's `pending` and `settled` markers.
+//!
+//! Two safety rules beyond idempotency, because a settled marker could in theory be pruned
+//! before a very late worker repeats a step:
+//!
+//! - a marker is added only by a worker that saw the transfer `pending` (its own claim write or
+//!   a read), and removed only once the transfer is `committed` (settle) or `canceling` (undo);
+//! - a worker that applied a marker and then finds the transfer already finished by someone
+//!   else undoes that marker wherever it is still pending. For a `cancelled` transfer that is
+//!   the rollback it missed; for a `done` one it can only be a repeat (`done` is written after
+//!   both markers were settled), so undoing it is what keeps the transfer exactly-once. The
+//!   sweeper repairs the same "orphan markers" when the worker died before doing it.
+//!
+//! A worker acts under a claim (`claim: {owner, expires_at}`) and keeps a monotonic deadline
+//! `lease − lease/LEASE_MARGIN_DIVISOR` after it; before every write it checks the deadline
+//! and stops (leaving the transfer to the sweeper) once it passed. That only avoids wasted
+//! work: two workers on one transfer still produce one effect.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::accounts::{validate_id, CreateStatus};
+use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+use crate::limits::{DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR};
+use crate::money::{Amount, Currency};
+use crate::state::{transition, Event, State, TransitionError};
+
+/// Every fail point of the protocol, in protocol order. With the `failpoints` feature,
+/// `fail::cfg(name, "1*return")` makes the next pass through it stop as if the process crashed
+/// there (the call returns an error and writes nothing more).
+pub const FAIL_POINTS: &[&str] = &[
+    "txn-after-create",
+    "txn-after-begin",
+    "txn-after-debit",
+    "txn-after-credit",
+    "txn-after-commit",
+    "txn-after-settle-source",
+    "txn-after-settle-destination",
+    "txn-after-done",
+    "txn-after-canceling",
+    "txn-after-undo",
+    "sweeper-after-takeover",
+    "sweeper-after-repair",
+];
+
+/// Why a transfer was cancelled (the document's `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The source's `available − value` would fall below its `min_balance`.
+    InsufficientFunds,
+    /// The source or the destination does not exist.
+    UnknownAccount,
+    /// An account's currency differs from the transfer's.
+    CurrencyMismatch,
+    /// [`Ledger::cancel`].
+    CancelledByUser,
+}
+
+impl Reason {
+    /// The name written in documents and printed by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::InsufficientFunds => "insufficient_funds",
+            Reason::UnknownAccount => "unknown_account",
+            Reason::CurrencyMismatch => "currency_mismatch",
+            Reason::CancelledByUser => "cancelled_by_user",
+        }
+    }
+}
+
+/// A transfer to make: [`Ledger::submit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferRequest {
+    /// The idempotency key (the document is `txn:{id}`); a UUID v7 when `None`. Submitting the
+    /// same id again with the same terms finds the first transfer instead of making a second.
+    pub id: Option<String>,
+    /// Account debited.
+    pub source: String,
+    /// Account credited.
+    pub destination: String,
+    /// Positive amount in minor units.
+    pub amount: Amount,
+    /// Both accounts must hold this currency, or the transfer ends `cancelled` with reason
+    /// `currency_mismatch`.
+    pub currency: Currency,
+}
+
+/// What a transfer call came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TransferOutcome {
+    /// Transfer id.
+    pub id: String,
+    /// Its state when the call returned.
+    pub state: State,
+    /// Why it was cancelled (`insufficient_funds`, `unknown_account`, `currency_mismatch`,
+    /// `cancelled_by_user`); `None` unless cancelled.
+    pub reason: Option<String>,
+    /// Whether this call created the transfer or found it.
+    pub status: CreateStatus,
+}
+
+/// Who is working on a transfer, until when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// The worker id of the claiming process ([`Ledger::worker_id`]).
+    pub owner: String,
+    /// Wall-clock expiry, ms since the epoch.
+    pub expires_at: i64,
+}
+
+/// A transfer as [`Ledger::transfer`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TransferView {
+    /// Transfer id.
+    pub id: String,
+    /// Account debited.
+    pub source: String,
+    /// Account credited.
+    pub destination: String,
+    /// Amount in minor units.
+    pub amount: Amount,
+    /// ISO-4217 code.
+    pub currency: String,
+    /// Where it is.
+    pub state: State,
+    /// Why it was cancelled.
+    pub reason: Option<String>,
+    /// For a reversal, the transfer it reverses.
+    pub reverses: Option<String>,
+    /// The current claim, if any.
+    pub claim: Option<Claim>,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+    /// Last write, ms since the epoch.
+    pub last_modified: i64,
+}
+
+// ---- the document ---------------------------------------------------------------------------
+
+/// `txn:{id}` as stored; unknown fields are kept across CAS writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct TxnDoc {
+    #[serde(rename = "_id")]
+    pub(crate) id: String,
+    #[serde(rename = "_rev", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rev: Option<String>,
+    #[serde(rename = "type")]
+    pub(crate) doc_type: String,
+    pub(crate) txn_id: String,
+    pub(crate) source: String,
+    pub(crate) destination: String,
+    pub(crate) value: Amount,
+    pub(crate) currency: String,
+    pub(crate) state: State,
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+    #[serde(default)]
+    pub(crate) reverses: Option<String>,
+    #[serde(default)]
+    pub(crate) claim: Option<Claim>,
+    pub(crate) created_at: i64,
+    pub(crate) last_modified: i64,
+    #[serde(flatten)]
+    pub(crate) extra: Map<String, Value>,
+}
+
+/// `txn:{id}`.
+pub(crate) fn txn_doc_id(txn_id: &str) -> String {
+    format!("txn:{txn_id}")
+}
+
+impl TxnDoc {
+    /// Parses a document read from the server and asserts what must hold after a read.
+    pub(crate) fn from_value(value: Value) -> Result<TxnDoc> {
+        let id = value
+            .get("_id")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned();
+        let doc: TxnDoc = serde_json::from_value(value)
+            .map_err(|e| Error::decode(format!("{id} is not a valid transfer document: {e}")))?;
+        doc.check()
+            .map_err(|m| Error::decode(format!("{id}: {m}")))?;
+        Ok(doc)
+    }
+
+    /// What a transfer document must satisfy, before a write and after a read.
+    fn check(&self) -> std::result::Result<(), String> {
+        if self.doc_type != "transaction" {
+            return Err(format!("type is {:?}, not transaction", self.doc_type));
+        }
+        if self.id != txn_doc_id(&self.txn_id) {
+            return Err(format!("holds txn_id {:?}", self.txn_id));
+        }
+        if !self.value.is_positive() {
+            return Err(format!("value {} is not positive", self.value.minor()));
+        }
+        if self.source == self.destination {
+            return Err("source and destination are the same account".to_owned());
+        }
+        Ok(())
+    }
+
+    fn view(&self) -> TransferView {
+        TransferView {
+            id: self.txn_id.clone(),
+            source: self.source.clone(),
+            destination: self.destination.clone(),
+            amount: self.value,
+            currency: self.currency.clone(),
+            state: self.state,
+            reason: self.reason.clone(),
+            reverses: self.reverses.clone(),
+            claim: self.claim.clone(),
+            created_at: self.created_at,
+            last_modified: self.last_modified,
+        }
+    }
+
+    fn outcome(&self, status: CreateStatus) -> TransferOutcome {
+        TransferOutcome {
+            id: self.txn_id.clone(),
+            state: self.state,
+            reason: self.reason.clone(),
+            status,
+        }
+    }
+
+    /// Nobody holds a live claim (or, with `own_ok`, only this worker does).
+    pub(crate) fn claim_free(&self, now: i64, worker_id: &str, own_ok: bool) -> bool {
+        match &self.claim {
+            None => true,
+            Some(c) => c.expires_at <= now || (own_ok && c.owner == worker_id),
+        }
+    }
+
+    /// The first term in which `self` differs from `other`, by its document field name.
+    fn differing_term(&self, other: &TxnDoc) -> Option<&'static str> {
+        if self.source != other.source {
+            Some("source")
+        } else if self.destination != other.destination {
+            Some("destination")
+        } else if self.value != other.value {
+            Some("value")
+        } else if self.currency != other.currency {
+            Some("currency")
+        } else if self.reverses != other.reverses {
+            Some("reverses")
+        } else {
+            None
+        }
+    }
+}
+
+/// The error a fail point returns: "the process crashed here".
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+pub(crate) fn crash(point: &str) -> Error {
+    Error::invariant(format!("simulated crash at fail point {point}"))
+}
+
+// ---- driving a transfer ---------------------------------------------------------------------
+
+/// Why a drive stopped early.
+pub(crate) enum Stop {
+    /// The worker's deadline passed: the transfer is left for the sweeper.
+    LeaseLost,
+    /// An error (server, protocol, or a simulated crash).
+    Fail(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Fail(e)
+    }
+}
+
+/// One worker's hold on one transfer while it drives it.
+pub(crate) struct Drive {
+    pub(crate) doc: TxnDoc,
+    /// Monotonic: past it, this worker writes nothing more for the transfer.
+    deadline: Instant,
+    /// Accounts where this drive's apply changed the balance and no settle or undo of this
+    /// drive has run since: candidates for the orphan cleanup.
+    applied: Vec<String>,
+    /// Effective phases left (a write that changed something); `step()` uses 1.
+    budget: u32,
+}
+
+impl Drive {
+    pub(crate) fn new(doc: TxnDoc, deadline: Instant) -> Drive {
+        Drive {
+            doc,
+            deadline,
+            applied: Vec::new(),
+            budget: u32::MAX,
+        }
+    }
+
+    fn spend(&mut self) {
+        self.budget = self.budget.saturating_sub(1);
+    }
+}
+
+/// Where a drive ended.
+pub(crate) struct DriveEnd {
+    pub(crate) doc: TxnDoc,
+    pub(crate) lease_lost: bool,
+}
+
+/// What the apply results of a transfer call for.
+enum Verdict {
+    Commit,
+    Cancel(Reason),
+    /// A linked apply was skipped for a failure that did not stand: apply again.
+    Retry,
+}
+
+fn judge(debit: OpResult, credit: OpResult) -> Verdict {
+    let both = [debit, credit];
+    if both.contains(&OpResult::UnknownAccount) {
+        Verdict::Cancel(Reason::UnknownAccount)
+    } else if both.contains(&OpResult::CurrencyMismatch) {
+        Verdict::Cancel(Reason::CurrencyMismatch)
+    } else if both.contains(&OpResult::Insufficient) {
+        Verdict::Cancel(Reason::InsufficientFunds)
+    } else if both.contains(&OpResult::NotApplied) {
+        Verdict::Retry
+    } else {
+        // Applied, AlreadyPending, Finished (someone else moved it on: the commit CAS will
+        // meet their write and follow it), Absent (not an apply answer).
+        Verdict::Commit
+    }
+}
+
+impl Ledger {
+    /// A fresh claim for this worker and the monotonic deadline that goes with it. The deadline
+    /// is taken before the claim is written, so it is never later than the server-side expiry.
+    fn new_claim(&self) -> (Claim, Instant) {
+        let lease = self.inner.lease;
+        let margin = lease / LEASE_MARGIN_DIVISOR;
+        let deadline = Instant::now() + (lease - margin);
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let claim = Claim {
+            owner: self.inner.worker_id.clone(),
+            expires_at: now_ms().saturating_add(lease_ms),
+        };
+        (claim, deadline)
+    }
+
+    /// Writes a transfer document through the batching writer: `Some(rev)`, or `None` on a
+    /// conflict (stale `_rev`, or the document exists).
+    async fn write_txn(&self, doc: &TxnDoc) -> Result<Option<String>> {
+        doc.check()
+            .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))?;
+        let value = serde_json::to_value(doc).map_err(|e| Error::invalid_input(e.to_string()))?;
+        match self.inner.txns.write(doc.id.clone(), value).await {
+            Ok(crate::engine::TxnWrite::Written(rev)) => Ok(Some(rev)),
+            Ok(crate::engine::TxnWrite::Conflict) => Ok(None),
+            Err(e)
+                if e.is_forbidden()
+                    && self.changed_under_us(&doc.id, doc.rev.as_deref()).await? =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// After a 403: is the document no longer the revision we wrote over (or, for a create,
+    /// there at all)? pouchdb-server runs `validate_doc_update` against the *current* document
+    /// before it checks `_rev`, so a stale CAS — a 409 on CouchDB — can come back as a refusal
+    /// of the transition from the current state. That is a conflict, not a broken rule.
+    pub(crate) async fn changed_under_us(&self, id: &str, sent_rev: Option<&str>) -> Result<bool> {
+        let current: Option<Value> = self.inner.client.get_opt(id).await?;
+        let current_rev = current
+            .as_ref()
+            .and_then(|v| v.get("_rev"))
+            .and_then(Value::as_str);
+        Ok(match (current_rev, sent_rev) {
+            (Some(current), Some(sent)) => current != sent,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+    }
+
+    /// Reads a transfer; a missing one is the server's 404.
+    pub(crate) async fn read_txn(&self, txn_id: &str) -> Result<TxnDoc> {
+        let value: Value = self.inner.client.get(&txn_doc_id(txn_id)).await?;
+        TxnDoc::from_value(value)
+    }
+
+    /// Checks the lease, then lets a test hold the worker right before it writes.
+    async fn guard(&self, d: &Drive, phase: &'static str) -> Result<(), Stop> {
+        if Instant::now() >= d.deadline {
+            return Err(Stop::LeaseLost);
+        }
+        if let Some(hook) = &self.inner.pause {
+            (hook.0)(phase).await;
+        }
+        Ok(())
+    }
+
+    /// CAS of the transfer along `event`, renewing the claim. `Ok(true)`: written. `Ok(false)`:
+    /// someone else wrote first; `d.doc` is now what they wrote, and the caller decides again
+    /// from it (follow, never fight).
+    async fn cas(
+        &self,
+        d: &mut Drive,
+        event: Event,
+        reason: Option<Reason>,
+        phase: &'static str,
+    ) -> Result<bool, Stop> {
+        let next = transition(d.doc.state, event).map_err(Error::from)?;
+        self.guard(d, phase).await?;
+        let (claim, deadline) = self.new_claim();
+        let mut new = d.doc.clone();
+        new.state = next;
+        new.last_modified = now_ms();
+        if let Some(r) = reason {
+            new.reason = Some(r.as_str().to_owned());
+        }
+        new.claim = (!next.is_terminal()).then_some(claim);
+        match self.write_txn(&new).await? {
+            Some(rev) => {
+                new.rev = Some(rev);
+                d.doc = new;
+                d.deadline = deadline;
+                d.spend();
+                Ok(true)
+            }
+            None => {
+                tracing::debug!(txn = %d.doc.txn_id, ?event, "transfer changed under us; following");
+                d.doc = self.read_txn(&d.doc.txn_id).await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Runs one account step for both accounts of the transfer (one engine call, so both
+    /// usually share a request), after the lease check.
+    async fn account_step(
+        &self,
+        d: &Drive,
+        phase: &'static str,
+        kinds: [OpKind; 2],
+        link: Option<u64>,
+    ) -> Result<[OpResult; 2], Stop> {
+        self.guard(d, phase).await?;
+        let [k1, k2] = kinds;
+        let ops = vec![
+            AccountOp {
+                account: d.doc.source.clone(),
+                txn: d.doc.txn_id.clone(),
+                kind: k1,
+                link,
+            },
+            AccountOp {
+                account: d.doc.destination.clone(),
+                txn: d.doc.txn_id.clone(),
+                kind: k2,
+                link,
+            },
+        ];
+        let mut answers = self.inner.accounts.run(ops).await.into_iter();
+        let first = answers.next().expect("two answers")?;
+        let second = answers.next().expect("two answers")?;
+        Ok([first, second])
+    }
+
+    /// Drives a claimed transfer as far as its budget allows (to the end by default).
+    ///
+    /// A lease that runs out is not an error: the transfer is left as it is, for the sweeper.
+    pub(crate) async fn drive(&self, mut d: Drive) -> Result<DriveEnd> {
+        match self.drive_phases(&mut d).await {
+            Ok(()) => Ok(DriveEnd {
+                doc: d.doc,
+                lease_lost: false,
+            }),
+            Err(Stop::LeaseLost) => {
+                tracing::warn!(
+                    txn = %d.doc.txn_id,
+                    state = %d.doc.state,
+                    "lease ran out; leaving the transfer to the sweeper"
+                );
+                Ok(DriveEnd {
+                    doc: d.doc,
+                    lease_lost: true,
+                })
+            }
+            Err(Stop::Fail(e)) => Err(e),
+        }
+    }
+
+    async fn drive_phases(&self, d: &mut Drive) -> Result<(), Stop> {
+        for _ in 0..DRIVE_PHASES_MAX {
+            if d.budget == 0 {
+                return Ok(());
+            }
+            match d.doc.state {
+                State::Initial => {
+                    if self.cas(d, Event::Begin, None, "begin").await? {
+                        fail::fail_point!("txn-after-begin", |_| Err(Stop::Fail(crash(
+                            "txn-after-begin"
+                        ))));
+                    }
+                }
+                State::Pending => {
+                    let value = d.doc.value;
+                    let currency = d.doc.currency.clone();
+                    let link = Some(self.inner.accounts.next_link());
+                    let [debit, credit] = self
+                        .account_step(
+                            d,
+                            "apply",
+                            [
+                                OpKind::Apply {
+                                    delta: value.neg(),
+                                    currency: currency.clone(),
+                                    check_funds: true,
+                                },
+                                OpKind::Apply {
+                                    delta: value,
+                                    currency,
+                                    check_funds: false,
+                                },
+                            ],
+                            link,
+                        )
+                        .await?;
+                    if debit == OpResult::Applied {
+                        d.applied.push(d.doc.source.clone());
+                    }
+                    if credit == OpResult::Applied {
+                        d.applied.push(d.doc.destination.clone());
+                    }
+                    fail::fail_point!("txn-after-debit", |_| Err(Stop::Fail(crash(
+                        "txn-after-debit"
+                    ))));
+                    fail::fail_point!("txn-after-credit", |_| Err(Stop::Fail(crash(
+                        "txn-after-credit"
+                    ))));
+                    if debit == OpResult::Applied || credit == OpResult::Applied {
+                        d.spend();
+                        if d.budget == 0 {
+                            return Ok(());
+                        }
+                    }
+                    match judge(debit, credit) {
+                        Verdict::Commit => {
+                            if self.cas(d, Event::Commit, None, "commit").await? {
+                                fail::fail_point!("txn-after-commit", |_| Err(Stop::Fail(crash(
+                                    "txn-after-commit"
+                                ))));
+                            }
+                        }
+                        Verdict::Cancel(reason) => {
+                            if self
+                                .cas(d, Event::Cancel, Some(reason), "canceling")
+                                .await?
+                            {
+                                fail::fail_point!("txn-after-canceling", |_| Err(Stop::Fail(
+                                    crash("txn-after-canceling")
+                                )));
+                            }
+                        }
+                        Verdict::Retry => {}
+                    }
+                }
+                State::Committed => {
+                    let [source, destination] = self
+                        .account_step(d, "settle", [OpKind::Settle, OpKind::Settle], None)
+                        .await?;
+                    // Our markers (if any) are settled now: nothing left to clean up.
+                    d.applied.clear();
+                    fail::fail_point!("txn-after-settle-source", |_| Err(Stop::Fail(crash(
+                        "txn-after-settle-source"
+                    ))));
+                    fail::fail_point!("txn-after-settle-destination", |_| Err(Stop::Fail(crash(
+                        "txn-after-settle-destination"
+                    ))));
+                    if source == OpResult::Applied || destination == OpResult::Applied {
+                        d.spend();
+                        if d.budget == 0 {
+                            return Ok(());
+                        }
+                    }
+                    if self.cas(d, Event::Complete, None, "done").await? {
+                        fail::fail_point!("txn-after-done", |_| Err(Stop::Fail(crash(
+                            "txn-after-done"
+                        ))));
+                    }
+                }
+                State::Canceling => {
+                    let [source, destination] = self
+                        .account_step(d, "undo", [OpKind::Undo, OpKind::Undo], None)
+                        .await?;
+                    d.applied.clear();
+                    fail::fail_point!("txn-after-undo", |_| Err(Stop::Fail(crash(
+                        "txn-after-undo"
+                    ))));
+                    if source == OpResult::Applied || destination == OpResult::Applied {
+                        d.spend();
+                        if d.budget == 0 {
+                            return Ok(());
+                        }
+                    }
+                    self.cas(d, Event::FinishCancel, None, "cancelled").await?;
+                }
+                State::Done | State::Cancelled => {
+                    self.clean_up_orphans(d).await;
+                    return Ok(());
+                }
+            }
+        }
+        Err(Stop::Fail(Error::invariant(format!(
+            "transfer {} did not settle within {DRIVE_PHASES_MAX} phases (state {})",
+            d.doc.txn_id, d.doc.state
+        ))))
+    }
+
+    /// This drive applied markers, then found the transfer finished by someone else: undo
+    /// whichever of them is still pending (a skip where it was settled or undone already).
+    /// No lease check: this removes a marker, it never adds one, and it is idempotent.
+    async fn clean_up_orphans(&self, d: &mut Drive) {
+        if d.applied.is_empty() {
+            return;
+        }
+        let ops: Vec<AccountOp> = d
+            .applied
+            .drain(..)
+            .map(|account| AccountOp {
+                account,
+                txn: d.doc.txn_id.clone(),
+                kind: OpKind::Undo,
+                link: None,
+            })
+            .collect();
+        for (answer, op) in self
+            .inner
+            .accounts
+            .run(ops.clone())
+            .await
+            .into_iter()
+            .zip(ops)
+        {
+            match answer {
+                Ok(OpResult::Applied) => tracing::warn!(
+                    txn = %d.doc.txn_id,
+                    account = %op.account,
+                    state = %d.doc.state,
+                    "undid a marker applied after the transfer had finished"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    txn = %d.doc.txn_id,
+                    account = %op.account,
+                    "could not clean up a late marker (the sweeper will): {e}"
+                ),
+            }
+        }
+    }
+
+    /// Claims a transfer nobody is working on (`initial` → `pending` on the way), by CAS.
+    /// `None` when another worker wrote first.
+    pub(crate) async fn take_over(&self, doc: &TxnDoc) -> Result<Option<Drive>> {
+        debug_assert!(!doc.state.is_terminal());
+        let (claim, deadline) = self.new_claim();
+        let mut new = doc.clone();
+        let begin = doc.state == State::Initial;
+        if begin {
+            new.state = transition(State::Initial, Event::Begin)?;
+        }
+        new.claim = Some(claim);
+        new.last_modified = now_ms();
+        match self.write_txn(&new).await? {
+            Some(rev) => {
+                new.rev = Some(rev);
+                if begin {
+                    fail::fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
+                }
+                Ok(Some(Drive::new(new, deadline)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    // ---- public API -------------------------------------------------------------------------
+
+    /// Submits a transfer. Refused before anything is written when the ids are invalid, the
+    /// source is the destination, or the amount is not positive.
+    ///
+    /// With `wait = true` the transfer is created directly in `pending` under this worker's
+    /// claim (create and begin in one write) and driven to its end before returning: the state
+    /// is `done` or `cancelled` — unless the worker's lease ran out on a very slow server, in
+    /// which case it is returned as it stands and the sweeper finishes it. With `wait = false`
+    /// it is written `initial`, for the sweeper.
+    ///
+    /// Business refusals are not errors: an unknown account, an account in another currency or
+    /// insufficient funds end the transfer `cancelled` with that `reason`, balances unchanged.
+    ///
+    /// The same id again with the same terms is [`CreateStatus::Exists`] with the transfer's
+    /// current state; with `wait = true` an unfinished transfer nobody holds a live claim on is
+    /// driven on.
+    ///
+    /// # Errors
+    ///
+    /// Invalid input (nothing written); the id exists with other terms (a mismatch naming the
+    /// field); the server failed, or a write kept conflicting — the transfer is then left for
+    /// the sweeper, never half-applied for good.
+    pub async fn submit(&self, request: TransferRequest, wait: bool) -> Result<TransferOutcome> {
+        self.submit_terms(request, None, wait).await
+    }
+
+    async fn submit_terms(
+        &self,
+        request: TransferRequest,
+        reverses: Option<String>,
+        wait: bool,
+    ) -> Result<TransferOutcome> {
+        let id = request
+            .id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        validate_id("id", &id)?;
+        validate_id("source", &request.source)?;
+        validate_id("destination", &request.destination)?;
+        if request.source == request.destination {
+            return Err(Error::invalid(
+                "destination",
+                "must differ from the source account",
+            ));
+        }
+        if !request.amount.is_positive() {
+            return Err(Error::invalid(
+                "amount",
+                format!("{} is not positive", request.amount.minor()),
+            ));
+        }
+        let now = now_ms();
+        let (claim, deadline) = self.new_claim();
+        let mut doc = TxnDoc {
+            id: txn_doc_id(&id),
+            rev: None,
+            doc_type: "transaction".to_owned(),
+            txn_id: id.clone(),
+            source: request.source.clone(),
+            destination: request.destination.clone(),
+            value: request.amount,
+            currency: request.currency.code().to_owned(),
+            state: if wait { State::Pending } else { State::Initial },
+            reason: None,
+            reverses,
+            claim: wait.then_some(claim),
+            created_at: now,
+            last_modified: now,
+            extra: Map::new(),
+        };
+        if let Some(rev) = self.write_txn(&doc).await? {
+            doc.rev = Some(rev);
+            fail::fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
+            if !wait {
+                return Ok(doc.outcome(CreateStatus::Created));
+            }
+            fail::fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
+            let end = self.drive(Drive::new(doc, deadline)).await?;
+            return Ok(end.doc.outcome(CreateStatus::Created));
+        }
+
+        // The id exists: a retry of this very call whose write landed, or an earlier submit.
+        let existing = self.read_txn(&id).await?;
+        if let Some(field) = existing.differing_term(&doc) {
+            return Err(Error::mismatch(&doc.id, field));
+        }
+        let ours = existing.created_at == doc.created_at && existing.claim == doc.claim;
+        let status = if ours {
+            CreateStatus::Created
+        } else {
+            CreateStatus::Exists
+        };
+        if !wait || existing.state.is_terminal() {
+            return Ok(existing.outcome(status));
+        }
+        if ours {
+            let end = self.drive(Drive::new(existing, deadline)).await?;
+            return Ok(end.doc.outcome(status));
+        }
+        if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
+            // Another worker is on it; it (or the sweeper) will finish it.
+            return Ok(existing.outcome(status));
+        }
+        match self.take_over(&existing).await? {
+            Some(drive) => Ok(self.drive(drive).await?.doc.outcome(status)),
+            None => Ok(self.read_txn(&id).await?.outcome(status)),
+        }
+    }
+
+    /// Cancels a transfer: from `initial` straight to `cancelled`; from `pending` through
+    /// `canceling`, undoing whatever was applied, to `cancelled` (reason `cancelled_by_user`).
+    /// A transfer already cancelled (or being cancelled) is reported as it is, finished.
+    ///
+    /// # Errors
+    ///
+    /// No such transfer (404); it is committed or done ([`Error::transition`] is
+    /// `AlreadyCommitted` / `AlreadyDone`: reverse it instead); the server failed.
+    pub async fn cancel(&self, id: &str) -> Result<TransferOutcome> {
+        validate_id("id", id)?;
+        let mut doc = self.read_txn(id).await?;
+        for _ in 0..DRIVE_PHASES_MAX {
+            match transition(doc.state, Event::Cancel) {
+                Ok(next) => {
+                    let (claim, deadline) = self.new_claim();
+                    let mut new = doc.clone();
+                    new.state = next;
+                    new.reason = Some(Reason::CancelledByUser.as_str().to_owned());
+                    new.last_modified = now_ms();
+                    new.claim = (!next.is_terminal()).then_some(claim);
+                    match self.write_txn(&new).await? {
+                        Some(rev) => {
+                            new.rev = Some(rev);
+                            if next.is_terminal() {
+                                return Ok(new.outcome(CreateStatus::Exists));
+                            }
+                            fail::fail_point!("txn-after-canceling", |_| Err(crash(
+                                "txn-after-canceling"
+                            )));
+                            let end = self.drive(Drive::new(new, deadline)).await?;
+                            return Ok(end.doc.outcome(CreateStatus::Exists));
+                        }
+                        None => doc = self.read_txn(id).await?,
+                    }
+                }
+                Err(TransitionError::AlreadyCancelled) => {
+                    return Ok(doc.outcome(CreateStatus::Exists))
+                }
+                Err(TransitionError::NotAllowed {
+                    from: State::Canceling,
+                    ..
+                }) => {
+                    // Already being cancelled: help it to the end.
+                    match self.take_over(&doc).await? {
+                        Some(drive) => {
+                            let end = self.drive(drive).await?;
+                            return Ok(end.doc.outcome(CreateStatus::Exists));
+                        }
+                        None => doc = self.read_txn(id).await?,
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::invariant(format!(
+            "cancel of {id} kept meeting concurrent writes"
+        )))
+    }
+
+    /// Reverses a committed or done transfer with a new transfer in the other direction, id
+    /// `rev-{id}`, same amount and currency, `reverses: id`, driven to its end. Its id is
+    /// derived from the original, so a second call finds the first reversal
+    /// ([`CreateStatus::Exists`]) instead of making another. A reversal is an ordinary
+    /// transfer: it can itself end `cancelled` (e.g. `insufficient_funds` when the destination
+    /// spent the money); reversing again then keeps answering that cancelled reversal.
+    ///
+    /// # Errors
+    ///
+    /// No such transfer (404); it is not committed or done; `rev-{id}` would be longer than
+    /// [`ID_CHARS_MAX`](crate::limits::ID_CHARS_MAX); the server failed.
+    pub async fn reverse(&self, id: &str) -> Result<TransferOutcome> {
+        validate_id("id", id)?;
+        let doc = self.read_txn(id).await?;
+        if !matches!(doc.state, State::Committed | State::Done) {
+            return Err(Error::invalid(
+                "id",
+                format!(
+                    "transfer {id} is {}: only a committed or done transfer can be reversed",
+                    doc.state
+                ),
+            ));
+        }
+        let reversal = format!("rev-{id}");
+        validate_id("id", &reversal).map_err(|_| {
+            Error::invalid(
+                "id",
+                format!("the reversal id {reversal:?} would be too long"),
+            )
+        })?;
+        let request = TransferRequest {
+            id: Some(reversal),
+            source: doc.destination.clone(),
+            destination: doc.source.clone(),
+            amount: doc.value,
+            currency: Currency::from_code(&doc.currency)?,
+        };
+        self.submit_terms(request, Some(id.to_owned()), true).await
+    }
+
+    /// Reads a transfer.
+    ///
+    /// # Errors
+    ///
+    /// A bad id; no such transfer (404); a document that is not a valid transfer; the server
+    /// failed.
+    pub async fn transfer(&self, id: &str) -> Result<TransferView> {
+        validate_id("id", id)?;
+        Ok(self.read_txn(id).await?.view())
+    }
+
+    /// Test and demo support: advances a transfer by one effective step (begin, apply both
+    /// accounts, commit, settle both, done — or cancel, undo, cancelled), claiming it first.
+    /// Returns the transfer as it is afterwards.
+    ///
+    /// # Errors
+    ///
+    /// Another worker holds a live claim on it; the errors of [`Ledger::transfer`].
+    #[doc(hidden)]
+    pub async fn step(&self, id: &str) -> Result<TransferView> {
+        validate_id("id", id)?;
+        let doc = self.read_txn(id).await?;
+        if doc.state.is_terminal() {
+            return Ok(doc.view());
+        }
+        if !doc.claim_free(now_ms(), &self.inner.worker_id, true) {
+            return Err(Error::invalid_input(format!(
+                "transfer {id} is claimed by another worker"
+            )));
+        }
+        let begin = doc.state == State::Initial;
+        let Some(mut drive) = self.take_over(&doc).await? else {
+            return Err(Error::invalid_input(format!(
+                "transfer {id} changed while stepping it"
+            )));
+        };
+        if begin {
+            return Ok(drive.doc.view());
+        }
+        drive.budget = 1;
+        Ok(self.drive(drive).await?.doc.view())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc() -> Value {
+        json!({
+            "_id": "txn:t1", "_rev": "1-a", "type": "transaction", "txn_id": "t1",
+            "source": "a", "destination": "b", "value": 500, "currency": "EUR",
+            "state": "pending", "reason": null, "reverses": null,
+            "claim": {"owner": "w", "expires_at": 100}, "created_at": 1, "last_modified": 2
+        })
+    }
+
+    #[test]
+    fn documents_round_trip_and_are_checked() {
+        let t = TxnDoc::from_value(doc()).unwrap();
+        assert_eq!(t.state, State::Pending);
+        assert!(t.claim_free(100, "x", false), "expired at 100");
+        assert!(!t.claim_free(99, "x", false));
+        assert!(t.claim_free(99, "w", true));
+        let back = serde_json::to_value(&t).unwrap();
+        assert_eq!(back, doc());
+        for (field, bad) in [
+            ("state", json!("paused")),
+            ("value", json!(0)),
+            ("value", json!(1.5)),
+            ("destination", json!("a")),
+            ("txn_id", json!("t2")),
+        ] {
+            let mut v = doc();
+            v[field] = bad;
+            assert!(TxnDoc::from_value(v).is_err(), "{field}");
+        }
+    }
+
+    #[test]
+    fn the_verdict_prefers_the_most_telling_reason() {
+        use OpResult as R;
+        assert!(matches!(judge(R::Applied, R::Applied), Verdict::Commit));
+        assert!(matches!(
+            judge(R::AlreadyPending, R::Finished),
+            Verdict::Commit
+        ));
+        assert!(matches!(
+            judge(R::Insufficient, R::NotApplied),
+            Verdict::Cancel(Reason::InsufficientFunds)
+        ));
+        assert!(matches!(
+            judge(R::Insufficient, R::UnknownAccount),
+            Verdict::Cancel(Reason::UnknownAccount)
+        ));
+        assert!(matches!(
+            judge(R::Applied, R::CurrencyMismatch),
+            Verdict::Cancel(Reason::CurrencyMismatch)
+        ));
+        assert!(matches!(judge(R::Applied, R::NotApplied), Verdict::Retry));
+    }
+
+    #[test]
+    fn fail_points_are_unique() {
+        let mut names = FAIL_POINTS.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FAIL_POINTS.len());
+    }
+}
