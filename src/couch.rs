@@ -499,7 +499,7 @@ impl Client {
         }
         if let Some(auth) = &self.inner.auth {
             if auth.cookie {
-                if let Some(cookie) = self.session_cookie().await {
+                if let Some(cookie) = self.session_cookie().await? {
                     request = request.header(COOKIE, cookie);
                 }
             } else {
@@ -521,13 +521,16 @@ impl Client {
         *self.inner.session.lock().expect("session lock") = None;
     }
 
-    /// The `AuthSession` cookie, logging in first when there is none. A failed login sends the
-    /// request without a cookie, so the caller sees the server's own 401.
-    async fn session_cookie(&self) -> Option<HeaderValue> {
+    /// The `AuthSession` cookie, logging in first when there is none. A refused login sends the
+    /// request without a cookie, so the caller sees the server's own 401; a login that fails on
+    /// the network is that request's network failure (transient, retried like it).
+    async fn session_cookie(&self) -> std::result::Result<Option<HeaderValue>, reqwest::Error> {
         if let Some(c) = self.inner.session.lock().expect("session lock").clone() {
-            return HeaderValue::from_str(&c).ok();
+            return Ok(HeaderValue::from_str(&c).ok());
         }
-        let auth = self.inner.auth.as_ref()?;
+        let Some(auth) = self.inner.auth.as_ref() else {
+            return Ok(None);
+        };
         let mut url = self.inner.base.clone();
         url.set_path(&format!("{}_session", self.inner.base.path()));
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
@@ -539,22 +542,25 @@ impl Client {
             .header(CONTENT_TYPE, "application/json")
             .body(json!({"name": auth.user, "password": auth.password}).to_string())
             .send()
-            .await
-            .ok()?;
+            .await?;
         if !response.status().is_success() {
             tracing::warn!(status = %response.status(), "cookie login refused");
-            return None;
+            return Ok(None);
         }
-        let cookie = response
+        let Some(cookie) = response
             .headers()
             .get_all(SET_COOKIE)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .find(|v| v.starts_with("AuthSession="))
             .and_then(|v| v.split(';').next())
-            .map(str::to_owned)?;
+            .map(str::to_owned)
+        else {
+            tracing::warn!("cookie login answered without an AuthSession cookie");
+            return Ok(None);
+        };
         *self.inner.session.lock().expect("session lock") = Some(cookie.clone());
-        HeaderValue::from_str(&cookie).ok()
+        Ok(HeaderValue::from_str(&cookie).ok())
     }
 
     async fn send_json<T: DeserializeOwned>(

@@ -528,6 +528,24 @@ async fn a_refused_connection_is_transient_and_retried() {
     );
 }
 
+#[tokio::test]
+async fn a_cookie_login_that_cannot_reach_the_server_is_transient_not_unauthorized() {
+    let port = closed_port();
+    let c = Client::builder()
+        .url(format!("http://127.0.0.1:{port}"))
+        .database("db")
+        .cookie_auth("admin", "pw")
+        .request_timeout(Duration::from_secs(10))
+        .retry(fast(2))
+        .build()
+        .unwrap();
+    let e = c.get::<Value>("doc").await.unwrap_err();
+    assert!(e.is_transient(), "{e}");
+    assert!(!e.is_unauthorized(), "{e}");
+    // Each attempt tried to log in first and stopped there: the GET never went out.
+    assert_eq!(c.requests_sent(), 3, "one login try per attempt");
+}
+
 // ---- what goes on the wire -----------------------------------------------------------------
 
 #[tokio::test]
