@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::ID_CHARS_MAX;
 use crate::money::{Amount, Currency};
+use crate::orders::{RecordStatus, Recorded};
 
 /// What to create: [`Ledger::create_account`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,25 +27,6 @@ pub struct AccountSpec {
     /// The lowest `available` balance a debit may leave; `None` = unlimited (an issuer or
     /// external account that may go negative).
     pub min_balance: Option<Amount>,
-}
-
-/// Whether a create wrote the document or found it already there with the same content.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CreateStatus {
-    /// This call wrote it.
-    Created,
-    /// It was there already with the same content (a retry); treat it like `Created`.
-    Exists,
-}
-
-/// What [`Ledger::create_account`] did.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct AccountCreated {
-    /// Document id, `account:{account_id}`.
-    pub id: String,
-    /// Created or already there.
-    pub status: CreateStatus,
 }
 
 /// A transfer applied to an account's balance and not yet settled.
@@ -229,7 +211,7 @@ pub(crate) fn validate_id(field: &str, id: &str) -> Result<()> {
 }
 
 impl Ledger {
-    /// Creates an account. Idempotent: the same spec again is [`CreateStatus::Exists`] (the
+    /// Creates an account. Idempotent: the same spec again is [`RecordStatus::Exists`] (the
     /// balance may have moved since; only the fixed fields are compared).
     ///
     /// # Errors
@@ -237,7 +219,7 @@ impl Ledger {
     /// Invalid input (a bad id, an opening below a limited account's `min_balance`); the
     /// account exists with another currency, opening or minimum (a mismatch naming the field);
     /// the server failed.
-    pub async fn create_account(&self, spec: AccountSpec) -> Result<AccountCreated> {
+    pub async fn create_account(&self, spec: AccountSpec) -> Result<Recorded> {
         validate_id("account", &spec.account_id)?;
         if let Some(min) = spec.min_balance {
             if spec.opening < min {
@@ -269,9 +251,9 @@ impl Ledger {
         let client = &self.inner.client;
         match client.put(&id, &doc).await {
             Ok(_) => {
-                return Ok(AccountCreated {
+                return Ok(Recorded {
                     id,
-                    status: CreateStatus::Created,
+                    status: RecordStatus::Created,
                 })
             }
             Err(e) if e.is_conflict() => {}
@@ -292,9 +274,9 @@ impl Ledger {
         if existing.min_balance != doc.min_balance {
             return Err(Error::mismatch(&id, "min_balance"));
         }
-        Ok(AccountCreated {
+        Ok(Recorded {
             id,
-            status: CreateStatus::Exists,
+            status: RecordStatus::Exists,
         })
     }
 

@@ -36,7 +36,7 @@ mod state;
 mod sweeper;
 mod transfer;
 
-pub use accounts::{AccountCreated, AccountSpec, AccountView, CreateStatus, PendingEntry};
+pub use accounts::{AccountSpec, AccountView, PendingEntry};
 pub use audit::{Check, VerifyOptions, VerifyReport};
 pub use config::{ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_URL};
 pub use couch::{

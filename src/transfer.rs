@@ -33,12 +33,13 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::accounts::{validate_id, CreateStatus};
+use crate::accounts::validate_id;
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::{DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR};
 use crate::money::{Amount, Currency};
+use crate::orders::RecordStatus;
 use crate::state::{transition, Event, State, TransitionError};
 
 /// Every fail point of the protocol, in protocol order. With the `failpoints` feature,
@@ -113,7 +114,7 @@ pub struct TransferOutcome {
     /// `cancelled_by_user`); `None` unless cancelled.
     pub reason: Option<String>,
     /// Whether this call created the transfer or found it.
-    pub status: CreateStatus,
+    pub status: RecordStatus,
 }
 
 /// Who is working on a transfer, until when.
@@ -234,7 +235,7 @@ impl TxnDoc {
         }
     }
 
-    fn outcome(&self, status: CreateStatus) -> TransferOutcome {
+    fn outcome(&self, status: RecordStatus) -> TransferOutcome {
         TransferOutcome {
             id: self.txn_id.clone(),
             state: self.state,
@@ -715,7 +716,7 @@ impl Ledger {
     /// Business refusals are not errors: an unknown account, an account in another currency or
     /// insufficient funds end the transfer `cancelled` with that `reason`, balances unchanged.
     ///
-    /// The same id again with the same terms is [`CreateStatus::Exists`] with the transfer's
+    /// The same id again with the same terms is [`RecordStatus::Exists`] with the transfer's
     /// current state; with `wait = true` an unfinished transfer nobody holds a live claim on is
     /// driven on.
     ///
@@ -776,11 +777,11 @@ impl Ledger {
             doc.rev = Some(rev);
             fail::fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
             if !wait {
-                return Ok(doc.outcome(CreateStatus::Created));
+                return Ok(doc.outcome(RecordStatus::Created));
             }
             fail::fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
             let end = self.drive(Drive::new(doc, deadline)).await?;
-            return Ok(end.doc.outcome(CreateStatus::Created));
+            return Ok(end.doc.outcome(RecordStatus::Created));
         }
 
         // The id exists: a retry of this very call whose write landed, or an earlier submit.
@@ -790,9 +791,9 @@ impl Ledger {
         }
         let ours = existing.created_at == doc.created_at && existing.claim == doc.claim;
         let status = if ours {
-            CreateStatus::Created
+            RecordStatus::Created
         } else {
-            CreateStatus::Exists
+            RecordStatus::Exists
         };
         if !wait || existing.state.is_terminal() {
             return Ok(existing.outcome(status));
@@ -835,19 +836,19 @@ impl Ledger {
                         Some(rev) => {
                             new.rev = Some(rev);
                             if next.is_terminal() {
-                                return Ok(new.outcome(CreateStatus::Exists));
+                                return Ok(new.outcome(RecordStatus::Exists));
                             }
                             fail::fail_point!("txn-after-canceling", |_| Err(crash(
                                 "txn-after-canceling"
                             )));
                             let end = self.drive(Drive::new(new, deadline)).await?;
-                            return Ok(end.doc.outcome(CreateStatus::Exists));
+                            return Ok(end.doc.outcome(RecordStatus::Exists));
                         }
                         None => doc = self.read_txn(id).await?,
                     }
                 }
                 Err(TransitionError::AlreadyCancelled) => {
-                    return Ok(doc.outcome(CreateStatus::Exists))
+                    return Ok(doc.outcome(RecordStatus::Exists))
                 }
                 Err(TransitionError::NotAllowed {
                     from: State::Canceling,
@@ -857,7 +858,7 @@ impl Ledger {
                     match self.take_over(&doc).await? {
                         Some(drive) => {
                             let end = self.drive(drive).await?;
-                            return Ok(end.doc.outcome(CreateStatus::Exists));
+                            return Ok(end.doc.outcome(RecordStatus::Exists));
                         }
                         None => doc = self.read_txn(id).await?,
                     }
@@ -873,7 +874,7 @@ impl Ledger {
     /// Reverses a committed or done transfer with a new transfer in the other direction, id
     /// `rev-{id}`, same amount and currency, `reverses: id`, driven to its end. Its id is
     /// derived from the original, so a second call finds the first reversal
-    /// ([`CreateStatus::Exists`]) instead of making another. A reversal is an ordinary
+    /// ([`RecordStatus::Exists`]) instead of making another. A reversal is an ordinary
     /// transfer: it can itself end `cancelled` (e.g. `insufficient_funds` when the destination
     /// spent the money); reversing again then keeps answering that cancelled reversal.
     ///

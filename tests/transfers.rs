@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use crate::support;
 use couch_ledger::{
-    AccountSpec, Amount, CreateStatus, Currency, Ledger, PauseHook, State, SweepOptions,
+    AccountSpec, Amount, Currency, Ledger, PauseHook, RecordStatus, State, SweepOptions,
     TransferRequest, TransitionError, VerifyOptions, ViewQuery,
 };
 
@@ -37,7 +37,7 @@ async fn open_in(l: &Ledger, id: &str, currency: Currency, opening: i64, min: Op
         })
         .await
         .unwrap();
-    assert_eq!(created.status, CreateStatus::Created);
+    assert_eq!(created.status, RecordStatus::Created);
 }
 
 fn request(id: Option<&str>, from: &str, to: &str, value: i64) -> TransferRequest {
@@ -85,7 +85,7 @@ async fn the_tutorial_steps_through_every_state() {
         .submit(request(Some("t1"), "A", "B", 10_000), false)
         .await
         .unwrap();
-    assert_eq!((t.state, t.status), (State::Initial, CreateStatus::Created));
+    assert_eq!((t.state, t.status), (State::Initial, RecordStatus::Created));
 
     // begin: pending, no account touched yet; the pending view shows the money in flight.
     let v = l.step("t1").await.unwrap();
@@ -157,11 +157,11 @@ async fn accounts_are_created_once_and_read_with_their_balances() {
     };
     assert_eq!(
         l.create_account(spec.clone()).await.unwrap().status,
-        CreateStatus::Created
+        RecordStatus::Created
     );
     assert_eq!(
         l.create_account(spec.clone()).await.unwrap().status,
-        CreateStatus::Exists
+        RecordStatus::Exists
     );
     let e = l
         .create_account(AccountSpec {
@@ -240,7 +240,7 @@ async fn the_same_id_is_one_transfer() {
         .unwrap();
     assert_eq!(
         (first.state, first.status),
-        (State::Done, CreateStatus::Created)
+        (State::Done, RecordStatus::Created)
     );
     let again = l
         .submit(request(Some("k1"), "A", "B", 300), true)
@@ -248,7 +248,7 @@ async fn the_same_id_is_one_transfer() {
         .unwrap();
     assert_eq!(
         (again.state, again.status),
-        (State::Done, CreateStatus::Exists)
+        (State::Done, RecordStatus::Exists)
     );
     assert_eq!(balance(&l, "A").await, 700);
     assert_eq!(balance(&l, "B").await, 300);
@@ -287,7 +287,7 @@ async fn the_same_id_is_one_transfer() {
         .unwrap();
     assert_eq!(
         (retry.state, retry.status),
-        (State::Done, CreateStatus::Exists)
+        (State::Done, RecordStatus::Exists)
     );
     assert_eq!(balance(&l, "A").await, 688);
     assert_at_rest(&l).await;
@@ -453,7 +453,7 @@ async fn cancel_follows_the_graph() {
     let again = l.cancel("c-pend").await.unwrap();
     assert_eq!(
         (again.state, again.status),
-        (State::Cancelled, CreateStatus::Exists)
+        (State::Cancelled, RecordStatus::Exists)
     );
     // A stale step after the cancel changes nothing.
     assert_eq!(l.step("c-pend").await.unwrap().state, State::Cancelled);
@@ -493,12 +493,12 @@ async fn reverse_twice_makes_one_reversal() {
     let r = l.reverse("pay").await.unwrap();
     assert_eq!(
         (r.id.as_str(), r.state, r.status),
-        ("rev-pay", State::Done, CreateStatus::Created)
+        ("rev-pay", State::Done, RecordStatus::Created)
     );
     let again = l.reverse("pay").await.unwrap();
     assert_eq!(
         (again.id.as_str(), again.state, again.status),
-        ("rev-pay", State::Done, CreateStatus::Exists)
+        ("rev-pay", State::Done, RecordStatus::Exists)
     );
     assert_eq!(balance(&l, "A").await, 1_000);
     assert_eq!(balance(&l, "B").await, 0);
