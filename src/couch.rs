@@ -692,7 +692,8 @@ impl Client {
     }
 
     /// Writes several documents in one request. The reply has one result per document, in
-    /// order; a conflict or a refusal of one document does not fail the others.
+    /// request order (restored by id when a server reorders them); a conflict or a refusal of
+    /// one document does not fail the others.
     ///
     /// Retried on transient failures only when every document names its `_id` (a repeat then
     /// finds its own writes as conflicts instead of making copies).
@@ -731,7 +732,7 @@ impl Client {
             ))
             .with_request("POST", &path));
         }
-        Ok(results)
+        Ok(in_request_order(&docs, results))
     }
 
     /// `_all_docs` for these keys, in order, one row per key.
@@ -982,6 +983,30 @@ impl Client {
     }
 }
 
+/// CouchDB answers `_bulk_docs` in request order; pouchdb-server answers validation refusals
+/// first. Put results back in request order by id, so callers can match by position on any
+/// server. When ids are missing or repeated, the server's order is all there is.
+fn in_request_order(docs: &[Value], mut results: Vec<BulkResult>) -> Vec<BulkResult> {
+    let ids: Vec<Option<&str>> = docs
+        .iter()
+        .map(|d| d.get("_id").and_then(Value::as_str))
+        .collect();
+    let unique = ids.iter().all(Option::is_some)
+        && ids.iter().collect::<std::collections::HashSet<_>>().len() == ids.len();
+    let answered = results.iter().all(|r| r.id.is_some());
+    if !unique || !answered {
+        return results;
+    }
+    let mut ordered = Vec::with_capacity(results.len());
+    for id in ids {
+        let Some(at) = results.iter().position(|r| r.id.as_deref() == id) else {
+            return ordered.into_iter().chain(results).collect();
+        };
+        ordered.push(results.swap_remove(at));
+    }
+    ordered
+}
+
 fn changes_params(q: &ChangesQuery, feed: &str) -> (Vec<(&'static str, String)>, Option<Vec<u8>>) {
     let mut query = vec![("feed", feed.to_owned())];
     if let Some(since) = &q.since {
@@ -1132,6 +1157,26 @@ mod tests {
             assert!(d <= p.delay_max, "{d:?}");
             assert!(d >= Duration::from_millis(1));
         }
+    }
+
+    #[test]
+    fn bulk_results_come_back_in_request_order() {
+        let docs = vec![
+            json!({"_id": "a"}),
+            json!({"_id": "b"}),
+            json!({"_id": "c"}),
+        ];
+        let r = |id: &str, error: Option<&str>| BulkResult {
+            id: Some(id.into()),
+            rev: error.is_none().then(|| "1-x".into()),
+            error: error.map(Into::into),
+            reason: None,
+        };
+        let shuffled = vec![r("b", Some("forbidden")), r("c", None), r("a", None)];
+        let ordered = in_request_order(&docs, shuffled);
+        let ids: Vec<_> = ordered.iter().map(|r| r.id.clone().unwrap()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        assert!(ordered[1].is_forbidden());
     }
 
     #[test]

@@ -6,13 +6,19 @@ use couch_ledger::{ChangesQuery, ViewQuery};
 #[tokio::test]
 async fn put_get_conflict_and_delete() {
     let c = support::client("put_get").await;
-    let w = c.put("doc:1", &json!({"type": "note", "n": 1})).await.unwrap();
+    let w = c
+        .put("doc:1", &json!({"type": "note", "n": 1}))
+        .await
+        .unwrap();
     assert!(w.rev.starts_with("1-"));
     assert!(!w.accepted);
     let doc: Value = c.get("doc:1").await.unwrap();
     assert_eq!(doc["n"], 1);
     // A write without the current _rev is a conflict the caller can match on.
-    let e = c.put("doc:1", &json!({"type": "note", "n": 2})).await.unwrap_err();
+    let e = c
+        .put("doc:1", &json!({"type": "note", "n": 2}))
+        .await
+        .unwrap_err();
     assert!(e.is_conflict(), "{e}");
     let w2 = c
         .put("doc:1", &json!({"type": "note", "n": 2, "_rev": w.rev}))
@@ -77,16 +83,35 @@ async fn views_changes_uuids_local_and_security() {
     .await
     .unwrap();
     for (i, k) in ["a", "a", "b"].iter().enumerate() {
-        c.put(&format!("d{i}"), &json!({"k": k, "n": i + 1})).await.unwrap();
+        c.put(&format!("d{i}"), &json!({"k": k, "n": i + 1}))
+            .await
+            .unwrap();
     }
     let r = c
-        .view("t", "v", &ViewQuery { group: Some(true), key: Some(json!("a")), ..Default::default() })
+        .view(
+            "t",
+            "v",
+            &ViewQuery {
+                group: Some(true),
+                key: Some(json!("a")),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(r.rows.len(), 1);
     assert_eq!(r.rows[0].value, json!(3));
     let r = c
-        .view("t", "v", &ViewQuery { reduce: Some(false), keys: Some(vec![json!("b")]), include_docs: Some(true), ..Default::default() })
+        .view(
+            "t",
+            "v",
+            &ViewQuery {
+                reduce: Some(false),
+                keys: Some(vec![json!("b")]),
+                include_docs: Some(true),
+                ..Default::default()
+            },
+        )
         .await
         .unwrap();
     assert_eq!(r.rows.len(), 1);
@@ -95,7 +120,10 @@ async fn views_changes_uuids_local_and_security() {
     let ch = c.changes(&ChangesQuery::default()).await.unwrap();
     assert_eq!(ch.results.len(), 4);
     let ch = c
-        .changes(&ChangesQuery { doc_ids: Some(vec!["d1".into()]), ..Default::default() })
+        .changes(&ChangesQuery {
+            doc_ids: Some(vec!["d1".into()]),
+            ..Default::default()
+        })
         .await
         .unwrap();
     assert_eq!(ch.results.len(), 1);
@@ -116,7 +144,10 @@ async fn views_changes_uuids_local_and_security() {
     });
     c.put("late", &json!({"k": "z"})).await.unwrap();
     let woke = waiter.await.unwrap().unwrap();
-    assert!(woke.results.iter().any(|r| r.id == "late"), "{woke:?} since {since}");
+    assert!(
+        woke.results.iter().any(|r| r.id == "late"),
+        "{woke:?} since {since}"
+    );
 
     let ids = c.uuids(3).await.unwrap();
     assert_eq!(ids.len(), 3);
@@ -171,6 +202,10 @@ async fn init_installs_design_docs_once() {
     doc["views"]["ledger"]["map"] = json!("function(doc){}");
     l.client().put("_design/orders", &doc).await.unwrap();
     let third = l.init().await.unwrap();
-    let orders = third.design_docs.iter().find(|d| d.id == "_design/orders").unwrap();
+    let orders = third
+        .design_docs
+        .iter()
+        .find(|d| d.id == "_design/orders")
+        .unwrap();
     assert_eq!(orders.status, couch_ledger::design::InstallStatus::Updated);
 }
