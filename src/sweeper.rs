@@ -426,6 +426,25 @@ impl Ledger {
     where
         F: Future<Output = ()>,
     {
+        self.sweep_watch_with(options, shutdown, |_| {}).await
+    }
+
+    /// [`Ledger::sweep_watch`], calling `on_pass` with the outcome of every pass that completed
+    /// (for progress lines; a failed pass is logged instead).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::sweep_watch`].
+    pub async fn sweep_watch_with<F, P>(
+        &self,
+        options: SweepOptions,
+        shutdown: F,
+        mut on_pass: P,
+    ) -> Result<SweepOutcome>
+    where
+        F: Future<Output = ()>,
+        P: FnMut(&SweepOutcome),
+    {
         if options.limit == 0 || options.limit > SWEEP_LIMIT_MAX {
             return Err(Error::invalid(
                 "limit",
@@ -466,6 +485,7 @@ impl Ledger {
                     if outcome.advanced + outcome.cancelled + outcome.failed > 0 {
                         tracing::info!(?outcome, "sweep pass");
                     }
+                    on_pass(&outcome);
                     totals.add(outcome);
                     backoff = wait_min;
                 }
