@@ -80,10 +80,9 @@ pub(crate) enum Command {
     #[command(flatten)]
     Orders(super::orders::OrderCommand),
 
-    // Accounts, transfers and the sweeper go here, in their own file, as one more flattened
-    // group (plus one arm in `cli::dispatch`):
-    //     #[command(flatten)]
-    //     Transfers(super::transfers::TransferCommand),
+    #[command(flatten)]
+    Transfers(super::transfers::TransferCommand),
+
     /// Run the seed scenarios end to end on a fresh database and say what each step shows.
     /// Uses COUCHDB_URL or --url when given; otherwise the server at the default URL, or, when
     /// nothing answers there, a local pouchdb-server it starts and stops itself.

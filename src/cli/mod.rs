@@ -1,11 +1,10 @@
 //! The `couch-ledger` command line: one file per group of commands, all thin wrappers around
 //! the library. SPEC §8.1 is the contract (flags, `--json` fields, exit codes).
 //!
-//! To add a group of commands (accounts, transfers, sweeper): write `src/cli/transfers.rs`
-//! with a `#[derive(Subcommand)] enum TransferCommand` and an
-//! `async fn run(cmd, ctx: &mut Context) -> anyhow::Result<Exit>`, then add one flattened
-//! variant to [`args::Command`] and one arm to [`dispatch`]. A demo scenario goes in
-//! `demo.rs` (see there).
+//! A group of commands is one file (`orders.rs`, `transfers.rs`) with a
+//! `#[derive(Subcommand)]` enum and an `async fn run(cmd, ctx: &mut Context) ->
+//! anyhow::Result<Exit>`, flattened into [`args::Command`] with one arm in [`dispatch`]. A demo
+//! scenario goes in `demo.rs` (see there).
 
 use std::fmt;
 use std::sync::Mutex;
@@ -17,6 +16,7 @@ pub(crate) mod args;
 pub(crate) mod demo;
 pub(crate) mod orders;
 pub(crate) mod output;
+pub(crate) mod transfers;
 
 use args::{Command, HiArgs, LowArgs};
 pub(crate) use output::{Exit, Out};
@@ -105,7 +105,7 @@ async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
     match command {
         Command::Init => init(ctx).await,
         Command::Orders(cmd) => orders::run(cmd, ctx).await,
-        // Command::Transfers(cmd) => transfers::run(cmd, ctx).await,
+        Command::Transfers(cmd) => transfers::run(cmd, ctx).await,
         Command::Demo(args) => demo::run(args, ctx).await,
     }
 }

@@ -17,7 +17,6 @@ pub(crate) enum Exit {
     /// 2: usage or invalid input.
     Invalid,
     /// 3: a transfer ended `cancelled` by a business rule (insufficient funds…).
-    #[allow(dead_code)] // for the transfer commands
     Cancelled,
 }
 
