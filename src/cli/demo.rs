@@ -1,18 +1,21 @@
 //! `couch-ledger demo`: the seed scenarios end to end, narrated, on a fresh database.
 //!
-//! One function per scenario, each taking the ledger and the [`Story`] it tells into. To add
-//! one (the transfers of the MongoDB/Couchbase seeds), write `async fn transfers(ledger,
-//! story)` like [`cloudant_order`] and call it in [`run`] after the others.
+//! One function per scenario, each taking the ledger and the [`Story`] it tells into and
+//! checking (`ensure!`) that every step did what it says: [`cloudant_order`] (seed 004),
+//! [`mongodb_two_phase`] (seeds 002, 003) and [`couchbase_multiphase`] (seed 000), called in
+//! that order by [`run`].
 
 use std::io::Write as _;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{ensure, Context as _};
 use clap::Args;
 use couch_ledger::design::InstallStatus;
 use couch_ledger::devserver::{self, DevServer};
 use couch_ledger::{
-    Adjustment, Currency, Ledger, Payment, Purchase, RecordStatus, Refund, Shipment,
+    AccountSpec, AccountView, Adjustment, Amount, Currency, Ledger, Payment, Purchase,
+    RecordStatus, Refund, Shipment, State, SweepOptions, TransferRequest, TransitionError,
+    VerifyOptions, ViewQuery,
 };
 use serde_json::{json, Value};
 
@@ -106,7 +109,8 @@ pub(crate) async fn run(_args: DemoArgs, ctx: &mut Context) -> anyhow::Result<Ex
 
     setup(&ledger, &mut story, settings.db_on_command_line).await?;
     cloudant_order(&ledger, &mut story).await?;
-    // Further scenarios (transfers, sweeper) go here, one function each.
+    mongodb_two_phase(&ledger, &mut story).await?;
+    couchbase_multiphase(&ledger, &mut story).await?;
 
     let scenarios = std::mem::take(&mut story.scenarios);
     story.out.say("")?;
@@ -409,5 +413,617 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         json!({"id": r.id, "status": r.status.as_str(), "balance": after}),
     )?;
 
+    Ok(())
+}
+
+// ---- transfers: the MongoDB and Couchbase seeds -----------------------------------------------
+
+/// How long the claims of the demo's "crashing" writer last: short, so the demo waits only
+/// briefly before the sweeper may take its transfer over, long enough for two steps.
+const CRASH_LEASE_MS: u64 = 2_000;
+
+/// Steps one transfer may take in the demo before it must have finished (begin, apply, commit,
+/// settle, done — or cancel, undo, cancelled — with room to spare).
+const DEMO_STEPS_MAX: usize = 16;
+
+/// `[source, destination] → sum` rows of a `transactions` view (`pending`, `committed`), as
+/// minor units.
+async fn view_sums(ledger: &Ledger, view: &str) -> anyhow::Result<Vec<(String, String, i64)>> {
+    let q = ViewQuery {
+        group: Some(true),
+        ..ViewQuery::default()
+    };
+    let rows = ledger
+        .client()
+        .view("transactions", view, &q)
+        .await
+        .with_context(|| format!("the transactions/{view} view"))?
+        .rows;
+    rows.into_iter()
+        .map(|r| {
+            let part = |i: usize| r.key.get(i).and_then(Value::as_str).map(str::to_owned);
+            match (part(0), part(1), r.value.as_i64()) {
+                (Some(s), Some(d), Some(v)) => Ok((s, d, v)),
+                _ => Err(anyhow::anyhow!(
+                    "transactions/{view}: unexpected row {} → {}",
+                    r.key,
+                    r.value
+                )),
+            }
+        })
+        .collect()
+}
+
+/// `[A, B] → 100.00 EUR, …` or `empty`.
+fn sums_words(rows: &[(String, String, i64)], currency: Currency) -> String {
+    if rows.is_empty() {
+        return "empty".to_owned();
+    }
+    rows.iter()
+        .map(|(s, d, v)| match Amount::new(*v) {
+            Ok(a) => format!("[{s}, {d}] → {}", money(currency, a)),
+            Err(_) => format!("[{s}, {d}] → {v} minor units"),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn sums_json(rows: &[(String, String, i64)]) -> Value {
+    Value::Array(
+        rows.iter()
+            .map(|(s, d, v)| json!({"key": [s, d], "value": v}))
+            .collect(),
+    )
+}
+
+/// Two accounts' views, read now.
+async fn pair(ledger: &Ledger, a: &str, b: &str) -> anyhow::Result<(AccountView, AccountView)> {
+    let first = ledger
+        .account(a)
+        .await
+        .with_context(|| format!("account {a}"))?;
+    let second = ledger
+        .account(b)
+        .await
+        .with_context(|| format!("account {b}"))?;
+    Ok((first, second))
+}
+
+fn account_json(v: &AccountView) -> Value {
+    json!({"account": v.account, "balance": v.balance, "available": v.available,
+           "posted": v.posted, "pending": v.pending.iter()
+               .map(|p| json!({"txn": p.txn, "delta": p.delta})).collect::<Vec<_>>()})
+}
+
+/// `A 900.00 EUR (pending: t1 −100.00 EUR)`.
+fn account_words(v: &AccountView, currency: Currency) -> String {
+    let mut s = format!("{} {}", v.account, money(currency, v.balance));
+    if !v.pending.is_empty() {
+        let pending: Vec<String> = v
+            .pending
+            .iter()
+            .map(|p| format!("{} {}", p.txn, money(currency, p.delta)))
+            .collect();
+        s.push_str(&format!(" (pending: {})", pending.join(", ")));
+    }
+    s
+}
+
+async fn open_account(
+    ledger: &Ledger,
+    id: &str,
+    currency: Currency,
+    opening: &str,
+) -> anyhow::Result<()> {
+    let r = ledger
+        .create_account(AccountSpec {
+            account_id: id.to_owned(),
+            currency,
+            opening: currency.parse(opening)?,
+            min_balance: Some(Amount::ZERO),
+        })
+        .await
+        .with_context(|| format!("create account {id}"))?;
+    ensure!(
+        r.status == RecordStatus::Created,
+        "account {id} should be new"
+    );
+    Ok(())
+}
+
+/// Wall-clock milliseconds since the epoch (what a transfer's claim expiry is written in).
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Steps a transfer until it is `done` or `cancelled`.
+async fn step_to_end(ledger: &Ledger, id: &str) -> anyhow::Result<State> {
+    for _ in 0..DEMO_STEPS_MAX {
+        let t = ledger
+            .step(id)
+            .await
+            .with_context(|| format!("step {id}"))?;
+        if t.state.is_terminal() {
+            return Ok(t.state);
+        }
+    }
+    anyhow::bail!("transfer {id} did not finish within {DEMO_STEPS_MAX} steps")
+}
+
+fn request(id: &str, from: &str, to: &str, amount: Amount, currency: Currency) -> TransferRequest {
+    TransferRequest {
+        id: Some(id.to_owned()),
+        source: from.to_owned(),
+        destination: to.to_owned(),
+        amount,
+        currency,
+    }
+}
+
+/// MongoDB's "Perform Two Phase Commits" (seeds 002, 003): A = B = 1000, transfer 100, every
+/// state in turn; then what goes wrong in real life: a crash half-way, a cancel, a reversal,
+/// insufficient funds.
+async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Result<()> {
+    story.scenario(
+        "mongodb_two_phase",
+        "MongoDB's two-phase commit: 100.00 from A to B through every state, then a crash \
+         half-way finished by the sweeper, a cancel, a reversal and insufficient funds",
+    )?;
+    let eur = Currency::from_code("EUR").expect("EUR is known");
+    let m = |a| money(eur, a);
+    open_account(ledger, "A", eur, "1000.00").await?;
+    open_account(ledger, "B", eur, "1000.00").await?;
+    let (a, b) = pair(ledger, "A", "B").await?;
+    story.step(
+        "accounts",
+        &format!(
+            "Accounts A and B open with {} and {} (minimum balance 0.00): the documents \
+             account:A and account:B, each with an empty pending set.",
+            m(a.balance),
+            m(b.balance)
+        ),
+        json!({"accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    let hundred = eur.parse("100.00")?;
+    let t = ledger
+        .submit(request("t1", "A", "B", hundred, eur), false)
+        .await
+        .context("submit t1")?;
+    ensure!(t.state == State::Initial, "t1 should be initial");
+    let pending = view_sums(ledger, "pending").await?;
+    ensure!(pending.is_empty(), "nothing is pending yet");
+    story.step(
+        "initial",
+        &format!(
+            "Transfer t1 ({} from A to B) is written as txn:t1 in state initial, with its \
+             terms: no account is touched and the pending view is {}.",
+            m(hundred),
+            sums_words(&pending, eur)
+        ),
+        json!({"id": t.id, "state": t.state.as_str(), "pending_view": sums_json(&pending)}),
+    )?;
+
+    let v = ledger.step("t1").await.context("begin t1")?;
+    ensure!(v.state == State::Pending, "t1 should be pending");
+    let pending = view_sums(ledger, "pending").await?;
+    ensure!(
+        pending == [("A".to_owned(), "B".to_owned(), hundred.minor())],
+        "the pending view should show t1"
+    );
+    let (a, b) = pair(ledger, "A", "B").await?;
+    ensure!(a.balance.minor() == 100_000 && b.balance.minor() == 100_000);
+    story.step(
+        "pending",
+        &format!(
+            "begin: t1 is pending, claimed by this process for {} s. The pending view shows {} \
+             in flight; the balances have not moved yet ({}, {}).",
+            ledger.lease().as_secs(),
+            sums_words(&pending, eur),
+            m(a.balance),
+            m(b.balance)
+        ),
+        json!({"state": v.state.as_str(), "pending_view": sums_json(&pending),
+               "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    let v = ledger.step("t1").await.context("apply t1")?;
+    ensure!(v.state == State::Pending, "t1 is still pending after apply");
+    let (a, b) = pair(ledger, "A", "B").await?;
+    ensure!(a.balance.minor() == 90_000 && b.balance.minor() == 110_000);
+    ensure!(
+        b.available.minor() == 100_000,
+        "a credit is not spendable yet"
+    );
+    story.step(
+        "applied",
+        &format!(
+            "apply: each account is updated in one atomic write that also records t1 in its \
+             pending set: {}; {}. B's available balance is still {}: a credit that could be \
+             rolled back is not spendable yet.",
+            account_words(&a, eur),
+            account_words(&b, eur),
+            m(b.available)
+        ),
+        json!({"state": v.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    let v = ledger.step("t1").await.context("commit t1")?;
+    ensure!(v.state == State::Committed, "t1 should be committed");
+    let pending = view_sums(ledger, "pending").await?;
+    let committed = view_sums(ledger, "committed").await?;
+    ensure!(pending.is_empty(), "t1 left the pending view");
+    ensure!(
+        committed == [("A".to_owned(), "B".to_owned(), hundred.minor())],
+        "the committed view should show t1"
+    );
+    story.step(
+        "committed",
+        &format!(
+            "commit: t1 is committed. The pending view is {}; the committed view shows {} \
+             (applied, not yet settled on the accounts).",
+            sums_words(&pending, eur),
+            sums_words(&committed, eur)
+        ),
+        json!({"state": v.state.as_str(), "pending_view": sums_json(&pending),
+               "committed_view": sums_json(&committed)}),
+    )?;
+
+    let v = ledger.step("t1").await.context("settle t1")?;
+    ensure!(
+        v.state == State::Committed,
+        "t1 is still committed after settle"
+    );
+    let (a, b) = pair(ledger, "A", "B").await?;
+    ensure!(a.pending.is_empty() && b.pending.is_empty());
+    story.step(
+        "settled",
+        &format!(
+            "settle: both accounts drop t1 from their pending sets and remember it as settled \
+             (so a repeated step is recognised and skipped): {}; {}, available {}.",
+            account_words(&a, eur),
+            account_words(&b, eur),
+            m(b.available)
+        ),
+        json!({"state": v.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    let v = ledger.step("t1").await.context("finish t1")?;
+    ensure!(v.state == State::Done, "t1 should be done");
+    let pending = view_sums(ledger, "pending").await?;
+    let committed = view_sums(ledger, "committed").await?;
+    ensure!(pending.is_empty() && committed.is_empty());
+    let (a, b) = pair(ledger, "A", "B").await?;
+    story.step(
+        "done",
+        &format!(
+            "done: t1 is done and in neither view (pending {}, committed {}). A has {}, B has \
+             {}: the tutorial's result.",
+            sums_words(&pending, eur),
+            sums_words(&committed, eur),
+            m(a.balance),
+            m(b.balance)
+        ),
+        json!({"state": v.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    // A writer that dies half-way: its own worker id and a short lease.
+    let crashing = Ledger::new(ledger.client().clone())
+        .with_lease(Duration::from_millis(CRASH_LEASE_MS))
+        .context("a short lease")?;
+    let fifty = eur.parse("50.00")?;
+    crashing
+        .submit(request("t2", "A", "B", fifty, eur), false)
+        .await
+        .context("submit t2")?;
+    crashing.step("t2").await.context("begin t2")?;
+    let v = crashing.step("t2").await.context("apply t2")?;
+    ensure!(v.state == State::Pending, "t2 should be pending");
+    let expires_at = v.claim.as_ref().map_or(0, |c| c.expires_at);
+    drop(crashing);
+    let (a, b) = pair(ledger, "A", "B").await?;
+    ensure!(a.pending.len() == 1 && b.pending.len() == 1);
+    story.step(
+        "crash",
+        &format!(
+            "Another writer starts t2 ({} from A to B), applies it to both accounts and then \
+             crashes before committing: t2 stays pending and the accounts hold its markers: \
+             {}; {}.",
+            m(fifty),
+            account_words(&a, eur),
+            account_words(&b, eur)
+        ),
+        json!({"id": "t2", "state": v.state.as_str(),
+               "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    // The sweeper leaves a transfer alone while its claim is live: wait for it to expire.
+    let wait_ms = expires_at
+        .saturating_sub(now_ms())
+        .clamp(0, CRASH_LEASE_MS as i64)
+        + 50;
+    tokio::time::sleep(Duration::from_millis(wait_ms.unsigned_abs())).await;
+    let swept = ledger
+        .sweep_once(SweepOptions {
+            limit: 100,
+            stale_after: Duration::ZERO,
+        })
+        .await
+        .context("sweep")?;
+    let t2 = ledger.transfer("t2").await.context("read t2")?;
+    ensure!(t2.state == State::Done, "the sweep should finish t2");
+    ensure!(swept.advanced == 1, "the sweep should advance one transfer");
+    let (a, b) = pair(ledger, "A", "B").await?;
+    ensure!(a.balance.minor() == 85_000 && b.balance.minor() == 115_000);
+    story.step(
+        "sweep",
+        &format!(
+            "Once the crashed writer's claim has expired, a sweep (stale after 0s) finds t2 in \
+             the by_state view, re-reads it and takes it over: the markers show the accounts \
+             were already updated, so it does not apply them again; it commits, settles and \
+             finishes t2 (advanced {}, remaining {}). A {}, B {}: moved exactly once.",
+            swept.advanced,
+            swept.remaining,
+            m(a.balance),
+            m(b.balance)
+        ),
+        json!({"sweep": {"examined": swept.examined, "advanced": swept.advanced,
+                         "cancelled": swept.cancelled, "remaining": swept.remaining},
+               "state": t2.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    let twenty = eur.parse("20.00")?;
+    ledger
+        .submit(request("t3", "A", "B", twenty, eur), false)
+        .await
+        .context("submit t3")?;
+    ledger.step("t3").await.context("begin t3")?;
+    ledger.step("t3").await.context("apply t3")?;
+    let (applied, _) = pair(ledger, "A", "B").await?;
+    let c = ledger.cancel("t3").await.context("cancel t3")?;
+    ensure!(c.state == State::Cancelled, "t3 should be cancelled");
+    let (a, b) = pair(ledger, "A", "B").await?;
+    ensure!(a.balance.minor() == 85_000 && b.balance.minor() == 115_000);
+    story.step(
+        "cancel",
+        &format!(
+            "t3 ({} from A to B) is begun and applied (A {}), then cancelled: canceling undoes \
+             its delta on both accounts, then cancelled (reason {}). A {}, B {} again.",
+            m(twenty),
+            m(applied.balance),
+            c.reason.as_deref().unwrap_or("none"),
+            m(a.balance),
+            m(b.balance)
+        ),
+        json!({"id": c.id, "state": c.state.as_str(), "reason": c.reason,
+               "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    let e = ledger
+        .cancel("t1")
+        .await
+        .err()
+        .context("cancelling a done transfer should be refused")?;
+    ensure!(
+        e.transition() == Some(TransitionError::AlreadyDone),
+        "expected AlreadyDone, got: {e}"
+    );
+    story.step(
+        "cancel_done",
+        &format!("Cancelling t1 is refused ({e}): a done transfer is never rolled back."),
+        json!({"refused": true, "error": e.to_string()}),
+    )?;
+
+    let r = ledger.reverse("t1").await.context("reverse t1")?;
+    ensure!(r.state == State::Done && r.status == RecordStatus::Created);
+    let (a, b) = pair(ledger, "A", "B").await?;
+    ensure!(a.balance.minor() == 95_000 && b.balance.minor() == 105_000);
+    story.step(
+        "reverse",
+        &format!(
+            "Instead t1 is reversed: a new transfer {} of {} from B to A, driven to {}. A {}, B \
+             {}.",
+            r.id,
+            m(hundred),
+            r.state,
+            m(a.balance),
+            m(b.balance)
+        ),
+        json!({"id": r.id, "state": r.state.as_str(), "status": r.status.as_str(),
+               "accounts": [account_json(&a), account_json(&b)]}),
+    )?;
+
+    let again = ledger.reverse("t1").await.context("reverse t1 again")?;
+    ensure!(again.status == RecordStatus::Exists && again.id == r.id);
+    let (a2, b2) = pair(ledger, "A", "B").await?;
+    ensure!(a2.balance == a.balance && b2.balance == b.balance);
+    story.step(
+        "reverse_again",
+        &format!(
+            "Reversing t1 again finds {} (its id is derived from t1): \"exists\", nothing moves \
+             a second time. A {}, B {}.",
+            again.id,
+            m(a2.balance),
+            m(b2.balance)
+        ),
+        json!({"id": again.id, "state": again.state.as_str(), "status": again.status.as_str()}),
+    )?;
+
+    let big = eur.parse("5000.00")?;
+    let t4 = ledger
+        .submit(request("t4", "A", "B", big, eur), true)
+        .await
+        .context("submit t4")?;
+    ensure!(t4.state == State::Cancelled, "t4 should be cancelled");
+    ensure!(t4.reason.as_deref() == Some("insufficient_funds"));
+    let (a3, b3) = pair(ledger, "A", "B").await?;
+    ensure!(a3.balance == a.balance && b3.balance == b.balance);
+    story.step(
+        "insufficient_funds",
+        &format!(
+            "t4 asks for {} from A, which has {} available: it ends cancelled with reason {} \
+             and no balance moves (the command line exits 3).",
+            m(big),
+            m(a.available),
+            t4.reason.as_deref().unwrap_or("none")
+        ),
+        json!({"id": t4.id, "state": t4.state.as_str(), "reason": t4.reason}),
+    )?;
+
+    let report = ledger
+        .verify_with(VerifyOptions::at_rest())
+        .await
+        .context("verify")?;
+    ensure!(report.ok, "verify should pass: {report:?}");
+    story.step(
+        "verify",
+        &format!(
+            "verify (at rest): every invariant holds — {}.",
+            report
+                .checks
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        json!({"ok": report.ok, "checks": report.checks.len()}),
+    )?;
+    Ok(())
+}
+
+/// Couchbase's "multi-phase transactions" (seed 000): Alice 200 and James 100, a transfer of
+/// 100 tracked by the `pending` and `committed` views, with a second transfer in flight to show
+/// what the views and `status` add up.
+async fn couchbase_multiphase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Result<()> {
+    story.scenario(
+        "couchbase_multiphase",
+        "Couchbase's multi-phase transactions: Alice pays James 100.00 while James pays Alice \
+         30.00; the pending and committed views and `status` show the money in flight",
+    )?;
+    let usd = Currency::from_code("USD").expect("USD is known");
+    let m = |a| money(usd, a);
+    open_account(ledger, "Alice", usd, "200.00").await?;
+    open_account(ledger, "James", usd, "100.00").await?;
+    let hundred = usd.parse("100.00")?;
+    let thirty = usd.parse("30.00")?;
+    ledger
+        .submit(request("c1", "Alice", "James", hundred, usd), false)
+        .await
+        .context("submit c1")?;
+    let status = ledger.status().await.context("status")?;
+    story.step(
+        "waiting",
+        &format!(
+            "Alice has {}, James {}. The transfer c1 ({} from Alice to James) is recorded, \
+             not started (the seed's \"waiting\", our initial): status counts {} initial and \
+             {} minor units in flight.",
+            m(usd.parse("200.00")?),
+            m(usd.parse("100.00")?),
+            m(hundred),
+            status.states.initial,
+            status.in_flight.minor()
+        ),
+        json!({"states": status.states, "in_flight": status.in_flight}),
+    )?;
+
+    ledger.step("c1").await.context("begin c1")?;
+    ledger
+        .submit(request("c2", "James", "Alice", thirty, usd), false)
+        .await
+        .context("submit c2")?;
+    ledger.step("c2").await.context("begin c2")?;
+    let pending = view_sums(ledger, "pending").await?;
+    let status = ledger.status().await.context("status")?;
+    ensure!(pending.len() == 2, "both transfers should be pending");
+    ensure!(status.in_flight.minor() == hundred.minor() + thirty.minor());
+    story.step(
+        "pending",
+        &format!(
+            "c1 and, the other way, c2 ({}) are pending. The pending view, one row per \
+             [from, to]: {}. status: {} pending, money in flight {} minor units ({}).",
+            m(thirty),
+            sums_words(&pending, usd),
+            status.states.pending,
+            status.in_flight.minor(),
+            m(status.in_flight)
+        ),
+        json!({"pending_view": sums_json(&pending), "states": status.states,
+               "in_flight": status.in_flight}),
+    )?;
+
+    ledger.step("c1").await.context("apply c1")?;
+    let (alice, james) = pair(ledger, "Alice", "James").await?;
+    ensure!(alice.pending.len() == 1 && james.pending.len() == 1);
+    story.step(
+        "updated",
+        &format!(
+            "c1 updates both account records, each noting c1 in its list of active \
+             transactions (our pending set): {}; {}.",
+            account_words(&alice, usd),
+            account_words(&james, usd)
+        ),
+        json!({"accounts": [account_json(&alice), account_json(&james)]}),
+    )?;
+
+    let v = ledger.step("c1").await.context("commit c1")?;
+    ensure!(v.state == State::Committed, "c1 should be committed");
+    let pending = view_sums(ledger, "pending").await?;
+    let committed = view_sums(ledger, "committed").await?;
+    let status = ledger.status().await.context("status")?;
+    ensure!(committed == [("Alice".to_owned(), "James".to_owned(), hundred.minor())]);
+    ensure!(status.in_flight == thirty, "only c2 is in flight");
+    story.step(
+        "committed",
+        &format!(
+            "c1 is committed: it moves from the pending view to the committed view ({}). The \
+             pending view now holds only c2 ({}); money in flight {}.",
+            sums_words(&committed, usd),
+            sums_words(&pending, usd),
+            m(status.in_flight)
+        ),
+        json!({"pending_view": sums_json(&pending), "committed_view": sums_json(&committed),
+               "in_flight": status.in_flight}),
+    )?;
+
+    ensure!(step_to_end(ledger, "c1").await? == State::Done);
+    ensure!(step_to_end(ledger, "c2").await? == State::Done);
+    let pending = view_sums(ledger, "pending").await?;
+    let committed = view_sums(ledger, "committed").await?;
+    let status = ledger.status().await.context("status")?;
+    let (alice, james) = pair(ledger, "Alice", "James").await?;
+    ensure!(pending.is_empty() && committed.is_empty());
+    ensure!(alice.balance.minor() == 13_000 && james.balance.minor() == 17_000);
+    ensure!(alice.pending.is_empty() && james.pending.is_empty());
+    story.step(
+        "done",
+        &format!(
+            "Both finish: each account drops the transfer from its list, then the transfer is \
+             done and leaves both views (pending {}, committed {}). Alice {}, James {}; money \
+             in flight {}; {} transfers done, {} cancelled in this database.",
+            sums_words(&pending, usd),
+            sums_words(&committed, usd),
+            m(alice.balance),
+            m(james.balance),
+            m(status.in_flight),
+            status.states.done,
+            status.states.cancelled
+        ),
+        json!({"states": status.states, "in_flight": status.in_flight,
+               "accounts": [account_json(&alice), account_json(&james)]}),
+    )?;
+
+    let report = ledger
+        .verify_with(VerifyOptions::at_rest())
+        .await
+        .context("verify")?;
+    ensure!(report.ok, "verify should pass: {report:?}");
+    story.step(
+        "verify",
+        "verify (at rest): every invariant still holds, across both scenarios' accounts and \
+         currencies.",
+        json!({"ok": report.ok, "checks": report.checks.len()}),
+    )?;
     Ok(())
 }
