@@ -1,9 +1,14 @@
-//! The auditor: SPEC §7 invariants 1–6, checked from what the database holds.
+//! The auditor: SPEC §7 invariants 1–7, checked from what the database holds.
 //!
-//! Everything is read in bounded pages (views, the `_changes` feed), and every sum is computed
-//! here in `i128` from the documents themselves rather than trusted from a `_sum` (JavaScript
-//! doubles). It reads a moving database without a snapshot, so the exact checks (2 and 5) are
-//! only meaningful at rest; [`VerifyOptions::at_rest`] asks for them strictly.
+//! The expected state is rebuilt from the documents themselves — the transfers and the
+//! order-ledger entries, read once from the `_changes` feed — and compared with the account
+//! documents and with the views (`transactions/by_account`, `orders/ledger`). Everything is read
+//! in bounded pages, and every sum is computed here in `i128` rather than trusted from a `_sum`
+//! (JavaScript doubles). Every violation names the documents involved (in its `detail`, and as
+//! ids in [`Check::documents`]).
+//!
+//! It reads a moving database without a snapshot, so the exact checks (2 and 5) are only
+//! meaningful at rest; [`VerifyOptions::at_rest`] asks for them strictly.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -11,13 +16,15 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::accounts::{AccountDoc, AccountView};
+use crate::accounts::{account_doc_id, AccountDoc, AccountView};
 use crate::couch::{ChangesQuery, ViewQuery};
 use crate::engine::now_ms;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
-use crate::limits::{OPEN_AGE_MAX_MS, PAGES_MAX, PAGE_ROWS_MAX};
-use crate::sweeper::{oldest_open, state_counts};
+use crate::limits::{OPEN_AGE_MAX_MS, PAGES_MAX, PAGE_ROWS_MAX, SETTLED_RETENTION_MIN_MS};
+use crate::state::State;
+use crate::sweeper::StateCounts;
+use crate::transfer::{txn_doc_id, TxnDoc};
 
 /// Id prefixes of the write-once documents (invariant 6).
 const IMMUTABLE_PREFIXES: [&str; 6] = [
@@ -63,12 +70,15 @@ impl VerifyOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
     /// `conservation`, `exactly_once`, `no_overdraft`, `termination`, `no_pending_markers`,
-    /// `immutable_documents`, `account_documents`.
+    /// `immutable_documents`, `order_balances`, `account_documents`, `transfer_documents`.
     pub name: String,
     /// It holds.
     pub ok: bool,
-    /// The figures behind the verdict.
+    /// The figures behind the verdict; for a violation, what is wrong with which documents.
     pub detail: String,
+    /// For a violation, the ids of the documents involved (accounts, transfers, order
+    /// entries), at most 1,000; empty when the check holds.
+    pub documents: Vec<String>,
 }
 
 /// What [`Ledger::verify`] found.
@@ -88,15 +98,29 @@ impl VerifyReport {
 }
 
 fn check(name: &str, ok: bool, detail: String) -> Check {
+    check_with(name, ok, detail, Vec::new())
+}
+
+fn check_with(name: &str, ok: bool, detail: String, mut documents: Vec<String>) -> Check {
+    let mut seen = std::collections::HashSet::new();
+    documents.retain(|d| seen.insert(d.clone()));
+    documents.truncate(DOCUMENTS_MAX);
+    if ok {
+        documents.clear();
+    }
     Check {
         name: name.to_owned(),
         ok,
         detail,
+        documents,
     }
 }
 
 /// At most this many offenders are named in one detail line.
 const NAMED_MAX: usize = 10;
+
+/// At most this many document ids are listed in one [`Check::documents`].
+const DOCUMENTS_MAX: usize = 1_000;
 
 fn named(list: &[String]) -> String {
     let mut s = list
@@ -119,14 +143,15 @@ impl Ledger {
     /// A document that is not a valid account; the server failed.
     pub async fn all_accounts(&self) -> Result<Vec<AccountView>> {
         let (docs, bad) = self.account_docs().await?;
-        if let Some(first) = bad.first() {
+        if let Some((_, first)) = bad.first() {
             return Err(Error::decode(first.clone()));
         }
         docs.iter().map(AccountDoc::view).collect()
     }
 
-    /// Account documents and, separately, the ones that are not valid accounts.
-    async fn account_docs(&self) -> Result<(Vec<AccountDoc>, Vec<String>)> {
+    /// Account documents and, separately, `(id, what is wrong)` for the ones that are not
+    /// valid accounts.
+    async fn account_docs(&self) -> Result<(Vec<AccountDoc>, Vec<(String, String)>)> {
         let client = &self.inner.client;
         let mut docs = Vec::new();
         let mut bad = Vec::new();
@@ -144,12 +169,13 @@ impl Ledger {
             let n = rows.len() as u64;
             for row in rows {
                 after = Some(row.key.clone());
+                let id = row.id.clone().unwrap_or_else(|| row.key.to_string());
                 match row.doc {
                     Some(doc) => match AccountDoc::from_value(doc) {
                         Ok(d) => docs.push(d),
-                        Err(e) => bad.push(e.to_string()),
+                        Err(e) => bad.push((id, e.to_string())),
                     },
-                    None => bad.push(format!("{:?}: no document", row.id)),
+                    None => bad.push((id.clone(), format!("{id}: no document"))),
                 }
             }
             if n < PAGE_ROWS_MAX {
@@ -197,46 +223,69 @@ impl Ledger {
         ))
     }
 
-    /// Write-once documents not at revision 1 (or deleted), from the `_changes` feed.
-    async fn rewritten_documents(&self) -> Result<(u64, Vec<String>)> {
+    /// Every document of the database, once, from the `_changes` feed with their bodies: the
+    /// write-once documents (their revisions), the order ledger's money entries and the
+    /// transfers, each parsed leniently so one bad document is reported, never fatal.
+    async fn scan_documents(&self) -> Result<Scan> {
         let client = &self.inner.client;
-        let mut seen = 0u64;
-        let mut bad = Vec::new();
+        let mut scan = Scan::default();
         let mut since: Option<Value> = None;
         for _ in 0..PAGES_MAX {
             let q = ChangesQuery {
                 since: since.clone(),
                 limit: Some(PAGE_ROWS_MAX),
+                include_docs: true,
                 ..ChangesQuery::default()
             };
             let page = client.changes(&q).await?;
             let n = page.results.len() as u64;
             for row in page.results {
-                if !IMMUTABLE_PREFIXES.iter().any(|p| row.id.starts_with(p)) {
-                    continue;
-                }
-                seen += 1;
-                let rev = row
-                    .changes
-                    .first()
-                    .and_then(|c| c.get("rev"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                if row.deleted {
-                    bad.push(format!("{} was deleted", row.id));
-                } else if !rev.starts_with("1-") {
-                    bad.push(format!("{} is at revision {rev}", row.id));
-                }
+                scan.add(row);
             }
             since = Some(page.last_seq);
             if n < PAGE_ROWS_MAX {
-                return Ok((seen, bad));
+                return Ok(scan);
             }
         }
         Err(Error::invariant("_changes: too many documents to read"))
     }
 
-    /// SPEC §7 invariants 1–6 with the default (not at rest) options: see
+    /// `order_id → Σ` from the `orders/ledger` view, grouped, read in pages.
+    async fn order_view_sums(&self) -> Result<BTreeMap<String, std::result::Result<i128, String>>> {
+        let client = &self.inner.client;
+        let mut sums = BTreeMap::new();
+        let mut after: Option<Value> = None;
+        for _ in 0..PAGES_MAX {
+            let q = ViewQuery {
+                start_key: after.clone(),
+                skip: after.as_ref().map(|_| 1),
+                group: Some(true),
+                limit: Some(PAGE_ROWS_MAX),
+                ..ViewQuery::default()
+            };
+            let rows = client.view("orders", "ledger", &q).await?.rows;
+            let n = rows.len() as u64;
+            for row in rows {
+                after = Some(row.key.clone());
+                let order = match row.key.as_str() {
+                    Some(k) => k.to_owned(),
+                    None => row.key.to_string(),
+                };
+                let sum = row
+                    .value
+                    .as_i64()
+                    .map(i128::from)
+                    .ok_or_else(|| format!("{} is not an integer", row.value));
+                sums.insert(order, sum);
+            }
+            if n < PAGE_ROWS_MAX {
+                return Ok(sums);
+            }
+        }
+        Err(Error::invariant("orders/ledger: too many orders to read"))
+    }
+
+    /// SPEC §7 invariants 1–7 with the default (not at rest) options: see
     /// [`Ledger::verify_with`].
     ///
     /// # Errors
@@ -246,17 +295,26 @@ impl Ledger {
         self.verify_with(VerifyOptions::default()).await
     }
 
-    /// Checks SPEC §7 invariants 1–6:
+    /// Checks SPEC §7 invariants 1–7, rebuilding the expected state from the documents
+    /// themselves (the transfers and the order-ledger entries, read from `_changes`) rather
+    /// than from the views:
     ///
     /// 1. `conservation`: per currency, Σ balance = Σ opening.
-    /// 2. `exactly_once`: every account's balance = opening + Σ in − Σ out over committed and
-    ///    done transfers — at rest (no pending marker) only.
+    /// 2. `exactly_once`: every account's balance = opening + Σ in − Σ out over the committed
+    ///    and done transfer documents, and the `transactions/by_account` view agrees with
+    ///    those documents — at rest (no pending marker) only.
     /// 3. `no_overdraft`: balance ≥ min_balance for every limited account.
     /// 4. `termination`: no open transfer (at rest), or none older than `open_age_max`.
     /// 5. `no_pending_markers`: none (at rest), or none older than `open_age_max`.
     /// 6. `immutable_documents`: every order-ledger document at revision 1, none deleted.
+    /// 7. `order_balances`: every order's balance in the `orders/ledger` view equals the sum
+    ///    computed from its documents.
     ///
-    /// plus `account_documents`: every account document is a valid account.
+    /// plus `account_documents` and `transfer_documents`: every account and transfer document
+    /// is one this program can read.
+    ///
+    /// Every violation names the documents involved, in its `detail` and in `documents`: the
+    /// accounts, the transfers that explain (or fail to explain) a balance, the order's entries.
     ///
     /// # Errors
     ///
@@ -265,33 +323,77 @@ impl Ledger {
         let now = now_ms();
         let age_max = i64::try_from(options.open_age_max.as_millis()).unwrap_or(i64::MAX);
         let (accounts, malformed) = self.account_docs().await?;
+        let scan = self.scan_documents().await?;
+        let moves = scan.moves();
         let mut checks = Vec::new();
 
-        // 1. Conservation, per currency.
+        // 1. Conservation, per currency. A violation names the accounts whose balance is not
+        //    explained by their opening, their committed/done transfers and their pending
+        //    markers — or, when every account is explained that way, the markers in flight.
         let mut totals: BTreeMap<&str, (i128, i128)> = BTreeMap::new();
         for a in &accounts {
             let t = totals.entry(a.currency.as_str()).or_default();
             t.0 += i128::from(a.opening.minor());
             t.1 += i128::from(a.balance.minor());
         }
-        let unbalanced: Vec<String> = totals
-            .iter()
-            .filter(|(_, (o, b))| o != b)
-            .map(|(c, (o, b))| format!("{c}: Σ balance {b} ≠ Σ opening {o}"))
-            .collect();
+        let mut unbalanced = Vec::new();
+        let mut conservation_docs = Vec::new();
+        for (currency, (opening, balance)) in &totals {
+            if opening == balance {
+                continue;
+            }
+            let mut named_here = Vec::new();
+            for a in accounts.iter().filter(|a| a.currency == *currency) {
+                let in_flight: i128 = a
+                    .pending
+                    .iter()
+                    .filter(|m| !scan.is_committed(&m.txn))
+                    .map(|m| i128::from(m.delta.minor()))
+                    .sum();
+                let moved = moves.get(&a.account_id).copied().unwrap_or(0);
+                let drift = i128::from(a.balance.minor())
+                    - i128::from(a.opening.minor())
+                    - moved
+                    - in_flight;
+                if drift != 0 {
+                    named_here.push(format!("{} ({drift:+} unexplained)", a.id));
+                    conservation_docs.push(a.id.clone());
+                }
+            }
+            if named_here.is_empty() {
+                for a in accounts.iter().filter(|a| a.currency == *currency) {
+                    for m in &a.pending {
+                        named_here.push(format!(
+                            "{} holds {} ({:+})",
+                            a.id,
+                            txn_doc_id(&m.txn),
+                            m.delta.minor()
+                        ));
+                        conservation_docs.push(a.id.clone());
+                        conservation_docs.push(txn_doc_id(&m.txn));
+                    }
+                }
+            }
+            unbalanced.push(format!(
+                "{currency}: Σ balance {balance} ≠ Σ opening {opening} (off by {:+}): {}",
+                balance - opening,
+                named(&named_here)
+            ));
+        }
         let figures = totals
             .iter()
             .map(|(c, (o, b))| format!("{c}: Σ balance {b}, Σ opening {o}"))
             .collect::<Vec<_>>()
             .join("; ");
-        checks.push(check(
+        checks.push(check_with(
             "conservation",
             unbalanced.is_empty(),
             if unbalanced.is_empty() {
                 format!("{} accounts; {figures}", accounts.len())
             } else {
-                named(&unbalanced)
+                unbalanced.join(" | ")
             },
+            conservation_docs,
         ));
 
         // 2. Exactly-once.
@@ -305,108 +407,161 @@ impl Ledger {
                 ),
             ));
         } else {
-            let mut sums = self.transfer_sums().await?;
+            let mut view_sums = self.transfer_sums().await?;
             let mut wrong = Vec::new();
+            let mut docs = Vec::new();
+            let mut doc_moves = moves.clone();
             for a in &accounts {
-                let moved = sums.remove(&a.account_id).unwrap_or(0);
+                let moved = doc_moves.remove(&a.account_id).unwrap_or(0);
+                let viewed = view_sums.remove(&a.account_id).unwrap_or(0);
                 let expected = i128::from(a.opening.minor()) + moved;
                 if i128::from(a.balance.minor()) != expected {
+                    let (why, involved) = scan.suspects(a, now);
                     wrong.push(format!(
-                        "{}: balance {} ≠ opening {} + transfers {moved}",
-                        a.account_id,
+                        "{}: balance {} ≠ opening {} + transfers {moved}; {why}",
+                        a.id,
                         a.balance.minor(),
                         a.opening.minor()
                     ));
+                    docs.push(a.id.clone());
+                    docs.extend(involved);
                 }
-            }
-            for (account, moved) in sums {
-                if moved != 0 {
+                if viewed != moved {
                     wrong.push(format!(
-                        "transfers move {moved} on {account}, which does not exist"
+                        "{}: transactions/by_account says {viewed}, the transfer documents {moved} ({})",
+                        a.id,
+                        scan.touching(&a.account_id, NAMED_MAX).join(", ")
                     ));
+                    docs.push(a.id.clone());
                 }
             }
-            checks.push(check(
+            let mut strays: BTreeMap<String, i128> = doc_moves.into_iter().collect();
+            for (account, sum) in view_sums {
+                strays.entry(account).or_insert(sum);
+            }
+            for (account, moved) in strays {
+                if moved != 0 {
+                    let involved = scan.touching(&account, NAMED_MAX);
+                    wrong.push(format!(
+                        "transfers move {moved} on {}, which does not exist ({})",
+                        account_doc_id(&account),
+                        involved.join(", ")
+                    ));
+                    docs.extend(involved);
+                }
+            }
+            checks.push(check_with(
                 "exactly_once",
                 wrong.is_empty(),
                 if wrong.is_empty() {
                     format!(
-                        "{} accounts match opening + committed transfers",
-                        accounts.len()
+                        "{} accounts match opening + {} committed or done transfer documents, and transactions/by_account agrees",
+                        accounts.len(),
+                        scan.committed_count()
                     )
                 } else {
                     named(&wrong)
                 },
+                docs,
             ));
         }
 
         // 3. No overdraft.
-        let overdrawn: Vec<String> = accounts
+        let overdrawn: Vec<&AccountDoc> = accounts
             .iter()
-            .filter_map(|a| {
-                let min = a.min_balance?;
-                (a.balance < min).then(|| {
-                    format!(
-                        "{}: balance {} < min {}",
-                        a.account_id,
-                        a.balance.minor(),
-                        min.minor()
-                    )
-                })
-            })
+            .filter(|a| a.min_balance.is_some_and(|min| a.balance < min))
             .collect();
         let limited = accounts.iter().filter(|a| a.min_balance.is_some()).count();
-        checks.push(check(
+        checks.push(check_with(
             "no_overdraft",
             overdrawn.is_empty(),
             if overdrawn.is_empty() {
                 format!("{limited} limited accounts at or above their minimum")
             } else {
-                named(&overdrawn)
+                named(
+                    &overdrawn
+                        .iter()
+                        .map(|a| {
+                            format!(
+                                "{}: balance {} < min {} (pending: {})",
+                                a.id,
+                                a.balance.minor(),
+                                a.min_balance.map_or(0, |m| m.minor()),
+                                markers_of(a)
+                            )
+                        })
+                        .collect::<Vec<_>>(),
+                )
             },
+            overdrawn.iter().map(|a| a.id.clone()).collect(),
         ));
 
-        // 4. Termination.
-        let states = state_counts(self).await?;
-        let open = states.open();
-        let oldest = oldest_open(self).await?;
-        let oldest_age = oldest.map(|t| now.saturating_sub(t));
-        let terminated = if options.at_rest {
-            open == 0
-        } else {
-            oldest_age.is_none_or(|age| age <= age_max)
-        };
-        checks.push(check(
+        // 4. Termination, from the transfer documents (oldest open first).
+        let counts = scan.state_counts();
+        let mut open: Vec<&TxnFacts> = scan
+            .transfers
+            .iter()
+            .filter(|t| t.state.is_some_and(|s| !s.is_terminal()))
+            .collect();
+        open.sort_by_key(|t| t.last_modified);
+        let stuck: Vec<&TxnFacts> = open
+            .iter()
+            .copied()
+            .filter(|t| options.at_rest || now.saturating_sub(t.last_modified) > age_max)
+            .collect();
+        let oldest_age = open.first().map(|t| now.saturating_sub(t.last_modified));
+        let mut detail = format!(
+            "{} open (initial {}, pending {}, committed {}, canceling {}); done {}, cancelled {}; oldest open {}",
+            open.len(),
+            counts.initial,
+            counts.pending,
+            counts.committed,
+            counts.canceling,
+            counts.done,
+            counts.cancelled,
+            oldest_age.map_or("none".to_owned(), |a| format!("{a} ms old")),
+        );
+        if !stuck.is_empty() {
+            let lines: Vec<String> = stuck
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{} {} for {} ms",
+                        t.doc_id,
+                        t.state_name,
+                        now.saturating_sub(t.last_modified)
+                    )
+                })
+                .collect();
+            detail.push_str(&format!("; not finished: {}", named(&lines)));
+        }
+        checks.push(check_with(
             "termination",
-            terminated,
-            format!(
-                "{open} open (initial {}, pending {}, committed {}, canceling {}); done {}, cancelled {}; oldest open {}",
-                states.initial,
-                states.pending,
-                states.committed,
-                states.canceling,
-                states.done,
-                states.cancelled,
-                oldest_age.map_or("none".to_owned(), |a| format!("{} ms old", a)),
-            ),
+            stuck.is_empty(),
+            detail,
+            stuck.iter().map(|t| t.doc_id.clone()).collect(),
         ));
 
         // 5. Pending markers.
         let mut old_markers = Vec::new();
+        let mut marker_docs = Vec::new();
         for a in &accounts {
             for m in &a.pending {
                 let age = m.at.map_or(i64::MAX, |at| now.saturating_sub(at));
                 if options.at_rest || age > age_max {
                     old_markers.push(format!(
-                        "{} holds {} ({})",
-                        a.account_id,
-                        m.txn,
-                        m.delta.minor()
+                        "{} holds {} ({:+}, transfer {})",
+                        a.id,
+                        txn_doc_id(&m.txn),
+                        m.delta.minor(),
+                        scan.state_of(&m.txn)
                     ));
+                    marker_docs.push(a.id.clone());
+                    marker_docs.push(txn_doc_id(&m.txn));
                 }
             }
         }
-        checks.push(check(
+        checks.push(check_with(
             "no_pending_markers",
             old_markers.is_empty(),
             if old_markers.is_empty() {
@@ -414,33 +569,519 @@ impl Ledger {
             } else {
                 named(&old_markers)
             },
+            marker_docs,
         ));
 
         // 6. Immutable documents.
-        let (seen, rewritten) = self.rewritten_documents().await?;
-        checks.push(check(
+        checks.push(check_with(
             "immutable_documents",
-            rewritten.is_empty(),
-            if rewritten.is_empty() {
-                format!("{seen} order-ledger documents, all at revision 1")
+            scan.rewritten.is_empty(),
+            if scan.rewritten.is_empty() {
+                format!(
+                    "{} order-ledger documents, all at revision 1",
+                    scan.immutable_seen
+                )
             } else {
-                named(&rewritten)
+                named(
+                    &scan
+                        .rewritten
+                        .iter()
+                        .map(|(_, m)| m.clone())
+                        .collect::<Vec<_>>(),
+                )
             },
+            scan.rewritten.iter().map(|(id, _)| id.clone()).collect(),
         ));
 
-        checks.push(check(
+        // 7. Order balances: the view against the documents.
+        let view = self.order_view_sums().await?;
+        let (detail, ok, docs) = scan.compare_orders(&view);
+        checks.push(check_with("order_balances", ok, detail, docs));
+
+        checks.push(check_with(
             "account_documents",
             malformed.is_empty(),
             if malformed.is_empty() {
                 format!("{} valid account documents", accounts.len())
             } else {
-                named(&malformed)
+                named(&malformed.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
             },
+            malformed.iter().map(|(id, _)| id.clone()).collect(),
+        ));
+
+        checks.push(check_with(
+            "transfer_documents",
+            scan.bad_transfers.is_empty(),
+            if scan.bad_transfers.is_empty() {
+                format!("{} valid transfer documents", scan.transfers.len())
+            } else {
+                named(
+                    &scan
+                        .bad_transfers
+                        .iter()
+                        .map(|(_, m)| m.clone())
+                        .collect::<Vec<_>>(),
+                )
+            },
+            scan.bad_transfers
+                .iter()
+                .map(|(id, _)| id.clone())
+                .collect(),
         ));
 
         Ok(VerifyReport {
             ok: checks.iter().all(|c| c.ok),
             checks,
         })
+    }
+}
+
+/// `{txn} {delta}` for each pending marker of an account.
+fn markers_of(a: &AccountDoc) -> String {
+    if a.pending.is_empty() {
+        return "none".to_owned();
+    }
+    a.pending
+        .iter()
+        .map(|m| format!("{} {:+}", txn_doc_id(&m.txn), m.delta.minor()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+// ---- the documents, as the auditor reads them ------------------------------------------------
+
+/// What the auditor needs of one transfer document.
+#[derive(Debug, Clone)]
+struct TxnFacts {
+    doc_id: String,
+    txn_id: String,
+    source: String,
+    destination: String,
+    value: i128,
+    /// `None`: a state this program does not know (reported in `transfer_documents`).
+    state: Option<State>,
+    state_name: String,
+    last_modified: i64,
+}
+
+/// One scan of the database.
+#[derive(Debug, Default)]
+struct Scan {
+    /// Write-once documents seen.
+    immutable_seen: u64,
+    /// `(id, what is wrong)` for write-once documents rewritten or deleted.
+    rewritten: Vec<(String, String)>,
+    /// Money entries by order: `(doc id, signed amount or what is wrong with it)`.
+    orders: BTreeMap<String, Vec<(String, std::result::Result<i128, String>)>>,
+    /// Money entries without a usable `order_id`: `(id, what is wrong)`.
+    orphan_entries: Vec<(String, String)>,
+    /// Readable transfers.
+    transfers: Vec<TxnFacts>,
+    /// `txn_id → index` into `transfers`.
+    by_txn: HashMap<String, usize>,
+    /// `account_id → indexes` of the transfers naming it.
+    by_account: HashMap<String, Vec<usize>>,
+    /// `(id, what is wrong)` for transfer documents this program cannot read.
+    bad_transfers: Vec<(String, String)>,
+}
+
+impl Scan {
+    fn add(&mut self, row: crate::couch::ChangeRow) {
+        let id = row.id.clone();
+        if id.starts_with("_design/") {
+            return;
+        }
+        if IMMUTABLE_PREFIXES.iter().any(|p| id.starts_with(p)) {
+            self.immutable_seen += 1;
+            let rev = row
+                .changes
+                .first()
+                .and_then(|c| c.get("rev"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if row.deleted {
+                self.rewritten
+                    .push((id.clone(), format!("{id} was deleted")));
+            } else if !rev.starts_with("1-") {
+                self.rewritten
+                    .push((id.clone(), format!("{id} is at revision {rev}")));
+            }
+        }
+        if row.deleted {
+            if id.starts_with("txn:") {
+                self.bad_transfers
+                    .push((id.clone(), format!("{id} was deleted")));
+            }
+            return;
+        }
+        let Some(doc) = row.doc else { return };
+        match doc.get("type").and_then(Value::as_str) {
+            Some(t @ ("purchase" | "payment" | "refund" | "adjustment")) => {
+                let field = if t == "purchase" { "total" } else { "value" };
+                let amount = match doc.get(field).and_then(Value::as_i64) {
+                    Some(v) if v.unsigned_abs() <= crate::money::AMOUNT_ABS_MAX.unsigned_abs() => {
+                        Ok(if t == "payment" {
+                            -i128::from(v)
+                        } else {
+                            i128::from(v)
+                        })
+                    }
+                    _ => Err(format!(
+                        "{id}: {field} {} is not an integer number of minor units in range",
+                        doc.get(field).unwrap_or(&Value::Null)
+                    )),
+                };
+                match doc.get("order_id").and_then(Value::as_str) {
+                    Some(order) => self
+                        .orders
+                        .entry(order.to_owned())
+                        .or_default()
+                        .push((id, amount)),
+                    None => self
+                        .orphan_entries
+                        .push((id.clone(), format!("{id}: a {t} without an order_id"))),
+                }
+            }
+            Some("transaction") => match TxnDoc::from_value(doc.clone()) {
+                Ok(t) => {
+                    let i = self.transfers.len();
+                    self.by_txn.insert(t.txn_id.clone(), i);
+                    self.by_account.entry(t.source.clone()).or_default().push(i);
+                    self.by_account
+                        .entry(t.destination.clone())
+                        .or_default()
+                        .push(i);
+                    self.transfers.push(TxnFacts {
+                        doc_id: t.id,
+                        txn_id: t.txn_id,
+                        source: t.source,
+                        destination: t.destination,
+                        value: i128::from(t.value.minor()),
+                        state: Some(t.state),
+                        state_name: t.state.as_str().to_owned(),
+                        last_modified: t.last_modified,
+                    });
+                }
+                Err(e) => self.bad_transfers.push((id, e.to_string())),
+            },
+            _ if id.starts_with("txn:") => self
+                .bad_transfers
+                .push((id.clone(), format!("{id} is not of type transaction"))),
+            _ => {}
+        }
+    }
+
+    /// `account → Σ in − Σ out` over the committed and done transfer documents.
+    fn moves(&self) -> HashMap<String, i128> {
+        let mut moves = HashMap::new();
+        for t in &self.transfers {
+            if matches!(t.state, Some(State::Committed | State::Done)) {
+                *moves.entry(t.source.clone()).or_default() -= t.value;
+                *moves.entry(t.destination.clone()).or_default() += t.value;
+            }
+        }
+        moves
+    }
+
+    fn committed_count(&self) -> usize {
+        self.transfers
+            .iter()
+            .filter(|t| matches!(t.state, Some(State::Committed | State::Done)))
+            .count()
+    }
+
+    fn is_committed(&self, txn: &str) -> bool {
+        self.by_txn.get(txn).is_some_and(|&i| {
+            matches!(
+                self.transfers[i].state,
+                Some(State::Committed | State::Done)
+            )
+        })
+    }
+
+    fn state_of(&self, txn: &str) -> String {
+        match self.by_txn.get(txn) {
+            Some(&i) => self.transfers[i].state_name.clone(),
+            None => "missing".to_owned(),
+        }
+    }
+
+    fn state_counts(&self) -> StateCounts {
+        let mut c = StateCounts::default();
+        for t in &self.transfers {
+            match t.state {
+                Some(State::Initial) => c.initial += 1,
+                Some(State::Pending) => c.pending += 1,
+                Some(State::Committed) => c.committed += 1,
+                Some(State::Done) => c.done += 1,
+                Some(State::Canceling) => c.canceling += 1,
+                Some(State::Cancelled) => c.cancelled += 1,
+                None => {}
+            }
+        }
+        c
+    }
+
+    /// Up to `max` transfers naming `account`, latest first: `txn:… (state, ±value)`.
+    fn touching(&self, account: &str, max: usize) -> Vec<String> {
+        let Some(idx) = self.by_account.get(account) else {
+            return Vec::new();
+        };
+        let mut ts: Vec<&TxnFacts> = idx.iter().map(|&i| &self.transfers[i]).collect();
+        ts.sort_by_key(|t| std::cmp::Reverse(t.last_modified));
+        ts.into_iter()
+            .take(max)
+            .map(|t| {
+                let sign = if t.source == account {
+                    -t.value
+                } else {
+                    t.value
+                };
+                format!("{} ({}, {sign:+})", t.doc_id, t.state_name)
+            })
+            .collect()
+    }
+
+    /// Why an account's balance may be off: the transfers whose state disagrees with the
+    /// account's markers (settled but cancelled, undone but done, pending but finished,
+    /// unknown), else the latest transfers naming it. The text and the document ids.
+    fn suspects(&self, a: &AccountDoc, now: i64) -> (String, Vec<String>) {
+        let retention = i64::try_from(SETTLED_RETENTION_MIN_MS).unwrap_or(i64::MAX);
+        let mut lines = Vec::new();
+        let mut docs = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for s in &a.settled {
+            seen.insert(s.txn.as_str());
+            let state = self.by_txn.get(&s.txn).map(|&i| &self.transfers[i]);
+            let suspect = match state.and_then(|t| t.state) {
+                None => Some("does not exist or is unreadable".to_owned()),
+                Some(State::Committed | State::Done) if s.undone => {
+                    Some("is committed/done, but this account undid it".to_owned())
+                }
+                Some(st) if !s.undone && !matches!(st, State::Committed | State::Done) => {
+                    Some(format!("is {st}, but this account settled it"))
+                }
+                _ => None,
+            };
+            if let Some(why) = suspect {
+                lines.push(format!("{} {why}", txn_doc_id(&s.txn)));
+                docs.push(txn_doc_id(&s.txn));
+            }
+        }
+        for m in &a.pending {
+            seen.insert(m.txn.as_str());
+            let state = self.state_of(&m.txn);
+            if state != "pending" && state != "committed" && state != "canceling" {
+                lines.push(format!(
+                    "{} is {state}, but this account holds its marker ({:+})",
+                    txn_doc_id(&m.txn),
+                    m.delta.minor()
+                ));
+                docs.push(txn_doc_id(&m.txn));
+            }
+        }
+        if let Some(idx) = self.by_account.get(&a.account_id) {
+            for &i in idx {
+                let t = &self.transfers[i];
+                if matches!(t.state, Some(State::Committed | State::Done))
+                    && !seen.contains(t.txn_id.as_str())
+                    && now.saturating_sub(t.last_modified) < retention
+                {
+                    lines.push(format!(
+                        "{} is {}, but this account holds no marker of it",
+                        t.doc_id, t.state_name
+                    ));
+                    docs.push(t.doc_id.clone());
+                }
+            }
+        }
+        if lines.is_empty() {
+            let latest = self.touching(&a.account_id, NAMED_MAX);
+            docs.extend(
+                latest
+                    .iter()
+                    .filter_map(|l| l.split(' ').next().map(str::to_owned)),
+            );
+            let text = if latest.is_empty() {
+                "no transfer names it".to_owned()
+            } else {
+                format!("no transfer stands out; latest: {}", latest.join(", "))
+            };
+            return (text, docs);
+        }
+        (format!("suspects: {}", named(&lines)), docs)
+    }
+
+    /// Invariant 7: `(detail, ok, documents)`.
+    fn compare_orders(
+        &self,
+        view: &BTreeMap<String, std::result::Result<i128, String>>,
+    ) -> (String, bool, Vec<String>) {
+        let mut wrong = Vec::new();
+        let mut docs = Vec::new();
+        for (id, why) in &self.orphan_entries {
+            wrong.push(why.clone());
+            docs.push(id.clone());
+        }
+        let mut orders: std::collections::BTreeSet<&String> = self.orders.keys().collect();
+        orders.extend(view.keys());
+        for order in &orders {
+            let entries = self.orders.get(*order).map(Vec::as_slice).unwrap_or(&[]);
+            let ids: Vec<String> = entries.iter().map(|(id, _)| id.clone()).collect();
+            let mut sum: i128 = 0;
+            let mut broken = Vec::new();
+            for (_, amount) in entries {
+                match amount {
+                    Ok(v) => sum += v,
+                    Err(why) => broken.push(why.clone()),
+                }
+            }
+            let viewed = view.get(*order).cloned().unwrap_or(Ok(0));
+            let disagree = match &viewed {
+                Ok(v) => *v != sum,
+                Err(_) => true,
+            };
+            if disagree || !broken.is_empty() {
+                let viewed = match viewed {
+                    Ok(v) => v.to_string(),
+                    Err(why) => why,
+                };
+                let mut line = format!(
+                    "order {order:?}: orders/ledger says {viewed}, its documents {sum} ({})",
+                    if ids.is_empty() {
+                        "none found".to_owned()
+                    } else {
+                        named(&ids)
+                    }
+                );
+                if !broken.is_empty() {
+                    line.push_str(&format!("; {}", broken.join("; ")));
+                }
+                wrong.push(line);
+                docs.extend(ids);
+            }
+        }
+        if wrong.is_empty() {
+            (
+                format!(
+                    "{} orders, each balance in orders/ledger equal to the sum of its documents",
+                    self.orders.len()
+                ),
+                true,
+                docs,
+            )
+        } else {
+            (named(&wrong), false, docs)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn row(doc: Value) -> crate::couch::ChangeRow {
+        let id = doc["_id"].as_str().unwrap().to_owned();
+        let rev = doc["_rev"].as_str().unwrap_or("1-a").to_owned();
+        serde_json::from_value(json!({
+            "seq": 1, "id": id, "changes": [{"rev": rev}], "doc": doc
+        }))
+        .unwrap()
+    }
+
+    fn txn(id: &str, from: &str, to: &str, value: i64, state: &str) -> Value {
+        json!({
+            "_id": format!("txn:{id}"), "type": "transaction", "txn_id": id,
+            "source": from, "destination": to, "value": value, "currency": "EUR",
+            "state": state, "created_at": 1, "last_modified": 2
+        })
+    }
+
+    fn account(id: &str, opening: i64, balance: i64, settled: Value) -> AccountDoc {
+        AccountDoc::from_value(json!({
+            "_id": format!("account:{id}"), "type": "account", "account_id": id,
+            "currency": "EUR", "opening": opening, "balance": balance, "min_balance": 0,
+            "pending": [], "settled": settled
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn an_order_whose_view_disagrees_names_its_documents() {
+        let mut scan = Scan::default();
+        for doc in [
+            json!({"_id": "purchase:o1", "type": "purchase", "order_id": "o1", "total": 1000}),
+            json!({"_id": "payment:o1:p", "type": "payment", "order_id": "o1", "value": 400}),
+            json!({"_id": "refund:o1:r", "type": "refund", "order_id": "o1", "value": 50}),
+            json!({"_id": "adjustment:o2:a", "type": "adjustment", "order_id": "o2", "value": "x"}),
+            json!({"_id": "payment:o3:p", "_rev": "2-b", "type": "payment", "order_id": "o3", "value": 1}),
+        ] {
+            scan.add(row(doc));
+        }
+        assert_eq!(scan.immutable_seen, 5);
+        assert_eq!(scan.rewritten.len(), 1, "{:?}", scan.rewritten);
+        let mut view = BTreeMap::new();
+        view.insert("o1".to_owned(), Ok(650));
+        view.insert("o3".to_owned(), Ok(-1));
+        let (detail, ok, docs) = scan.compare_orders(&view);
+        assert!(!ok);
+        // o1 agrees (1000 − 400 + 50); o2's document is unreadable; o3 agrees.
+        assert!(!detail.contains("\"o1\""), "{detail}");
+        assert!(detail.contains("adjustment:o2:a"), "{detail}");
+        assert_eq!(docs, vec!["adjustment:o2:a".to_owned()]);
+
+        view.insert("o1".to_owned(), Ok(600));
+        let (detail, _, docs) = scan.compare_orders(&view);
+        assert!(
+            detail.contains("order \"o1\": orders/ledger says 600, its documents 650"),
+            "{detail}"
+        );
+        assert!(docs.contains(&"payment:o1:p".to_owned()), "{docs:?}");
+    }
+
+    #[test]
+    fn a_balance_off_its_transfers_names_the_suspect() {
+        let mut scan = Scan::default();
+        for doc in [
+            txn("t1", "A", "B", 100, "done"),
+            txn("t2", "A", "B", 30, "cancelled"),
+            json!({"_id": "txn:bad", "type": "transaction", "txn_id": "bad", "state": "paused"}),
+        ] {
+            scan.add(row(doc));
+        }
+        assert_eq!(scan.bad_transfers.len(), 1);
+        assert_eq!(scan.moves()["B"], 100);
+        // B settled the cancelled t2: its 30 stayed.
+        let b = account(
+            "B",
+            0,
+            130,
+            json!([{"txn": "t1", "at": 1}, {"txn": "t2", "at": 1}]),
+        );
+        let (why, docs) = scan.suspects(&b, 3);
+        assert!(
+            why.contains("txn:t2 is cancelled, but this account settled it"),
+            "{why}"
+        );
+        assert_eq!(docs, vec!["txn:t2".to_owned()]);
+        // Nothing stands out: the latest transfers are named.
+        let b = account("B", 0, 130, json!([{"txn": "t1", "at": 1}]));
+        let (why, docs) = scan.suspects(&b, 3);
+        assert!(why.contains("latest"), "{why}");
+        assert!(docs.contains(&"txn:t1".to_owned()), "{docs:?}");
+    }
+
+    #[test]
+    fn documents_are_listed_only_for_violations() {
+        let c = check_with("x", true, String::new(), vec!["a".into()]);
+        assert!(c.documents.is_empty());
+        let c = check_with(
+            "x",
+            false,
+            String::new(),
+            vec!["a".into(), "a".into(), "b".into()],
+        );
+        assert_eq!(c.documents, vec!["a".to_owned(), "b".to_owned()]);
     }
 }
