@@ -19,7 +19,7 @@ use super::output::money;
 use super::{Context, Exit, UsageError};
 
 // `sweep` shows the default as whole seconds ("30s").
-const _: () = assert!(STALE_AFTER_DEFAULT_MS % 1000 == 0);
+const _: () = assert!(STALE_AFTER_DEFAULT_MS.is_multiple_of(1000));
 
 #[derive(Subcommand)]
 pub(crate) enum TransferCommand {
