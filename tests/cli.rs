@@ -359,6 +359,19 @@ async fn an_unreachable_server_is_exit_1_quickly() {
         vec!["init"],
         vec!["order", "show", ORDER, "--json"],
         vec!["orders", "outstanding"],
+        vec!["status", "--json"],
+        vec!["account", "show", "A"],
+        vec![
+            "transfer",
+            "--from",
+            "A",
+            "--to",
+            "B",
+            "--amount",
+            "1",
+            "--currency",
+            "EUR",
+        ],
     ] {
         let mut all: Vec<String> = ["--url", "http://127.0.0.1:1", "--db", "ledger"]
             .iter()
@@ -590,16 +603,34 @@ async fn the_demo_runs_end_to_end() {
     let v = r.json();
     assert_eq!(v["ok"], true);
     assert_eq!(v["database"], db.as_str());
-    let steps: Vec<&str> = v["scenarios"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|s| s["steps"].as_array().unwrap())
-        .map(|s| s["step"].as_str().unwrap())
-        .collect();
-    for expected in [
-        "init",
-        "init_again",
+    let scenario = |name: &str| -> Vec<Value> {
+        v["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("scenario {name} in {v}"))["steps"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let step = |steps: &[Value], name: &str| -> Value {
+        let s = steps
+            .iter()
+            .find(|s| s["step"] == name)
+            .unwrap_or_else(|| panic!("step {name} in {steps:?}"));
+        assert!(
+            s["says"].as_str().is_some_and(|t| t.len() > 20),
+            "every step says what it shows: {s}"
+        );
+        s["outcome"].clone()
+    };
+    let setup = scenario("setup");
+    for name in ["init", "init_again"] {
+        step(&setup, name);
+    }
+    let cloudant = scenario("cloudant_order");
+    for name in [
         "purchase",
         "pay_card",
         "pay_voucher",
@@ -607,12 +638,88 @@ async fn the_demo_runs_end_to_end() {
         "pay_conflict",
         "refund",
     ] {
-        assert!(steps.contains(&expected), "{expected} in {steps:?}");
+        step(&cloudant, name);
     }
+
+    // MongoDB: every state in turn, with the views at the right moments.
+    let mongo = scenario("mongodb_two_phase");
+    assert_eq!(step(&mongo, "initial")["state"], "initial");
+    let pending = step(&mongo, "pending");
+    assert_eq!(pending["state"], "pending");
+    assert_eq!(
+        pending["pending_view"],
+        serde_json::json!([{"key": ["A", "B"], "value": 10_000}])
+    );
+    let applied = step(&mongo, "applied");
+    assert_eq!(applied["accounts"][0]["balance"], 90_000, "{applied}");
+    assert_eq!(applied["accounts"][0]["pending"][0]["delta"], -10_000);
+    assert_eq!(applied["accounts"][1]["available"], 100_000, "{applied}");
+    let committed = step(&mongo, "committed");
+    assert_eq!(committed["pending_view"], serde_json::json!([]));
+    assert_eq!(
+        committed["committed_view"],
+        serde_json::json!([{"key": ["A", "B"], "value": 10_000}])
+    );
+    assert_eq!(step(&mongo, "settled")["state"], "committed");
+    let done = step(&mongo, "done");
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["accounts"][0]["balance"], 90_000);
+    assert_eq!(done["accounts"][1]["balance"], 110_000);
+    assert_eq!(step(&mongo, "crash")["state"], "pending");
+    let swept = step(&mongo, "sweep");
+    assert_eq!(swept["sweep"]["advanced"], 1, "{swept}");
+    assert_eq!(swept["state"], "done");
+    assert_eq!(step(&mongo, "cancel")["state"], "cancelled");
+    assert_eq!(step(&mongo, "cancel_done")["refused"], true);
+    assert_eq!(step(&mongo, "reverse")["status"], "created");
+    assert_eq!(step(&mongo, "reverse_again")["status"], "exists");
+    assert_eq!(
+        step(&mongo, "insufficient_funds")["reason"],
+        "insufficient_funds"
+    );
+    assert_eq!(step(&mongo, "verify")["ok"], true);
+
+    // Couchbase: the pending and committed views, and the money in flight.
+    let couchbase = scenario("couchbase_multiphase");
+    assert_eq!(step(&couchbase, "waiting")["states"]["initial"], 1);
+    let pending = step(&couchbase, "pending");
+    assert_eq!(pending["in_flight"], 13_000, "{pending}");
+    assert_eq!(pending["pending_view"].as_array().unwrap().len(), 2);
+    let committed = step(&couchbase, "committed");
+    assert_eq!(committed["in_flight"], 3_000, "{committed}");
+    assert_eq!(
+        committed["committed_view"],
+        serde_json::json!([{"key": ["Alice", "James"], "value": 10_000}])
+    );
+    let done = step(&couchbase, "done");
+    assert_eq!(done["in_flight"], 0);
+    assert_eq!(done["accounts"][0]["balance"], 13_000);
+    assert_eq!(done["accounts"][1]["balance"], 17_000);
+    assert_eq!(step(&couchbase, "verify")["ok"], true);
+
     // Run again on the same, now used, database: refused as a usage error.
     let r = cli(&db, &["demo"]).await;
     assert_eq!(r.code, 2, "{}", r.describe());
     r.assert_one_error_line("fresh database");
+
+    // In words, on another fresh database: each scenario's heading and key figures.
+    let db = support::db_name("cli_demo_words");
+    let r = cli(&db, &["demo"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    for line in [
+        "== MongoDB's two-phase commit",
+        "== Couchbase's multi-phase transactions",
+        "A has 900.00 EUR, B has 1100.00 EUR",
+        "the committed view shows [A, B] → 100.00 EUR",
+        "crashes before committing",
+        "advanced 1",
+        "insufficient_funds",
+        "money in flight 13000 minor units",
+        "Alice 130.00 USD, James 170.00 USD",
+        "done: every step behaved as described",
+    ] {
+        assert!(r.stdout.contains(line), "{line:?} in:\n{}", r.stdout);
+    }
 }
 
 #[tokio::test]
@@ -629,10 +736,584 @@ async fn usage_errors_exit_2_and_help_exits_0() {
     assert_eq!(r.code, 2, "{}", r.describe());
     r.assert_one_error_line("--timeout");
     for cmd in [
-        "pay", "adjust", "purchase", "demo", "order", "orders", "init",
+        "pay", "adjust", "purchase", "demo", "order", "orders", "init", "account", "transfer",
+        "cancel", "reverse", "sweep", "status", "verify",
     ] {
         let r = run_raw(&[cmd.into(), "--help".into()], None, &[]).await;
         assert_eq!(r.code, 0, "{cmd}: {}", r.describe());
         assert!(r.stdout.len() > 100, "{cmd}: {}", r.stdout);
     }
+    // The transfer's help says what its exit codes mean.
+    let r = run_raw(&["transfer".into(), "--help".into()], None, &[]).await;
+    for code in ["0 done", "3 cancelled", "2 invalid input", "1 operational"] {
+        assert!(r.stdout.contains(code), "{code}: {}", r.stdout);
+    }
+}
+
+// ---- accounts, transfers, the sweeper --------------------------------------------------------
+
+/// A ledger on a fresh database (design documents installed) and the database's name.
+async fn fresh(test: &str) -> (Ledger, String) {
+    let l = support::ledger(test).await;
+    let db = l.client().database().to_owned();
+    (l, db)
+}
+
+/// `account create ID --currency EUR --opening OPENING` through the program.
+async fn open_eur(db: &str, id: &str, opening: &str) {
+    let r = cli(
+        db,
+        &[
+            "account",
+            "create",
+            id,
+            "--currency",
+            "EUR",
+            "--opening",
+            opening,
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["id"], format!("account:{id}"));
+    assert_eq!(v["status"], "created");
+}
+
+/// An account's balance in minor units, as `account show --json` reports it.
+async fn balance_of(db: &str, id: &str) -> i64 {
+    let r = cli(db, &["account", "show", id, "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    r.json()["balance"].as_i64().expect("an integer balance")
+}
+
+/// `transfer --from FROM --to TO --amount AMOUNT --currency EUR` plus `extra`, with --json.
+async fn transfer_eur(db: &str, from: &str, to: &str, amount: &str, extra: &[&str]) -> Run {
+    let mut args = vec![
+        "transfer",
+        "--from",
+        from,
+        "--to",
+        to,
+        "--amount",
+        amount,
+        "--currency",
+        "EUR",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    cli(db, &args).await
+}
+
+/// `status --json`.
+async fn status_json(db: &str) -> Value {
+    let r = cli(db, &["status", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    r.json()
+}
+
+#[tokio::test]
+async fn the_transfer_tutorial_through_the_command_line() {
+    let db = support::db_name("cli_tutorial");
+    let r = cli(&db, &["init"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    open_eur(&db, "A", "1000.00").await;
+    open_eur(&db, "B", "1000.00").await;
+
+    let r = transfer_eur(&db, "A", "B", "100", &[]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["state"], "done", "{v}");
+    assert_eq!(v["reason"], Value::Null);
+    assert_eq!(v["status"], "created");
+    assert!(!v["id"].as_str().unwrap().is_empty());
+
+    let r = cli(&db, &["account", "show", "A", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let a = r.json();
+    assert_eq!(a["account"], "A");
+    assert_eq!(a["currency"], "EUR");
+    assert_eq!(a["balance"], 90_000);
+    assert_eq!(a["available"], 90_000);
+    assert_eq!(a["posted"], 90_000);
+    assert_eq!(a["min_balance"], 0);
+    assert_eq!(a["pending"], serde_json::json!([]));
+    assert_eq!(balance_of(&db, "B").await, 110_000);
+    // People read decimals with the currency.
+    let r = cli(&db, &["account", "show", "B"]).await;
+    assert!(r.stdout.contains("1100.00 EUR"), "{}", r.describe());
+
+    let r = cli(&db, &["verify", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["ok"], true, "{v}");
+    let checks = v["checks"].as_array().unwrap();
+    for name in [
+        "conservation",
+        "exactly_once",
+        "no_overdraft",
+        "termination",
+    ] {
+        let c = checks.iter().find(|c| c["name"] == name).expect(name);
+        assert_eq!(c["ok"], true, "{c}");
+        assert!(c["detail"].as_str().is_some_and(|d| !d.is_empty()), "{c}");
+    }
+    let r = cli(&db, &["verify", "--at-rest"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert!(r.stdout.contains("conservation"), "{}", r.describe());
+
+    // Accounts: created once; the same terms exist; other terms are refused.
+    let r = cli(
+        &db,
+        &[
+            "account",
+            "create",
+            "A",
+            "--currency",
+            "EUR",
+            "--opening",
+            "1000.00",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["status"], "exists");
+    let r = cli(
+        &db,
+        &[
+            "account",
+            "create",
+            "A",
+            "--currency",
+            "EUR",
+            "--opening",
+            "999.00",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    r.assert_one_error_line("different opening");
+    let r = cli(
+        &db,
+        &[
+            "account",
+            "create",
+            "issuer",
+            "--currency",
+            "EUR",
+            "--unlimited",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let r = cli(&db, &["account", "list", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    let accounts = v["accounts"].as_array().unwrap();
+    assert_eq!(accounts.len(), 3, "{v}");
+    let issuer = accounts.iter().find(|a| a["account"] == "issuer").unwrap();
+    assert_eq!(issuer["min_balance"], Value::Null, "unlimited: {issuer}");
+    let r = cli(&db, &["account", "show", "nobody"]).await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    r.assert_one_error_line("no account \"nobody\"");
+}
+
+#[tokio::test]
+async fn business_refusals_exit_3_and_move_nothing() {
+    let (_l, db) = fresh("cli_refusals").await;
+    open_eur(&db, "A", "1000.00").await;
+    open_eur(&db, "B", "1000.00").await;
+    let r = cli(
+        &db,
+        &[
+            "account",
+            "create",
+            "U",
+            "--currency",
+            "USD",
+            "--opening",
+            "10",
+            "--json",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+
+    for (from, to, amount, reason) in [
+        ("A", "B", "1000.01", "insufficient_funds"),
+        ("A", "nobody", "1", "unknown_account"),
+        ("nobody", "B", "1", "unknown_account"),
+        ("A", "U", "1", "currency_mismatch"),
+    ] {
+        let r = transfer_eur(&db, from, to, amount, &[]).await;
+        assert_eq!(r.code, 3, "{from}→{to} {amount}: {}", r.describe());
+        let v = r.json();
+        assert_eq!(v["state"], "cancelled", "{v}");
+        assert_eq!(v["reason"], reason, "{v}");
+        assert_eq!(balance_of(&db, "A").await, 100_000);
+        assert_eq!(balance_of(&db, "B").await, 100_000);
+    }
+    // In words too, with the same exit code.
+    let r = cli(
+        &db,
+        &[
+            "transfer",
+            "--from",
+            "A",
+            "--to",
+            "B",
+            "--amount",
+            "5000",
+            "--currency",
+            "EUR",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 3, "{}", r.describe());
+    assert!(r.stdout.contains("insufficient_funds"), "{}", r.describe());
+    // The whole balance may go; not a cent more (above).
+    let r = transfer_eur(&db, "A", "B", "1000.00", &[]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(balance_of(&db, "A").await, 0);
+}
+
+/// `(from, to, amount, currency, extra flags, what the error line mentions)`.
+type BadTransfer<'a> = (&'a str, &'a str, &'a str, &'a str, &'a [&'a str], &'a str);
+
+#[tokio::test]
+async fn bad_transfers_are_exit_2_and_write_nothing() {
+    let (l, db) = fresh("cli_bad_transfers").await;
+    open_eur(&db, "A", "1000.00").await;
+    open_eur(&db, "B", "1000.00").await;
+    let before = db_state(&l).await;
+    let cases: [BadTransfer; 9] = [
+        ("A", "A", "1", "EUR", &[], "two accounts"),
+        ("A", "B", "0", "EUR", &[], "greater than zero"),
+        ("A", "B", "-5", "EUR", &[], "greater than zero"),
+        ("A", "B", "1.234", "EUR", &[], "2 decimal places"),
+        ("A", "B", "abc", "EUR", &[], "not a decimal number"),
+        ("A", "B", "1", "XXX", &[], "\"XXX\""),
+        ("A", "B", "1", "EUR", &["--id", "_x"], "begins with '_'"),
+        ("A", "B", "1", "EUR", &["--id", "a:b"], "':'"),
+        ("_A", "B", "1", "EUR", &[], "begins with '_'"),
+    ];
+    for (from, to, amount, currency, extra, mentions) in cases {
+        for json in [false, true] {
+            let mut args = vec![
+                "transfer",
+                "--from",
+                from,
+                "--to",
+                to,
+                "--amount",
+                amount,
+                "--currency",
+                currency,
+            ];
+            args.extend_from_slice(extra);
+            if json {
+                args.push("--json");
+            }
+            let r = cli(&db, &args).await;
+            assert_eq!(r.code, 2, "{args:?}: {}", r.describe());
+            assert!(r.stdout.is_empty(), "{args:?}: {}", r.describe());
+            r.assert_one_error_line(mentions);
+        }
+    }
+    assert_eq!(db_state(&l).await, before, "bad input wrote something");
+
+    // An idempotency key: the same terms again are "exists"; other terms are refused.
+    let r = transfer_eur(&db, "A", "B", "100", &["--id", "k1"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["status"], "created");
+    let before = db_state(&l).await;
+    let r = transfer_eur(&db, "A", "B", "200", &["--id", "k1"]).await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    assert!(r.stdout.is_empty(), "{}", r.describe());
+    r.assert_one_error_line("different value");
+    let r = transfer_eur(&db, "A", "B", "100", &["--id", "k1"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(
+        (v["id"].as_str(), v["status"].as_str(), v["state"].as_str()),
+        (Some("k1"), Some("exists"), Some("done")),
+        "{v}"
+    );
+    assert_eq!(
+        db_state(&l).await,
+        before,
+        "a re-sent transfer wrote something"
+    );
+    assert_eq!(balance_of(&db, "A").await, 90_000, "moved once");
+    assert_eq!(balance_of(&db, "B").await, 110_000);
+}
+
+#[tokio::test]
+async fn a_transfer_left_for_the_sweeper_is_finished_by_sweep_once() {
+    let (_l, db) = fresh("cli_sweep_once").await;
+    open_eur(&db, "A", "1000.00").await;
+    open_eur(&db, "B", "1000.00").await;
+    let r = transfer_eur(&db, "A", "B", "100", &["--id", "later", "--no-wait"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(
+        (v["id"].as_str(), v["state"].as_str(), v["reason"].is_null()),
+        (Some("later"), Some("initial"), true),
+        "{v}"
+    );
+    let s = status_json(&db).await;
+    assert_eq!(s["states"]["initial"], 1, "{s}");
+    assert_eq!(s["states"]["done"], 0, "{s}");
+    assert!(s["oldest_open_age_s"].is_u64(), "{s}");
+    assert_eq!(s["in_flight"], 0, "initial is not in flight yet: {s}");
+    assert_eq!(balance_of(&db, "A").await, 100_000, "nothing moved yet");
+
+    // The default stale-after (30 s) leaves a fresh transfer alone.
+    let r = cli(&db, &["sweep", "--once", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["advanced"], 0, "{v}");
+    assert_eq!(v["remaining"], 1, "{v}");
+
+    let r = cli(&db, &["sweep", "--once", "--stale-after", "0s", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    for field in [
+        "examined",
+        "advanced",
+        "cancelled",
+        "skipped",
+        "failed",
+        "remaining",
+        "repaired_markers",
+    ] {
+        assert!(v[field].is_u64(), "{field}: {v}");
+    }
+    assert!(v["advanced"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["remaining"], 0, "{v}");
+    assert_eq!(v["failed"], 0, "{v}");
+
+    let s = status_json(&db).await;
+    assert_eq!(s["states"]["done"], 1, "{s}");
+    assert_eq!(s["states"]["initial"], 0, "{s}");
+    assert_eq!(s["oldest_open_age_s"], Value::Null, "{s}");
+    let r = cli(&db, &["transfer", "show", "later", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["state"], "done", "{v}");
+    assert_eq!(v["amount"], 10_000, "{v}");
+    assert_eq!(balance_of(&db, "A").await, 90_000);
+    assert_eq!(balance_of(&db, "B").await, 110_000);
+
+    // Nothing left: a second pass does nothing, and the money moved once.
+    let r = cli(&db, &["sweep", "--once", "--stale-after", "0s"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert!(r.stdout.contains("advanced 0"), "{}", r.describe());
+    assert_eq!(balance_of(&db, "A").await, 90_000);
+
+    // Bad sweep options are usage errors.
+    for args in [
+        vec!["sweep"],
+        vec!["sweep", "--once", "--watch"],
+        vec!["sweep", "--once", "--stale-after", "soon"],
+        vec!["sweep", "--once", "--batch", "0"],
+    ] {
+        let r = cli(&db, &args).await;
+        assert_eq!(r.code, 2, "{args:?}: {}", r.describe());
+        assert!(r.stdout.is_empty(), "{args:?}: {}", r.describe());
+    }
+}
+
+#[tokio::test]
+async fn cancel_and_reverse_on_the_command_line() {
+    let (l, db) = fresh("cli_cancel_reverse").await;
+    open_eur(&db, "A", "1000.00").await;
+    open_eur(&db, "B", "1000.00").await;
+
+    // Cancelled before it started.
+    let r = transfer_eur(&db, "A", "B", "10", &["--id", "early", "--no-wait"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let r = cli(&db, &["cancel", "early", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(
+        (v["id"].as_str(), v["state"].as_str(), v["reason"].as_str()),
+        (Some("early"), Some("cancelled"), Some("cancelled_by_user")),
+        "{v}"
+    );
+    // Cancelled again: reported as it is.
+    let r = cli(&db, &["cancel", "early", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["state"], "cancelled");
+
+    // Cancelled half-way: begun and applied to both accounts (by the library), then cancelled
+    // on the command line: every applied delta is undone.
+    let r = transfer_eur(&db, "A", "B", "20", &["--id", "halfway", "--no-wait"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(
+        l.step("halfway").await.unwrap().state,
+        couch_ledger::State::Pending
+    );
+    l.step("halfway").await.unwrap();
+    assert_eq!(balance_of(&db, "A").await, 98_000, "applied");
+    let r = cli(&db, &["cancel", "halfway", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["state"], "cancelled");
+    assert_eq!(balance_of(&db, "A").await, 100_000, "undone");
+    assert_eq!(balance_of(&db, "B").await, 100_000, "undone");
+
+    // A done transfer cannot be cancelled; it is reversed, once.
+    let r = transfer_eur(&db, "A", "B", "100", &["--id", "t1"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let r = cli(&db, &["cancel", "t1", "--json"]).await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    assert!(r.stdout.is_empty(), "{}", r.describe());
+    r.assert_one_error_line("reverse it instead");
+    let r = cli(&db, &["reverse", "t1", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(
+        (v["id"].as_str(), v["state"].as_str(), v["status"].as_str()),
+        (Some("rev-t1"), Some("done"), Some("created")),
+        "{v}"
+    );
+    assert_eq!(v["reverses"], "t1");
+    let r = cli(&db, &["reverse", "t1", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(
+        (v["id"].as_str(), v["status"].as_str()),
+        (Some("rev-t1"), Some("exists")),
+        "{v}"
+    );
+    assert_eq!(balance_of(&db, "A").await, 100_000, "back to the start");
+    assert_eq!(balance_of(&db, "B").await, 100_000, "back to the start");
+
+    // Refused requests: exit 2, one line.
+    for (args, mentions) in [
+        (vec!["cancel", "nope"], "no transfer \"nope\""),
+        (vec!["reverse", "nope"], "no transfer \"nope\""),
+        (vec!["transfer", "show", "nope"], "no transfer \"nope\""),
+        (
+            vec!["reverse", "early"],
+            "only a committed or done transfer",
+        ),
+        (vec!["cancel", "_bad"], "begins with '_'"),
+    ] {
+        let r = cli(&db, &args).await;
+        assert_eq!(r.code, 2, "{args:?}: {}", r.describe());
+        r.assert_one_error_line(mentions);
+    }
+    let r = cli(&db, &["verify", "--at-rest", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["ok"], true);
+}
+
+#[tokio::test]
+async fn sweep_watch_runs_until_sigterm_and_prints_its_totals() {
+    let (l, db) = fresh("cli_sweep_watch").await;
+    open_eur(&db, "A", "1000.00").await;
+    open_eur(&db, "B", "1000.00").await;
+    let mut args = server_args(&db);
+    args.extend(
+        ["sweep", "--watch", "--stale-after", "0s", "--json"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    let child = tokio::process::Command::new(BIN)
+        .args(&args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run couch-ledger sweep --watch");
+    let pid = child.id().expect("a running child").to_string();
+
+    let r = transfer_eur(&db, "A", "B", "100", &["--id", "w1", "--no-wait"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["state"], "initial");
+    support::wait_for(
+        "the watching sweeper to finish w1",
+        Duration::from_secs(60),
+        || {
+            let l = l.clone();
+            async move {
+                let s = l.status().await.ok()?;
+                (s.states.done == 1 && s.states.open() == 0).then_some(())
+            }
+        },
+    )
+    .await;
+
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(kill.success());
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("sweep --watch stops on SIGTERM")
+        .unwrap();
+    let run = Run {
+        code: out.status.code().expect("exited, not killed by the signal"),
+        stdout: String::from_utf8(out.stdout).unwrap(),
+        stderr: String::from_utf8(out.stderr).unwrap(),
+    };
+    assert_eq!(run.code, 0, "{}", run.describe());
+    let v = run.json();
+    assert!(v["advanced"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["remaining"], 0, "{v}");
+    assert_eq!(v["failed"], 0, "{v}");
+    assert!(run.stderr.contains("sweep pass"), "{}", run.describe());
+    assert_eq!(balance_of(&db, "A").await, 90_000);
+    assert_eq!(balance_of(&db, "B").await, 110_000);
+}
+
+#[tokio::test]
+async fn verify_exits_1_and_names_the_broken_invariant() {
+    let (_l, db) = fresh("cli_verify_broken").await;
+    open_eur(&db, "A", "1000.00").await;
+    open_eur(&db, "B", "1000.00").await;
+    let r = transfer_eur(&db, "A", "B", "100", &[]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let r = cli(&db, &["verify", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+
+    // Money from nowhere, written around the library (validation allows a balance change).
+    let url = support::raw_url(&format!("{db}/account%3AA"));
+    let mut doc: Value = support::auth(support::raw().get(&url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    doc["balance"] = serde_json::json!(doc["balance"].as_i64().unwrap() + 1);
+    let put = support::auth(support::raw().put(&url))
+        .json(&doc)
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+
+    let r = cli(&db, &["verify", "--json"]).await;
+    assert_eq!(r.code, 1, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["ok"], false, "{v}");
+    let conservation = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "conservation")
+        .expect("a conservation check");
+    assert_eq!(conservation["ok"], false, "{conservation}");
+    r.assert_one_error_line("conservation");
+    let r = cli(&db, &["verify"]).await;
+    assert_eq!(r.code, 1, "{}", r.describe());
+    assert!(r.stdout.contains("FAIL"), "{}", r.describe());
 }
