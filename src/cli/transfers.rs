@@ -36,7 +36,8 @@ pub(crate) enum TransferCommand {
     ///
     /// Exit codes: 0 done (or, with --no-wait or after a lost lease, still in progress: the
     /// sweeper finishes it); 3 cancelled by a business rule (insufficient_funds,
-    /// unknown_account, currency_mismatch) — nothing moved; 2 invalid input (same account on
+    /// unknown_account, currency_mismatch; or, for a re-sent --id, by an earlier `cancel`) —
+    /// nothing moved; 2 invalid input (same account on
     /// both sides, an amount that is not positive or not exact in the currency, an unknown
     /// currency, a bad id, an --id re-used with other terms) — nothing written; 1 operational
     /// error (server, network).
