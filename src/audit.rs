@@ -251,7 +251,7 @@ impl Ledger {
     }
 
     /// `order_id → Σ` from the `orders/ledger` view, grouped, read in pages.
-    async fn order_view_sums(&self) -> Result<BTreeMap<String, std::result::Result<i128, String>>> {
+    async fn order_view_sums(&self) -> Result<BTreeMap<String, Signed>> {
         let client = &self.inner.client;
         let mut sums = BTreeMap::new();
         let mut after: Option<Value> = None;
@@ -650,6 +650,9 @@ fn markers_of(a: &AccountDoc) -> String {
 
 // ---- the documents, as the auditor reads them ------------------------------------------------
 
+/// A signed amount, or what is wrong with the document it should come from.
+type Signed = std::result::Result<i128, String>;
+
 /// What the auditor needs of one transfer document.
 #[derive(Debug, Clone)]
 struct TxnFacts {
@@ -672,7 +675,7 @@ struct Scan {
     /// `(id, what is wrong)` for write-once documents rewritten or deleted.
     rewritten: Vec<(String, String)>,
     /// Money entries by order: `(doc id, signed amount or what is wrong with it)`.
-    orders: BTreeMap<String, Vec<(String, std::result::Result<i128, String>)>>,
+    orders: BTreeMap<String, Vec<(String, Signed)>>,
     /// Money entries without a usable `order_id`: `(id, what is wrong)`.
     orphan_entries: Vec<(String, String)>,
     /// Readable transfers.
@@ -913,10 +916,7 @@ impl Scan {
     }
 
     /// Invariant 7: `(detail, ok, documents)`.
-    fn compare_orders(
-        &self,
-        view: &BTreeMap<String, std::result::Result<i128, String>>,
-    ) -> (String, bool, Vec<String>) {
+    fn compare_orders(&self, view: &BTreeMap<String, Signed>) -> (String, bool, Vec<String>) {
         let mut wrong = Vec::new();
         let mut docs = Vec::new();
         for (id, why) in &self.orphan_entries {
