@@ -11,7 +11,6 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
-use crate::limits::ID_CHARS_MAX;
 use crate::money::{Amount, Currency};
 use crate::orders::{RecordStatus, Recorded};
 
@@ -182,33 +181,10 @@ pub(crate) fn account_doc_id(account_id: &str) -> String {
     format!("account:{account_id}")
 }
 
-/// Checks an account or transfer id: non-empty, at most [`ID_CHARS_MAX`] characters, no control
-/// character, not beginning with `_` (CouchDB reserves those) and no `:` (the separator of our
-/// document ids, so `account:a:b` can never be ambiguous).
-pub(crate) fn validate_id(field: &str, id: &str) -> Result<()> {
-    if id.is_empty() {
-        return Err(Error::invalid(field, "must not be empty"));
-    }
-    if id.chars().count() > ID_CHARS_MAX {
-        return Err(Error::invalid(
-            field,
-            format!("is longer than {ID_CHARS_MAX} characters"),
-        ));
-    }
-    if id.chars().any(char::is_control) {
-        return Err(Error::invalid(
-            field,
-            format!("{id:?} holds a control character"),
-        ));
-    }
-    if id.starts_with('_') {
-        return Err(Error::invalid(field, format!("{id:?} begins with '_'")));
-    }
-    if id.contains(':') {
-        return Err(Error::invalid(field, format!("{id:?} holds a ':'")));
-    }
-    Ok(())
-}
+/// Checks an account or transfer id: the same rule as every part of a ledger document id
+/// (non-empty, at most [`ID_CHARS_MAX`](crate::limits::ID_CHARS_MAX) characters, no control character or surrounding white
+/// space, not beginning with `_`, no `:`).
+pub(crate) use crate::orders::check_id_part as validate_id;
 
 impl Ledger {
     /// Creates an account. Idempotent: the same spec again is [`RecordStatus::Exists`] (the
@@ -296,6 +272,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limits::ID_CHARS_MAX;
     use serde_json::json;
 
     #[test]

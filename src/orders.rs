@@ -19,7 +19,7 @@ use crate::ledger::Ledger;
 use crate::money::{Amount, Currency};
 
 /// The longest order id, reference or account id, in characters.
-pub const ID_PART_LEN_MAX: usize = 200;
+pub const ID_PART_LEN_MAX: usize = crate::limits::ID_CHARS_MAX;
 /// The most orders [`Ledger::outstanding_orders`] returns in one page.
 pub const OUTSTANDING_LIMIT_MAX: usize = 1000;
 
@@ -311,7 +311,7 @@ pub struct OutstandingPage {
 /// An order id, reference or account id: it becomes part of a document id, where `:` separates
 /// the parts (`payment:a:b:c` could be order `a:b` or order `a` — two different payments could
 /// collide) and a leading `_` is reserved by CouchDB.
-fn check_id_part(field: &str, value: &str) -> Result<()> {
+pub(crate) fn check_id_part(field: &str, value: &str) -> Result<()> {
     if value.is_empty() {
         return Err(Error::invalid(field, "must not be empty"));
     }
