@@ -1166,6 +1166,10 @@ async fn reliability() {
         eprintln!("r1 finished at {:?}", started.elapsed());
     }
     scenario.teardown();
+    if run("r3") {
+        r3(size, seed, tally.clone()).await;
+        eprintln!("r3 finished at {:?}", started.elapsed());
+    }
 
     let crashes = tally.crashes.lock().unwrap().clone();
     let errors = tally.errors.lock().unwrap().clone();
@@ -1194,5 +1198,206 @@ async fn reliability() {
         0,
         "seed {seed}: {:#?}",
         tally.violations.lock().unwrap()
+    );
+}
+
+// ---- R3: server crash ------------------------------------------------------------------------
+
+/// Kills the harness's own server with SIGKILL (data kept) or starts it again, off the runtime.
+async fn server_kill_or_restart(restart: bool) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || {
+        let dev = support::server().dev.as_ref().expect("own server");
+        let mut dev = dev.lock().unwrap_or_else(|e| e.into_inner());
+        if restart {
+            dev.restart().map_err(|e| e.to_string())
+        } else {
+            match dev.pid() {
+                Some(_) => {
+                    dev.kill();
+                    Ok(())
+                }
+                None => Err("the server was not running".to_owned()),
+            }
+        }
+    })
+    .await
+    .unwrap()
+}
+
+async fn r3(size: Size, seed: u64, tally: Arc<Tally>) {
+    if support::server().dev.is_none() {
+        eprintln!("r3: SKIPPED — COUCHDB_URL is set, so there is no own server to kill (server_restarts counts 0)");
+        return;
+    }
+    let started = Instant::now();
+    let lease = Duration::from_secs(2);
+    let base = support::ledger("r3").await;
+    let client = base.client().clone();
+    let db = client.database().to_owned();
+    let accounts: Vec<Acct> = (0..8)
+        .map(|i| Acct {
+            id: format!("s{i}"),
+            currency: eur(),
+            opening: 100_000,
+            min: Some(0),
+        })
+        .collect();
+    create_accounts(&base, &accounts).await;
+    // An order whose payments the load records too (write-once documents).
+    let purchase = couch_ledger::Purchase::from_json(
+        r#"{"order_id": "r3-order", "account_id": "c1", "currency": "EUR",
+            "basket": [{"product_id": "p1", "price": 1000000, "tax": 0, "quantity": 1}],
+            "delivery": {"option": null, "price": 0, "address": "here"},
+            "pretax": 1000000, "tax": 0, "total": 1000000}"#,
+        None,
+    )
+    .unwrap();
+    base.record_purchase(&purchase).await.unwrap();
+
+    let book = Arc::new(Book::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    // Successes seen after the last restart: the clients carried on by themselves.
+    let after_last = Arc::new(AtomicU64::new(0));
+    let last_restart_done = Arc::new(AtomicBool::new(false));
+    let failed_during = Arc::new(AtomicU64::new(0));
+    let mut workers = JoinSet::new();
+    for w in 0..4u64 {
+        let l = fresh_ledger(&client, lease);
+        let (book, tally, stop) = (book.clone(), tally.clone(), stop.clone());
+        let (after_last, last_restart_done, failed_during) = (
+            after_last.clone(),
+            last_restart_done.clone(),
+            failed_during.clone(),
+        );
+        workers.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(seed ^ (0x3300 + w));
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let ok = if n % 5 == 0 {
+                    let payment = couch_ledger::Payment {
+                        order_id: "r3-order".into(),
+                        reference: format!("w{w}-{n}"),
+                        amount: amount(rng.i64(1..=100)),
+                        currency: eur(),
+                        method: None,
+                    };
+                    match l.record_payment(&payment).await {
+                        Ok(r) => {
+                            book.entries.lock().unwrap().insert(
+                                r.id,
+                                json!({"type": "payment", "value": payment.amount.minor()}),
+                            );
+                            true
+                        }
+                        Err(e) => {
+                            tally.error("r3", &e);
+                            false
+                        }
+                    }
+                } else {
+                    let from = rng.usize(..8);
+                    let to = (from + 1 + rng.usize(..7)) % 8;
+                    let id = format!("r3-w{w}-{n}");
+                    let terms = Terms {
+                        source: format!("s{from}"),
+                        destination: format!("s{to}"),
+                        value: rng.i64(1..=5_000),
+                        currency: "EUR".into(),
+                        reverses: None,
+                    };
+                    book.ask(&id, terms.clone());
+                    match l.submit(terms.request(&id), rng.u32(0..10) < 8).await {
+                        Ok(o) => {
+                            book.ack(&o);
+                            true
+                        }
+                        Err(e) => {
+                            tally.error("r3", &e);
+                            false
+                        }
+                    }
+                };
+                if ok && last_restart_done.load(Ordering::Relaxed) {
+                    after_last.fetch_add(1, Ordering::Relaxed);
+                }
+                if !ok {
+                    failed_during.fetch_add(1, Ordering::Relaxed);
+                    // A failed call is retried by the caller's next iteration, not hammered.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        });
+    }
+    let sweeper = spawn_sweeper(
+        "r3",
+        fresh_ledger(&client, lease),
+        Duration::from_millis(500),
+        tally.clone(),
+        stop.clone(),
+        seed ^ 0x33,
+    );
+
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x3333);
+    for i in 0..size.r3_restarts {
+        tokio::time::sleep(Duration::from_millis(rng.u64(1_000..3_000))).await;
+        let acked_before = book.acked.lock().unwrap().len();
+        match server_kill_or_restart(false).await {
+            Ok(()) => {}
+            Err(e) => {
+                tally.violation(format!("r3: kill {i}: {e}"));
+                continue;
+            }
+        }
+        // The server is down for a moment; calls in flight fail or wait in their retries.
+        tokio::time::sleep(Duration::from_millis(rng.u64(100..1_500))).await;
+        if let Err(e) = server_kill_or_restart(true).await {
+            tally.violation(format!("r3: restart {i}: {e}"));
+            break;
+        }
+        tally.restarts.fetch_add(1, Ordering::Relaxed);
+        eprintln!(
+            "r3: server killed and restarted ({} of {}), {acked_before} transfers acknowledged before",
+            i + 1,
+            size.r3_restarts
+        );
+    }
+    last_restart_done.store(true, Ordering::Relaxed);
+    // The clients must carry on by themselves after the last restart.
+    let carried_on = {
+        let after_last = after_last.clone();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if after_last.load(Ordering::Relaxed) >= 20 {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    if !carried_on {
+        tally.violation(format!(
+            "r3: the clients did not carry on after the last restart ({} successes in 30 s)",
+            after_last.load(Ordering::Relaxed)
+        ));
+    }
+    stop.store(true, Ordering::Relaxed);
+    while workers.join_next().await.is_some() {}
+    sweeper.await.unwrap();
+
+    let rest = fresh_ledger(&client, lease);
+    sweep_to_rest("r3", &rest, &tally, 0, Duration::from_secs(120)).await;
+    audit("r3", &rest, &tally).await;
+    let n = independent_check("r3", &db, &book, &tally, &[]).await;
+    tally.transfers.fetch_add(n, Ordering::Relaxed);
+    eprintln!(
+        "r3: {} restarts; {} calls failed (typed) while the server was down; {} acknowledged order entries; {} successes after the last restart; {:?}",
+        tally.restarts.load(Ordering::Relaxed),
+        failed_during.load(Ordering::Relaxed),
+        book.entries.lock().unwrap().len(),
+        after_last.load(Ordering::Relaxed),
+        started.elapsed()
     );
 }
