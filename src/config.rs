@@ -201,6 +201,10 @@ impl ClientBuilder {
             .timeout(self.request_timeout)
             .pool_idle_timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
+            // The same wire behaviour in every build: a dev-dependency (couch_rs) turns on
+            // reqwest's gzip feature in test builds, and a gzipped continuous `_changes` feed is
+            // held back by the server's compressor until it fills a block.
+            .no_gzip()
             .build()
             .map_err(|e| Error::config("HTTP client").with_source(crate::error::scrub(e)))?;
         Ok(Client::from_parts(
