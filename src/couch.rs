@@ -499,8 +499,12 @@ impl Client {
         }
         if let Some(auth) = &self.inner.auth {
             if auth.cookie {
-                if let Some(cookie) = self.session_cookie().await? {
-                    request = request.header(COOKIE, cookie);
+                match self.session_cookie().await? {
+                    Some(cookie) => request = request.header(COOKIE, cookie),
+                    // The login was refused: let the server judge the same credentials, so a
+                    // wrong password is its 401 — never an anonymous request, which a server
+                    // that lets anonymous users in would answer as if all were well.
+                    None => request = request.basic_auth(&auth.user, Some(&auth.password)),
                 }
             } else {
                 request = request.basic_auth(&auth.user, Some(&auth.password));
@@ -521,9 +525,10 @@ impl Client {
         *self.inner.session.lock().expect("session lock") = None;
     }
 
-    /// The `AuthSession` cookie, logging in first when there is none. A refused login sends the
-    /// request without a cookie, so the caller sees the server's own 401; a login that fails on
-    /// the network is that request's network failure (transient, retried like it).
+    /// The `AuthSession` cookie, logging in first when there is none. After a refused login the
+    /// request carries the credentials as basic auth, so the caller sees the server's own 401;
+    /// a login that fails on the network is that request's network failure (transient, retried
+    /// like it).
     async fn session_cookie(&self) -> std::result::Result<Option<HeaderValue>, reqwest::Error> {
         if let Some(c) = self.inner.session.lock().expect("session lock").clone() {
             return Ok(HeaderValue::from_str(&c).ok());

@@ -301,6 +301,21 @@ impl Book {
     }
 }
 
+/// One step of the transfer graph (SPEC §5), written out here rather than taken from the
+/// library.
+fn edge(from: State, to: State) -> bool {
+    use State::*;
+    matches!(
+        (from, to),
+        (Initial, Pending)
+            | (Initial, Cancelled)
+            | (Pending, Committed)
+            | (Pending, Canceling)
+            | (Committed, Done)
+            | (Canceling, Cancelled)
+    )
+}
+
 /// `to` is `from` or further along the transfer graph.
 fn reachable(from: State, to: State) -> bool {
     use State::*;
@@ -1178,6 +1193,11 @@ async fn reliability() {
         r5(tally.clone()).await;
         eprintln!("r5 finished at {:?}", started.elapsed());
     }
+    if run("r6") {
+        let refused = r6(seed, tally.clone(), &logs).await;
+        tally.bad_inputs.fetch_add(refused, Ordering::Relaxed);
+        eprintln!("r6 finished at {:?}", started.elapsed());
+    }
 
     let crashes = tally.crashes.lock().unwrap().clone();
     let errors = tally.errors.lock().unwrap().clone();
@@ -1282,7 +1302,7 @@ async fn r3(size: Size, seed: u64, tally: Arc<Tally>) {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                let ok = if n % 5 == 0 {
+                let ok = if n.is_multiple_of(5) {
                     let payment = couch_ledger::Payment {
                         order_id: "r3-order".into(),
                         reference: format!("w{w}-{n}"),
@@ -1586,8 +1606,6 @@ enum Expect {
     NotFound,
     /// A refused state change (`transition()`).
     Transition,
-    /// 403 from the server's validation.
-    Forbidden,
     /// The program exits with this code and prints nothing on stdout.
     Exit(i32),
 }
@@ -1635,7 +1653,6 @@ impl Table {
             (Err(e), Expect::Mismatch(field)) => e.is_mismatch() && e.field() == Some(field),
             (Err(e), Expect::NotFound) => e.is_not_found(),
             (Err(e), Expect::Transition) => e.transition().is_some(),
-            (Err(e), Expect::Forbidden) => e.is_forbidden(),
             _ => false,
         };
         if !ok {
@@ -2707,7 +2724,8 @@ async fn r5_poison(tally: Arc<Tally>) {
             ));
         }
     }
-    for (id, acks) in book.acked.lock().unwrap().iter() {
+    let acked = book.acked.lock().unwrap().clone();
+    for (id, acks) in &acked {
         let fin = l.transfer(id).await.unwrap().state;
         if acks.iter().any(|a| !reachable(*a, fin)) {
             tally.violation(format!("r5: {id} acknowledged {acks:?}, now {fin}"));
@@ -2722,4 +2740,544 @@ async fn r5_poison(tally: Arc<Tally>) {
         "r5: {} poison documents (+ a deleted account) reported and skipped, left untouched, named by the audit; {n} good transfers finished beside them",
         poison.len()
     );
+}
+
+// ---- R6: security ----------------------------------------------------------------------------
+
+/// The password R6's clients carry; it must never appear in a `Debug`, an error or a log.
+const SECRET: &str = "R6-s3cret-never-print-9c1f";
+
+/// Every state change the graph does not allow, and terms that may never change: refused by
+/// the server's validation even for the admin writer (raw HTTP as the test server's admin).
+/// Returns how many refusals were checked.
+async fn r6_validation(tally: &Tally) -> u64 {
+    let l = support::ledger("r6").await;
+    let db = l.client().database().to_owned();
+    let mut refused = 0u64;
+    let expect = |what: String, status: u16, want: u16| {
+        if status != want {
+            tally.violation(format!(
+                "r6: {what}: the server answered {status}, not {want}"
+            ));
+        }
+    };
+    let put = reqwest::Method::PUT;
+    let get = |id: String| {
+        let db = db.clone();
+        async move {
+            let url = support::raw_url(&format!("{db}/{}", urlencode(&id)));
+            support::auth(support::raw().get(url))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+
+    // Every immutable type: written once through the library, then an update (even with the
+    // same content) and a deletion refused.
+    let purchase = couch_ledger::Purchase::from_json(
+        r#"{"order_id": "o6", "account_id": "c6", "currency": "EUR",
+            "basket": [{"product_id": "p", "price": 5.00, "tax": 0, "quantity": 1}],
+            "delivery": {"option": null, "price": 0, "address": "x"},
+            "pretax": 5.00, "tax": 0, "total": 5.00}"#,
+        None,
+    )
+    .unwrap();
+    l.record_purchase(&purchase).await.unwrap();
+    let eur6 = eur();
+    l.record_payment(&couch_ledger::Payment {
+        order_id: "o6".into(),
+        reference: "p".into(),
+        amount: amount(100),
+        currency: eur6,
+        method: None,
+    })
+    .await
+    .unwrap();
+    l.record_refund(&couch_ledger::Refund {
+        order_id: "o6".into(),
+        reference: "r".into(),
+        amount: amount(50),
+        currency: eur6,
+        reason: None,
+    })
+    .await
+    .unwrap();
+    l.record_adjustment(&couch_ledger::Adjustment {
+        order_id: "o6".into(),
+        reference: "a".into(),
+        amount: amount(-10),
+        currency: eur6,
+        reason: None,
+    })
+    .await
+    .unwrap();
+    l.record_shipment(&couch_ledger::Shipment {
+        order_id: "o6".into(),
+        reference: "s".into(),
+        carrier: None,
+    })
+    .await
+    .unwrap();
+    l.record_delivery(&couch_ledger::Delivered {
+        order_id: "o6".into(),
+        reference: "d".into(),
+    })
+    .await
+    .unwrap();
+    for id in [
+        "purchase:o6",
+        "payment:o6:p",
+        "refund:o6:r",
+        "adjustment:o6:a",
+        "shipment:o6:s",
+        "delivery:o6:d",
+    ] {
+        let doc = get(id.to_owned()).await;
+        expect(
+            format!("update of {id} with the same content"),
+            raw_write(&db, put.clone(), id, Some(doc.clone())).await,
+            403,
+        );
+        let mut changed = doc.clone();
+        changed["order_id"] = json!("o7");
+        if doc.get("value").is_some() {
+            changed["value"] = json!(1);
+        }
+        expect(
+            format!("update of {id} with other content"),
+            raw_write(&db, put.clone(), id, Some(changed)).await,
+            403,
+        );
+        expect(
+            format!("deletion of {id}"),
+            raw_write(&db, reqwest::Method::DELETE, id, None).await,
+            403,
+        );
+        refused += 3;
+    }
+
+    // An account: its currency, opening and id are fixed; it is never deleted.
+    create_accounts(
+        &l,
+        &[Acct {
+            id: "K".into(),
+            currency: eur(),
+            opening: 1_000,
+            min: Some(0),
+        }],
+    )
+    .await;
+    let k = get("account:K".into()).await;
+    for (field, value) in [
+        ("currency", json!("USD")),
+        ("opening", json!(5)),
+        ("account_id", json!("K2")),
+        ("type", json!("other")),
+    ] {
+        let mut changed = k.clone();
+        changed[field] = value;
+        expect(
+            format!("account {field} changed"),
+            raw_write(&db, put.clone(), "account:K", Some(changed)).await,
+            403,
+        );
+        refused += 1;
+    }
+    expect(
+        "deletion of an account".into(),
+        raw_write(&db, reqwest::Method::DELETE, "account:K", None).await,
+        403,
+    );
+    refused += 1;
+
+    // Transfers in every state, reached along the graph by raw writes the validation accepts.
+    let paths: [(&str, &[&str]); 6] = [
+        ("initial", &["initial"]),
+        ("pending", &["pending"]),
+        ("committed", &["pending", "committed"]),
+        ("done", &["pending", "committed", "done"]),
+        ("canceling", &["pending", "canceling"]),
+        ("cancelled", &["initial", "cancelled"]),
+    ];
+    for (state, path) in paths {
+        let id = format!("txn:s-{state}");
+        let mut doc = json!({"type": "transaction", "txn_id": format!("s-{state}"), "source": "K",
+            "destination": "J", "value": 5, "currency": "EUR", "state": path[0], "reason": null,
+            "reverses": null, "claim": null, "created_at": 1, "last_modified": 1});
+        for (i, step) in path.iter().enumerate() {
+            if i > 0 {
+                doc = get(id.clone()).await;
+                doc["state"] = json!(step);
+            }
+            expect(
+                format!("{id}: legal write to {step}"),
+                raw_write(&db, put.clone(), &id, Some(doc.clone())).await,
+                201,
+            );
+        }
+        let current = get(id.clone()).await;
+        for to in State::ALL {
+            let from = State::parse(state).unwrap();
+            if to == from || edge(from, to) {
+                continue;
+            }
+            let mut changed = current.clone();
+            changed["state"] = json!(to.as_str());
+            expect(
+                format!("{id}: {from} → {to}"),
+                raw_write(&db, put.clone(), &id, Some(changed)).await,
+                403,
+            );
+            refused += 1;
+        }
+        expect(
+            format!("deletion of {id}"),
+            raw_write(&db, reqwest::Method::DELETE, &id, None).await,
+            403,
+        );
+        refused += 1;
+    }
+    let pending = get("txn:s-pending".into()).await;
+    for (field, value) in [
+        ("value", json!(6)),
+        ("source", json!("Z")),
+        ("destination", json!("Z")),
+        ("currency", json!("USD")),
+        ("reverses", json!("x")),
+        ("created_at", json!(2)),
+        ("txn_id", json!("other")),
+    ] {
+        let mut changed = pending.clone();
+        changed[field] = value;
+        expect(
+            format!("transfer term {field} changed"),
+            raw_write(&db, put.clone(), "txn:s-pending", Some(changed)).await,
+            403,
+        );
+        refused += 1;
+    }
+    let new_committed = json!({"type": "transaction", "txn_id": "s-new", "source": "K", "destination": "J", "value": 5, "currency": "EUR", "state": "committed", "created_at": 1, "last_modified": 1});
+    expect(
+        "a new transfer created committed".into(),
+        raw_write(&db, put.clone(), "txn:s-new", Some(new_committed)).await,
+        403,
+    );
+    refused += 1;
+    eprintln!(
+        "r6: {refused} illegal writes by the admin writer refused by validate_doc_update (403)"
+    );
+    refused
+}
+
+async fn start_dev_server() -> Option<couch_ledger::devserver::DevServer> {
+    tokio::task::spawn_blocking(couch_ledger::devserver::DevServer::start)
+        .await
+        .unwrap()
+        .map_err(|e| eprintln!("r6: no second server: {e}"))
+        .ok()
+}
+
+/// Whether `text` holds the secret (or its base64, as in a Basic header).
+fn leaks(text: &str, secret: &str) -> bool {
+    text.contains(secret)
+}
+
+async fn r6(seed: u64, tally: Arc<Tally>, logs: &LogBuffer) -> u64 {
+    let started = Instant::now();
+    let refused = r6_validation(&tally).await;
+
+    // Credentials: a server with an admin (a second pouchdb-server, or COUCHDB_URL's).
+    let own = support::server().dev.is_some();
+    let (dev, url, user, secret) = if own {
+        let Some(dev) = start_dev_server().await else {
+            tally.violation("r6: could not start a second server for the credential checks");
+            return refused;
+        };
+        let url = dev.url();
+        let status = support::raw()
+            .put(format!("{url}/_config/admins/admin"))
+            .body(json!(SECRET).to_string())
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert!(status.is_success(), "create the admin: {status}");
+        (Some(dev), url, "admin".to_owned(), SECRET.to_owned())
+    } else {
+        let s = support::server();
+        match (&s.user, &s.password) {
+            (Some(u), Some(p)) if !p.is_empty() => (None, s.url.clone(), u.clone(), p.clone()),
+            _ => {
+                eprintln!("r6: SKIPPED credential checks — COUCHDB_URL is set without COUCHDB_USER / COUCHDB_PASSWORD");
+                return refused;
+            }
+        }
+    };
+    let host_url = url::Url::parse(&url).unwrap();
+    let mut with_creds = host_url.clone();
+    with_creds.set_username(&user).unwrap();
+    with_creds.set_password(Some(&secret)).unwrap();
+    let db = support::db_name(&format!("r6_secret_{seed:x}"));
+    let builders = |password: &str| {
+        let mut in_url = host_url.clone();
+        in_url.set_username(&user).unwrap();
+        in_url.set_password(Some(password)).unwrap();
+        let b = |u: &str| {
+            Client::builder()
+                .url(u)
+                .database(&db)
+                .request_timeout(Duration::from_secs(10))
+                .retry(RetryPolicy {
+                    retries_max: 1,
+                    delay_base: Duration::from_millis(10),
+                    delay_max: Duration::from_millis(50),
+                    retry_after_max: Duration::from_millis(50),
+                })
+        };
+        vec![
+            ("basic auth", b(&url).basic_auth(&user, password)),
+            ("cookie auth", b(&url).cookie_auth(&user, password)),
+            ("credentials in the URL", b(in_url.as_str())),
+        ]
+    };
+    // The database, admin-only before any client works on it: so every call below succeeds
+    // only if its credentials (the cookie client's session too) were accepted. pouchdb-server
+    // lets anonymous users write a database whose _security names nobody (SERVERS.md); with
+    // its members set, as an operator would, it refuses them. CouchDB 3 is admin-only already.
+    {
+        let admin = builders(&secret).remove(0).1.build().unwrap();
+        admin.ensure_database().await.unwrap();
+        if own {
+            admin
+                .set_security(&json!({"admins": {"names": [&user], "roles": []}, "members": {"names": [&user], "roles": []}}))
+                .await
+                .unwrap();
+        }
+    }
+    let mut printed: Vec<(String, String)> = Vec::new();
+    let mut first = true;
+    for (kind, builder) in builders(&secret) {
+        printed.push((
+            format!("Debug of the {kind} builder"),
+            format!("{builder:?}"),
+        ));
+        let client = builder.build().unwrap();
+        printed.push((format!("Debug of the {kind} client"), format!("{client:?}")));
+        let l = Ledger::new(client.clone())
+            .with_lease(Duration::from_millis(500))
+            .unwrap();
+        printed.push((format!("Debug of the {kind} ledger"), format!("{l:?}")));
+        // The whole ledger works with these credentials (the cookie client logs in).
+        let work = async {
+            l.init().await?;
+            if first {
+                create_accounts(
+                    &l,
+                    &[
+                        Acct {
+                            id: "A".into(),
+                            currency: eur(),
+                            opening: 1_000,
+                            min: Some(0),
+                        },
+                        Acct {
+                            id: "B".into(),
+                            currency: eur(),
+                            opening: 0,
+                            min: Some(0),
+                        },
+                    ],
+                )
+                .await;
+            }
+            let o = l
+                .submit(req(&format!("sec-{}", kind.len()), "A", "B", 10), true)
+                .await?;
+            l.submit(
+                req(&format!("sec-nowait-{}", kind.len()), "A", "B", 1),
+                false,
+            )
+            .await?;
+            l.sweep_once(SweepOptions {
+                limit: 10,
+                stale_after: Duration::ZERO,
+            })
+            .await?;
+            let report = l.verify().await?;
+            Ok::<_, Error>((o, report.ok))
+        };
+        match work.await {
+            Ok((o, ok)) => {
+                if o.state != State::Done || !ok {
+                    tally.violation(format!(
+                        "r6: with {kind}, a transfer came to {o:?}, audit ok {ok}"
+                    ));
+                }
+            }
+            Err(e) => tally.violation(format!("r6: the ledger does not work with {kind}: {e}")),
+        }
+        first = false;
+    }
+    // Wrong passwords: refused, and the refusal never carries the password it was given.
+    let wrong = format!("{SECRET}-wrong");
+    for (kind, builder) in builders(&wrong) {
+        let client = builder.build().unwrap();
+        let l = Ledger::new(client);
+        for r in [
+            l.account("A").await.map(drop),
+            l.submit(req("sec-wrong", "A", "B", 1), true)
+                .await
+                .map(drop),
+            l.sweep_once(SweepOptions::default()).await.map(drop),
+        ] {
+            match r {
+                Err(e) if e.is_unauthorized() => {
+                    printed.push((
+                        format!("{kind} error"),
+                        format!(
+                            "{e} | {e:?} | {:?}",
+                            std::error::Error::source(&e).map(|s| s.to_string())
+                        ),
+                    ));
+                }
+                other => tally.violation(format!(
+                    "r6: a wrong password with {kind} came to {other:?}, not 401"
+                )),
+            }
+        }
+    }
+    // An unreachable server: a transport error, without the password.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client = Client::builder()
+        .url(format!("http://{user}:{secret}@127.0.0.1:{closed}"))
+        .database("x")
+        .retry(RetryPolicy {
+            retries_max: 0,
+            ..RetryPolicy::default()
+        })
+        .build()
+        .unwrap();
+    match client.server_info().await {
+        Err(e) if e.is_transient() => printed.push(("unreachable".into(), format!("{e} | {e:?}"))),
+        other => tally.violation(format!("r6: an unreachable server came to {other:?}")),
+    }
+    for (what, text) in &printed {
+        if leaks(text, &secret) || leaks(text, &wrong) {
+            tally.violation(format!("r6: the password appears in {what}: {text}"));
+        }
+    }
+
+    // An anonymous writer is refused.
+    let anon_url = format!("{url}/{db}/anonymous-write");
+    let status = support::raw()
+        .put(&anon_url)
+        .header("Content-Type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    if status != 401 && status != 403 {
+        tally.violation(format!("r6: an anonymous write answered {status}"));
+    }
+    let check = Client::builder()
+        .url(with_creds.as_str())
+        .database(&db)
+        .build()
+        .unwrap();
+    if check
+        .get_opt::<Value>("anonymous-write")
+        .await
+        .unwrap()
+        .is_some()
+    {
+        tally.violation("r6: an anonymous write landed");
+    }
+    eprintln!(
+        "r6: anonymous writer refused ({status}) on {}",
+        if own {
+            "pouchdb-server with an admin and _security members (admin party would accept it)"
+        } else {
+            "COUCHDB_URL's server"
+        }
+    );
+
+    // The logs of the whole run: the password nowhere, though the failures were logged.
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).to_string();
+    if leaks(&text, &secret) || leaks(&text, &wrong) {
+        tally.violation("r6: the password appears in the captured logs");
+    }
+    if let Some(p) = support::server()
+        .password
+        .as_ref()
+        .filter(|p| !p.is_empty())
+    {
+        if leaks(&text, p) {
+            tally.violation("r6: COUCHDB_PASSWORD appears in the captured logs");
+        }
+    }
+    if !text.contains("cookie login refused") {
+        tally.violation("r6: the refused cookie login was not logged: is the log capture working?");
+    }
+    drop(dev);
+    eprintln!(
+        "r6: credentials absent from {} Debug/error texts and {} bytes of logs; cookie auth exercised; {:?}",
+        printed.len(),
+        text.len(),
+        started.elapsed()
+    );
+    refused
+}
+
+/// A cookie login refused for a wrong password must come back as the server's 401, even from a
+/// server that lets anonymous users in: the request is never sent anonymously (found by R6 on
+/// pouchdb-server, where the database had no `_security` members yet).
+#[tokio::test]
+async fn a_refused_cookie_login_is_never_an_anonymous_request() {
+    use wiremock::matchers::{header_exists, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let server = MockServer::start().await;
+    let unauthorized = ResponseTemplate::new(401).set_body_json(
+        json!({"error": "unauthorized", "reason": "Name or password is incorrect."}),
+    );
+    Mock::given(method("POST"))
+        .and(path("/_session"))
+        .respond_with(unauthorized.clone())
+        .mount(&server)
+        .await;
+    Mock::given(path("/db/doc"))
+        .and(header_exists("authorization"))
+        .respond_with(unauthorized)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(path("/db/doc"))
+        .respond_with(
+            ResponseTemplate::new(200).set_body_json(json!({"_id": "doc", "_rev": "1-a"})),
+        )
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    let c = Client::builder()
+        .url(server.uri())
+        .database("db")
+        .cookie_auth("admin", SECRET)
+        .retry(RetryPolicy {
+            retries_max: 0,
+            ..RetryPolicy::default()
+        })
+        .build()
+        .unwrap();
+    let e = c.get::<Value>("doc").await.unwrap_err();
+    assert!(e.is_unauthorized(), "{e}");
+    assert!(!e.to_string().contains(SECRET) && !format!("{e:?}").contains(SECRET));
 }
