@@ -1181,6 +1181,10 @@ async fn reliability() {
         eprintln!("r1 finished at {:?}", started.elapsed());
     }
     scenario.teardown();
+    if run("r2") {
+        r2(size, seed, tally.clone()).await;
+        eprintln!("r2 finished at {:?}", started.elapsed());
+    }
     if run("r3") {
         r3(size, seed, tally.clone()).await;
         eprintln!("r3 finished at {:?}", started.elapsed());
@@ -3280,4 +3284,247 @@ async fn a_refused_cookie_login_is_never_an_anonymous_request() {
     let e = c.get::<Value>("doc").await.unwrap_err();
     assert!(e.is_unauthorized(), "{e}");
     assert!(!e.to_string().contains(SECRET) && !format!("{e:?}").contains(SECRET));
+}
+
+// ---- R2: process kill soak -------------------------------------------------------------------
+
+/// The program on the test server's `db` as a child process (stdout piped, stderr dropped).
+fn spawn_cli(db: &str, args: &[String]) -> tokio::process::Child {
+    let s = support::server();
+    let mut cmd = tokio::process::Command::new(BIN);
+    cmd.env_remove("RUST_LOG")
+        .env_remove("COUCHDB_URL")
+        .env_remove("COUCHDB_USER")
+        .env_remove("COUCHDB_PASSWORD")
+        .env_remove("LEDGER_DB")
+        .args(["--url", &s.url, "--db", db]);
+    if let Some(user) = &s.user {
+        cmd.args(["--user", user]);
+        cmd.env("COUCHDB_PASSWORD", s.password.clone().unwrap_or_default());
+    }
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd.spawn().expect("run couch-ledger")
+}
+
+/// SIGKILLs a child if it still runs; `true` when it did (a kill that really happened).
+fn kill_if_running(child: &mut tokio::process::Child) -> bool {
+    if matches!(child.try_wait(), Ok(None)) && child.start_kill().is_ok() {
+        return true;
+    }
+    false
+}
+
+async fn r2(size: Size, seed: u64, tally: Arc<Tally>) {
+    let started = Instant::now();
+    if !cli_has_transfers().await {
+        tally.violation("r2: the program has no transfer commands");
+        return;
+    }
+    let base = support::ledger("r2").await;
+    let db = base.client().database().to_owned();
+    let accounts: Vec<Acct> = (0..6)
+        .map(|i| Acct {
+            id: format!("k{i}"),
+            currency: eur(),
+            opening: 200_000,
+            min: Some(0),
+        })
+        .collect();
+    create_accounts(&base, &accounts).await;
+    let book = Arc::new(Book::default());
+    let soak_end = Instant::now() + size.r2_soak;
+    let exits = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
+
+    // Sweepers: `sweep --watch` processes, SIGKILLed at random moments and started again.
+    let mut sweepers = JoinSet::new();
+    for s in 0..2u64 {
+        let (db, tally) = (db.clone(), tally.clone());
+        sweepers.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(seed ^ (0x2200 + s));
+            let watch =
+                ["sweep", "--watch", "--stale-after", "1s", "--batch", "200"].map(str::to_owned);
+            let mut starts = 0u64;
+            while Instant::now() < soak_end {
+                let mut child = spawn_cli(&db, &watch);
+                starts += 1;
+                let live = Duration::from_millis(rng.u64(1_500..8_000));
+                tokio::time::sleep(live.min(soak_end.saturating_duration_since(Instant::now())))
+                    .await;
+                if Instant::now() >= soak_end {
+                    // The last one stops the way an operator stops it: SIGTERM, exit 0.
+                    let pid = child.id().unwrap_or(0).to_string();
+                    let _ = std::process::Command::new("kill")
+                        .args(["-TERM", &pid])
+                        .status();
+                    match tokio::time::timeout(Duration::from_secs(60), child.wait()).await {
+                        Ok(Ok(status)) if status.success() => {}
+                        other => tally.violation(format!(
+                            "r2: sweep --watch did not stop cleanly on SIGTERM: {other:?}"
+                        )),
+                    }
+                    break;
+                }
+                if kill_if_running(&mut child) {
+                    tally.kills.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tally.violation("r2: sweep --watch exited by itself");
+                }
+                let _ = child.wait().await;
+            }
+            starts
+        });
+    }
+
+    // Workers: one `transfer` process after another, some SIGKILLed mid-flight; a killed id is
+    // often sent again (same terms), as a caller that never got an answer would.
+    let mut workers = JoinSet::new();
+    for w in 0..4u64 {
+        let (db, tally, book, exits) = (db.clone(), tally.clone(), book.clone(), exits.clone());
+        workers.spawn(async move {
+            let mut rng = fastrand::Rng::with_seed(seed ^ (0x2210 + w));
+            let mut unanswered: Vec<(String, Terms)> = Vec::new();
+            let mut n = 0u64;
+            while Instant::now() < soak_end {
+                let (id, terms) = if !unanswered.is_empty() && rng.u32(0..100) < 40 {
+                    unanswered.swap_remove(rng.usize(..unanswered.len()))
+                } else {
+                    n += 1;
+                    let from = rng.usize(..6);
+                    let to = (from + 1 + rng.usize(..5)) % 6;
+                    let value = if rng.u32(0..100) < 5 {
+                        50_000_000
+                    } else {
+                        rng.i64(1..=20_000)
+                    };
+                    let terms = Terms {
+                        source: format!("k{from}"),
+                        destination: format!("k{to}"),
+                        value,
+                        currency: "EUR".into(),
+                        reverses: None,
+                    };
+                    (format!("r2-w{w}-{n}"), terms)
+                };
+                book.ask(&id, terms.clone());
+                let mut args: Vec<String> = [
+                    "transfer",
+                    "--json",
+                    "--from",
+                    &terms.source,
+                    "--to",
+                    &terms.destination,
+                    "--amount",
+                    &format!("{}.{:02}", terms.value / 100, terms.value % 100),
+                    "--currency",
+                    "EUR",
+                    "--id",
+                    &id,
+                ]
+                .map(str::to_owned)
+                .to_vec();
+                if rng.u32(0..100) < 20 {
+                    args.push("--no-wait".into());
+                }
+                let mut child = spawn_cli(&db, &args);
+                let mut stdout = child.stdout.take().unwrap();
+                let kill_at =
+                    (rng.u32(0..100) < 35).then(|| Duration::from_millis(rng.u64(5..400)));
+                let read = async {
+                    let mut out = Vec::new();
+                    tokio::io::AsyncReadExt::read_to_end(&mut stdout, &mut out)
+                        .await
+                        .ok();
+                    out
+                };
+                let (out, killed) = match kill_at {
+                    Some(at) => {
+                        tokio::pin!(read);
+                        tokio::select! {
+                            out = &mut read => (out, false),
+                            () = tokio::time::sleep(at) => {
+                                let killed = kill_if_running(&mut child);
+                                (read.await, killed)
+                            }
+                        }
+                    }
+                    None => (read.await, false),
+                };
+                let status = child.wait().await.unwrap();
+                let kind = if killed {
+                    tally.kills.fetch_add(1, Ordering::Relaxed);
+                    unanswered.push((id.clone(), terms.clone()));
+                    "killed".to_owned()
+                } else {
+                    match status.code() {
+                        Some(code @ (0 | 3)) => {
+                            match serde_json::from_slice::<Value>(&out) {
+                                Ok(v) => match v["state"].as_str().and_then(State::parse) {
+                                    Some(state) => {
+                                        let cancelled = state == State::Cancelled;
+                                        if (code == 3) != cancelled {
+                                            tally.violation(format!(
+                                                "r2: {id}: exit {code} with state {state}"
+                                            ));
+                                        }
+                                        book.acked
+                                            .lock()
+                                            .unwrap()
+                                            .entry(id.clone())
+                                            .or_default()
+                                            .push(state);
+                                    }
+                                    None => tally
+                                        .violation(format!("r2: {id}: exit {code}, output {v}")),
+                                },
+                                Err(e) => tally.violation(format!(
+                                    "r2: {id}: exit {code}, output not JSON ({e})"
+                                )),
+                            }
+                            format!("exit {code}")
+                        }
+                        Some(1) => {
+                            unanswered.push((id.clone(), terms.clone()));
+                            "exit 1".to_owned()
+                        }
+                        other => {
+                            tally.violation(format!("r2: {id}: exit {other:?}"));
+                            format!("exit {other:?}")
+                        }
+                    }
+                };
+                *exits.lock().unwrap().entry(kind).or_default() += 1;
+            }
+        });
+    }
+    while let Some(r) = workers.join_next().await {
+        if let Err(e) = r {
+            tally.violation(format!("r2: a worker panicked: {e}"));
+        }
+    }
+    let mut sweeper_starts = 0;
+    while let Some(r) = sweepers.join_next().await {
+        sweeper_starts += r.unwrap_or(0);
+    }
+    // A final sweep (claims of killed processes last the default 30 s lease), then the audit.
+    let rest = Ledger::new(base.client().clone());
+    sweep_to_rest("r2", &rest, &tally, 0, Duration::from_secs(120)).await;
+    let r = run_cli(&db, os(&["verify", "--json"])).await;
+    let v: Value = serde_json::from_slice(&r.stdout).unwrap_or(Value::Null);
+    if r.status.code() != Some(0) || v["ok"] != true {
+        tally.violation(format!("r2: `couch-ledger verify` says {v}"));
+    }
+    audit("r2", &rest, &tally).await;
+    let n = independent_check("r2", &db, &book, &tally, &[]).await;
+    tally.transfers.fetch_add(n, Ordering::Relaxed);
+    let exits = exits.lock().unwrap().clone();
+    eprintln!(
+        "r2: {n} transfers by {} processes ({exits:?}); sweep --watch started {sweeper_starts} times; {} SIGKILLs in all; {:?}",
+        exits.values().sum::<u64>(),
+        tally.kills.load(Ordering::Relaxed),
+        started.elapsed()
+    );
 }
