@@ -427,3 +427,78 @@ async fn a_large_stuck_backlog_is_driven_in_groups() {
     assert_eq!(balance(&l, "src").await, 10_000_000 - n as i64);
     assert_at_rest(&l).await;
 }
+
+/// A pass drives `SWEEP_CONCURRENCY_MAX` transfers at once, never more: their account steps
+/// and transfer writes share the engine's requests, and on a server where every document
+/// write is costly (pouchdb-server runs `validate_doc_update` per document) the size of those
+/// groups is the sweeper's throughput (BENCHMARKS.md, `p6`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use couch_ledger::limits::SWEEP_CONCURRENCY_MAX;
+    use couch_ledger::PauseHook;
+
+    let l = support::ledger("sweep_width").await;
+    let n = SWEEP_CONCURRENCY_MAX + 8;
+    for i in 0..n {
+        open(&l, &format!("s{i}"), 1_000, Some(0)).await;
+        open(&l, &format!("d{i}"), 0, Some(0)).await;
+    }
+    for i in 0..n {
+        let id = format!("w{i}");
+        let (s, d) = (format!("s{i}"), format!("d{i}"));
+        l.submit(request(&id, &s, &d, 10), false).await.unwrap();
+    }
+    // The first SWEEP_CONCURRENCY_MAX drives to reach their first account step wait there
+    // until all of them have: the pass must have that many in flight. One arriving beyond
+    // them before they are let go would be one too many at once.
+    let barrier = Arc::new(tokio::sync::Barrier::new(SWEEP_CONCURRENCY_MAX));
+    let arrived = Arc::new(AtomicUsize::new(0));
+    let released = Arc::new(AtomicBool::new(false));
+    let too_many = Arc::new(AtomicBool::new(false));
+    let hook = {
+        let (barrier, arrived, released, too_many) = (
+            barrier.clone(),
+            arrived.clone(),
+            released.clone(),
+            too_many.clone(),
+        );
+        PauseHook(Arc::new(move |phase| {
+            let (barrier, arrived, released, too_many) = (
+                barrier.clone(),
+                arrived.clone(),
+                released.clone(),
+                too_many.clone(),
+            );
+            Box::pin(async move {
+                if phase != "apply" {
+                    return;
+                }
+                if arrived.fetch_add(1, Ordering::SeqCst) < SWEEP_CONCURRENCY_MAX {
+                    barrier.wait().await;
+                    released.store(true, Ordering::SeqCst);
+                } else if !released.load(Ordering::SeqCst) {
+                    too_many.store(true, Ordering::SeqCst);
+                }
+            })
+        }))
+    };
+    let sweeper = Ledger::new(l.client().clone()).with_pause_hook(hook);
+    let o = tokio::time::timeout(Duration::from_secs(120), sweeper.sweep_once(now_sweep(n)))
+        .await
+        .expect("fewer than SWEEP_CONCURRENCY_MAX drives at once: the barrier never filled")
+        .unwrap();
+    assert!(
+        !too_many.load(Ordering::SeqCst),
+        "more than SWEEP_CONCURRENCY_MAX drives at once"
+    );
+    assert_eq!(arrived.load(Ordering::SeqCst), n);
+    assert_eq!(
+        (o.advanced, o.failed, o.remaining),
+        (n as u64, 0, 0),
+        "{o:?}"
+    );
+    assert_at_rest(&l).await;
+}
