@@ -3,6 +3,7 @@
 //! `cargo bench --bench ledger` starts pouchdb-server on loopback like the tests do (or uses
 //! `COUCHDB_URL`, `COUCHDB_USER`, `COUCHDB_PASSWORD`), measures every figure of [`FIGURES`] in
 //! one run, prints a table and writes `target/bench/results.json` and `target/bench/results.svg`.
+//! BENCHMARKS.md explains each figure and holds the latest results.
 //!
 //! A figure is a ratio of ours to a minimal raw reqwest loop doing the same HTTP work against the
 //! same server. The server, not the client, is the limit, and a 2-core machine shared with the
@@ -13,10 +14,17 @@
 //! its rounds' ratios; the "ours" and "raw" columns are each side's median. Every figure writes
 //! into fresh databases, one per side.
 //!
+//! The transfer figures (`p3`…`p8`) run the library's transfer protocol and, after their load,
+//! audit every ledger database they wrote with `Ledger::verify_with(at_rest)`: a violated
+//! invariant fails the bench. `p6` is one run of the release binary's sweeper, which cannot
+//! alternate with raw rounds: raw rounds bracket it instead.
+//!
 //! Environment: `BENCH_SCALE` (default 1) multiplies the number of rounds of the throughput
-//! figures and the queries per round of the latency figures; `BENCH_BIG=1` adds
-//! the order-balance latency at 100k documents (≈ 90 s of index build on pouchdb-server),
-//! `BENCH_HUGE=1` at 1M documents (also 100k).
+//! figures, the queries per round of the latency figures and `p6`'s stuck transfers (2,000 at
+//! scale 1, the issue's 10,000 at 5); `BENCH_BIG=1` adds the order-balance latency at 100k
+//! documents (≈ 90 s of index build on pouchdb-server), `BENCH_HUGE=1` at 1M documents (also
+//! 100k); `BENCH_ONLY=p3,p8` runs only those figures (`p3` comes along with any transfer
+//! figure, which divides by it; no plot unless every single-write figure ran).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -31,7 +39,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
 use couch_ledger::devserver::DevServer;
-use couch_ledger::{Client, Ledger};
+use couch_ledger::{
+    AccountSpec, Amount, Client, Currency, Ledger, State, TransferRequest, VerifyOptions,
+};
 use reqwest::header::CONTENT_TYPE;
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
@@ -161,29 +171,33 @@ const FIGURES: &[Figure] = &[
             ))
         },
     },
-    // ---- EXTENSION POINTS: the transfer figures, to add once the transfer API lands. ------
-    // Each is one more entry here and one function below. None is measured yet, so none is
-    // reported (no placeholder numbers); `results_json` lists them from `PENDING_FIGURES`.
-    //
-    // p3      HTTP requests per uncontended transfer: `Client::requests_sent()` before and
-    //         after N sequential `Ledger::submit`s between fresh accounts; goal <= 6 (a count,
-    //         not a ratio: give the row raw = 1).
-    // p4_c16  transfers/s at 16 concurrent ÷ (raw writes/s at 16 ÷ p3); goal >= 0.90. Pair each
-    //         transfer round with a raw c16 write round (`Writer::Raw`, `interleaved`) rather
-    //         than reusing p1_c16's raw figure from earlier in the run.
-    // p5      transfers/s with 16 workers all touching one account ÷ uncontended transfers/s;
-    //         goal >= 0.5.
-    // p6      stuck transfers finished per second by `sweep_once` (10,000 left `initial`,
-    //         loaded with `_bulk_docs`) ÷ (raw bulk docs/s ÷ documents written per transfer);
-    //         goal >= 0.5. Pair with a raw `_bulk_docs` round as `bulk_ingest` does.
-    // p8      transfers/s through the batched submit path, 64 concurrent callers ÷ (raw bulk
-    //         docs/s ÷ documents written per transfer); goal >= 0.5.
-    // sweeper_rss  peak RSS of the sweeper finishing the 10,000 transfers (not a goal): run
-    //         `couch-ledger sweep --once` as a child process and read its `VmHWM`.
+    // The transfer figures. `p3` runs first: the others divide by what it measured.
+    Figure {
+        key: "p3",
+        enabled: always,
+        measure: |b| Box::pin(requests_per_transfer(b)),
+    },
+    // p4_c16 and p5 come from the same rounds.
+    Figure {
+        key: "p4_p5",
+        enabled: always,
+        measure: |b| Box::pin(concurrent_transfers(b)),
+    },
+    Figure {
+        key: "p8",
+        enabled: always,
+        measure: |b| Box::pin(batched_transfers(b)),
+    },
+    // p6 and sweeper_rss come from the same run of the sweeper.
+    Figure {
+        key: "p6",
+        enabled: always,
+        measure: |b| Box::pin(sweeper(b)),
+    },
 ];
 
-/// Figures of issue 5 that no entry of [`FIGURES`] measures yet; `results.json` names those
-/// still missing from a run.
+/// Figures of issue 5 besides `p1`, `p2` and `p7`; `results.json` names those a run did not
+/// measure (`details.not_yet_measured`, empty unless `BENCH_ONLY` left some out).
 const PENDING_FIGURES: &[&str] = &["p3", "p4_c16", "p5", "p6", "p8", "sweeper_rss"];
 
 fn always(_: &Settings) -> bool {
@@ -217,9 +231,40 @@ struct Row {
     client_cpu_us_per_op: BTreeMap<&'static str, f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
+    /// A figure that is a count, not a ratio (`raw` = 1, `ratio` = `ours`).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    count: bool,
 }
 
 impl Row {
+    /// A figure that is a count or a size, not a ratio to raw: `ours` (and `ratio`) is the mean
+    /// of `values`, `raw` is 1.
+    fn count(key: &str, title: String, unit: &'static str, values: &[f64]) -> Row {
+        let n = values.len() as f64;
+        let mean = mean(values);
+        let spread = if values.len() > 1 {
+            let variance = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+            1.96 * variance.sqrt() / n.sqrt()
+        } else {
+            0.0
+        };
+        Row {
+            key: key.to_owned(),
+            title,
+            unit,
+            ours: mean,
+            raw: 1.0,
+            ratio: mean,
+            ratio_ci95: spread,
+            goal: None,
+            met: None,
+            rounds: BTreeMap::from([("ours", values.to_vec())]),
+            client_cpu_us_per_op: BTreeMap::new(),
+            note: None,
+            count: true,
+        }
+    }
+
     /// `ours[r]` and `raw[r]` were measured in the same round.
     fn new(key: &str, title: String, unit: &'static str, ours: &[f64], raw: &[f64]) -> Row {
         assert_eq!(
@@ -249,6 +294,7 @@ impl Row {
             ]),
             note: None,
             client_cpu_us_per_op: BTreeMap::new(),
+            count: false,
         }
     }
 
@@ -306,6 +352,9 @@ struct Settings {
     scale: f64,
     big: bool,
     huge: bool,
+    /// Only these figures (`BENCH_ONLY`, comma-separated keys), for working on one figure;
+    /// `None`: all of them. The plot needs every single-write figure.
+    only: Option<Vec<String>>,
 }
 
 impl Settings {
@@ -319,10 +368,31 @@ impl Settings {
             _ => 1.0,
         };
         let flag = |name: &str| std::env::var(name).is_ok_and(|v| v == "1" || v == "true");
+        let only = std::env::var("BENCH_ONLY")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                let mut keys: Vec<String> = s.split(',').map(|k| k.trim().to_owned()).collect();
+                // The transfer figures divide by what p3 measured.
+                let transfers = ["p4_p5", "p6", "p8"];
+                if keys.iter().any(|k| transfers.contains(&k.as_str())) {
+                    keys.push("p3".to_owned());
+                }
+                keys
+            });
+        if let Some(keys) = &only {
+            for key in keys {
+                ensure!(
+                    FIGURES.iter().any(|f| f.key == key),
+                    "BENCH_ONLY: no figure {key:?}"
+                );
+            }
+        }
         Ok(Settings {
             scale,
             big: flag("BENCH_BIG"),
             huge: flag("BENCH_HUGE"),
+            only,
         })
     }
 
@@ -405,6 +475,11 @@ enum Side {
     Ours,
     Raw,
     CouchRs,
+    /// `p5`: our transfers, all paying into one account.
+    Hot,
+    /// `p6`, `p8`: raw `_bulk_docs` of transfer documents into a ledger database, where
+    /// `validate_doc_update` runs for every document.
+    Validated,
 }
 
 impl Side {
@@ -413,6 +488,8 @@ impl Side {
             Side::Ours => "ours",
             Side::Raw => "raw",
             Side::CouchRs => "couch_rs",
+            Side::Hot => "hot",
+            Side::Validated => "validated",
         }
     }
 }
@@ -447,6 +524,27 @@ struct Bench {
 #[derive(Default)]
 struct Measured {
     write_points: Vec<WritePoint>,
+    /// What `p3` found a transfer costs, for the transfer figures after it.
+    transfer_cost: Option<TransferCost>,
+    /// Transfers/s against concurrency (`p3`, `p4_c16`, `p8`), for the plot.
+    transfer_points: Vec<TransferPoint>,
+    /// `p8`'s limits, transfers/s: raw bulk docs/s ÷ documents written per transfer, into a
+    /// plain database and into a validated one.
+    bulk_limits: Option<BulkLimits>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct BulkLimits {
+    plain: f64,
+    validated: f64,
+}
+
+/// Transfers/s at one concurrency, beside the limit that figure divides by.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct TransferPoint {
+    concurrency: usize,
+    /// Transfers/s.
+    ours: f64,
 }
 
 impl Bench {
@@ -744,6 +842,7 @@ impl Writer {
                     .map_err(|e| anyhow!("couch_rs db: {e}"))?;
                 Writer::CouchRs(Arc::new(database))
             }
+            Side::Hot | Side::Validated => unreachable!("{side:?} writes transfers"),
         })
     }
 
@@ -891,14 +990,16 @@ impl BulkWriter {
                 http: bench.raw.clone(),
                 url: format!("{}_bulk_docs", bench.raw_prefix(db.database())),
             },
-            Side::CouchRs => unreachable!("p2 compares ours with raw only"),
+            Side::CouchRs | Side::Hot | Side::Validated => {
+                unreachable!("bulk writes are ours or raw")
+            }
         }
     }
 
-    async fn write(&self, docs: &[BenchDoc]) -> Result<()> {
+    async fn write<T: Serialize>(&self, docs: &[T]) -> Result<()> {
         #[derive(Serialize)]
-        struct Body<'a> {
-            docs: &'a [BenchDoc],
+        struct Body<'a, T> {
+            docs: &'a [T],
         }
         match self {
             BulkWriter::Ours(client) => {
@@ -1163,6 +1264,902 @@ async fn raw_balance(http: &RawHttp, view: &str, order: usize) -> Result<i64> {
         .ok_or_else(|| anyhow!("no balance row for order {order}"))
 }
 
+// ---- transfers: p3, p4, p5, p6, p8, sweeper_rss --------------------------------------------
+
+/// Every benchmark account's opening balance and minimum: far more than a figure moves, so no
+/// transfer is refused for funds — and every figure checks that each of its transfers ended
+/// `done`.
+const ACCOUNT_OPENING_MINOR: i64 = 1_000_000_000;
+const ACCOUNT_MIN_BALANCE_MINOR: i64 = 0;
+const TRANSFER_CURRENCY: &str = "EUR";
+
+/// One account of a benchmark ledger: `{prefix}{i}`, fixed width.
+fn account_id(prefix: &str, i: usize) -> String {
+    format!("{prefix}{i:07}")
+}
+
+/// An amount that differs from transfer to transfer (a constant amount would let a wrong
+/// balance hide behind a symmetric one), in minor units.
+fn transfer_amount(i: usize) -> i64 {
+    100 + (i % 900) as i64
+}
+
+fn transfer_request(
+    id: String,
+    source: String,
+    destination: String,
+    i: usize,
+) -> Result<TransferRequest> {
+    Ok(TransferRequest {
+        id: Some(id),
+        source,
+        destination,
+        amount: Amount::new(transfer_amount(i))?,
+        currency: Currency::from_code(TRANSFER_CURRENCY)?,
+    })
+}
+
+/// Submits a transfer, waits for it and fails unless it ended `done`.
+async fn transfer_done(ledger: &Ledger, request: TransferRequest) -> Result<()> {
+    let outcome = ledger.submit(request, true).await?;
+    ensure!(
+        outcome.state == State::Done,
+        "transfer {} ended {} ({:?})",
+        outcome.id,
+        outcome.state,
+        outcome.reason
+    );
+    Ok(())
+}
+
+/// A fresh ledger database with its design documents.
+async fn fresh_ledger(bench: &Bench, purpose: &str) -> Result<Ledger> {
+    let ledger = Ledger::new(bench.fresh_database(purpose).await?);
+    ledger.init().await?;
+    Ok(ledger)
+}
+
+/// Writes `docs` with `_bulk_docs` in batches of [`LOAD_BATCH_DOCS`], failing on any refusal.
+async fn load_docs(client: &Client, docs: &[Value]) -> Result<()> {
+    for batch in docs.chunks(LOAD_BATCH_DOCS) {
+        let results = client.bulk_docs(batch).await?;
+        if let Some(bad) = results.iter().find(|r| !r.is_ok()) {
+            bail!("loading {}: {bad:?}", client.database());
+        }
+    }
+    Ok(())
+}
+
+/// Creates accounts with `_bulk_docs` in the shape `Ledger::create_account` writes
+/// (docs/DOCUMENTS.md): thousands of single PUTs would cost more than the figures they feed.
+/// `p3` creates its accounts through the API.
+async fn load_accounts(ledger: &Ledger, accounts: &[String]) -> Result<()> {
+    let now = unix_ms();
+    let docs: Vec<Value> = accounts
+        .iter()
+        .map(|account| {
+            json!({
+                "_id": format!("account:{account}"),
+                "type": "account",
+                "account_id": account,
+                "currency": TRANSFER_CURRENCY,
+                "opening": ACCOUNT_OPENING_MINOR,
+                "balance": ACCOUNT_OPENING_MINOR,
+                "min_balance": ACCOUNT_MIN_BALANCE_MINOR,
+                "pending": [],
+                "settled": [],
+                "created_at": now,
+            })
+        })
+        .collect();
+    load_docs(ledger.client(), &docs).await
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The database's update sequence as a count of document writes: a number on pouchdb-server;
+/// on CouchDB 3 an opaque string whose numeric prefix sums the shards' counters.
+async fn update_seq(client: &Client) -> Result<u64> {
+    let info = client.database_info().await?;
+    let seq = &info["update_seq"];
+    seq.as_u64()
+        .or_else(|| {
+            seq.as_str()
+                .and_then(|s| s.split('-').next())
+                .and_then(|n| n.parse().ok())
+        })
+        .ok_or_else(|| anyhow!("update_seq {seq} is not a count"))
+}
+
+/// Checks SPEC §7's invariants on a ledger at rest (every transfer finished, no marker pending,
+/// exactly-once strictly) and fails the bench loudly on any violation: a fast but wrong ledger
+/// is worthless. Then deletes the database. Returns how long the audit took.
+async fn verify_and_drop(ledger: &Ledger) -> Result<Duration> {
+    let started = Instant::now();
+    let report = ledger.verify_with(VerifyOptions::at_rest()).await?;
+    let took = started.elapsed();
+    if !report.ok {
+        let broken: Vec<String> = report
+            .checks
+            .iter()
+            .filter(|c| !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect();
+        bail!(
+            "INVARIANT VIOLATED in {} after the load — the figures are void:\n  {}",
+            ledger.client().database(),
+            broken.join("\n  ")
+        );
+    }
+    ledger.client().delete_database().await?;
+    Ok(took)
+}
+
+/// `p3`'s transfer `i`: between two accounts of its own.
+fn fresh_pair(i: usize) -> (String, String) {
+    (account_id("s", i), account_id("d", i))
+}
+
+/// Which accounts transfer `i`, made by worker `w`, moves money between.
+type Pairing = fn(usize, usize) -> (String, String);
+
+/// Each worker between two accounts of its own: nobody else touches them.
+fn own_pair(w: usize, _: usize) -> (String, String) {
+    (account_id("s", w), account_id("d", w))
+}
+
+/// Each worker from an account of its own into the one merchant account.
+fn into_merchant(w: usize, _: usize) -> (String, String) {
+    (account_id("s", w), P5_MERCHANT.to_owned())
+}
+
+/// Two different accounts of `p8`'s pool, drawn at random (seeded by `i`).
+fn pool_pair(_: usize, i: usize) -> (String, String) {
+    pool_pair_of(i, P8_POOL_ACCOUNTS)
+}
+
+fn pool_pair_of(i: usize, pool: usize) -> (String, String) {
+    let mut rng = fastrand::Rng::with_seed(i as u64);
+    let source = rng.usize(..pool);
+    let destination = (source + 1 + rng.usize(..pool - 1)) % pool;
+    (account_id("p", source), account_id("p", destination))
+}
+
+/// Transfers `jobs` (ids `{side}{i}`), by `concurrency` workers each taking the next index,
+/// worker `w`'s transfer `i` between `pairing(w, i)`; every one checked `done`. When each
+/// finished, in order; the first error ends the run.
+async fn run_transfers(
+    ledger: &Ledger,
+    side: &'static str,
+    jobs: Range<usize>,
+    concurrency: usize,
+    pairing: Pairing,
+) -> Result<Vec<Instant>> {
+    let next = Arc::new(AtomicUsize::new(jobs.start));
+    let end = jobs.end;
+    let mut workers = JoinSet::new();
+    for w in 0..concurrency.min(jobs.len()) {
+        let (ledger, next) = (ledger.clone(), next.clone());
+        workers.spawn(async move {
+            let mut finished = Vec::new();
+            // Bounded: every turn takes a fresh index, and indices stop at `end`.
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= end {
+                    return Ok::<_, anyhow::Error>(finished);
+                }
+                let (source, destination) = pairing(w, i);
+                let request = transfer_request(format!("{side}{i:07}"), source, destination, i)?;
+                transfer_done(&ledger, request).await?;
+                finished.push(Instant::now());
+            }
+        });
+    }
+    let mut finished = Vec::with_capacity(jobs.len());
+    while let Some(worker) = workers.join_next().await {
+        finished.extend(worker??); // on an error, dropping `workers` aborts the others
+    }
+    finished.sort();
+    Ok(finished)
+}
+
+/// [`run_transfers`]' steady rate (transfers/s).
+async fn transfer_round(
+    ledger: &Ledger,
+    side: &'static str,
+    jobs: Range<usize>,
+    concurrency: usize,
+    pairing: Pairing,
+) -> Result<f64> {
+    let finished = run_transfers(ledger, side, jobs, concurrency, pairing).await?;
+    Ok(steady_rate(&finished, concurrency))
+}
+
+/// Raw `_bulk_docs` rounds: the server's bulk-write limit that `p6` and `p8` are divided by,
+/// measured in the same rounds. Plain: new ~250-byte documents into a database of their own,
+/// as `p2`'s raw side. Validated: new transfer documents (state `initial`) into a ledger
+/// database, where the server runs `validate_doc_update` for each; the limit the ledger's own
+/// writes meet.
+struct RawBulk {
+    writer: BulkWriter,
+    client: Client,
+    validated: bool,
+    next_doc: AtomicUsize,
+}
+
+impl RawBulk {
+    async fn new(bench: &Bench, purpose: &str, validated: bool) -> Result<RawBulk> {
+        let client = if validated {
+            fresh_ledger(bench, &format!("{purpose}_validated"))
+                .await?
+                .client()
+                .clone()
+        } else {
+            bench.fresh_database(&format!("{purpose}_raw")).await?
+        };
+        let raw = RawBulk {
+            writer: BulkWriter::new(bench, Side::Raw, &client),
+            client,
+            validated,
+            next_doc: AtomicUsize::new(0),
+        };
+        raw.round(1).await?; // opens the connection; untimed
+        Ok(raw)
+    }
+
+    /// Docs/s of `batches` batches of [`BULK_BATCH_DOCS`] new documents, one request after
+    /// another; with two batches or more the first (which may open a connection) is left out,
+    /// like `p2`'s steady rate.
+    async fn round(&self, batches: usize) -> Result<f64> {
+        assert!(batches > 0);
+        let mut finished = Vec::with_capacity(batches + 1);
+        finished.push(Instant::now());
+        for _ in 0..batches {
+            let first = self.next_doc.fetch_add(BULK_BATCH_DOCS, Ordering::Relaxed);
+            let ids = first..first + BULK_BATCH_DOCS;
+            if self.validated {
+                let then = unix_ms();
+                let docs: Vec<Value> = ids
+                    .map(|i| initial_transfer_doc(i, "raw", then, P8_POOL_ACCOUNTS))
+                    .collect();
+                self.writer.write(&docs).await?;
+            } else {
+                let docs: Vec<BenchDoc> = ids.map(BenchDoc::new).collect();
+                self.writer.write(&docs).await?;
+            }
+            finished.push(Instant::now());
+        }
+        let skip = usize::from(batches >= 2);
+        let span = finished[batches] - finished[skip];
+        Ok((batches - skip) as f64 * BULK_BATCH_DOCS as f64 / span.as_secs_f64())
+    }
+
+    async fn drop_database(self) -> Result<()> {
+        self.client.delete_database().await?;
+        Ok(())
+    }
+}
+
+/// Transfer `{prefix}{i}` as `submit(…, wait = false)` writes it (docs/DOCUMENTS.md): state
+/// `initial`, between two random accounts of a pool, last modified at `then` + i ms (so a
+/// sweeper takes them oldest first in this order).
+fn initial_transfer_doc(i: usize, prefix: &str, then: i64, pool: usize) -> Value {
+    let (source, destination) = pool_pair_of(i, pool);
+    let id = format!("{prefix}{i:07}");
+    json!({
+        "_id": format!("txn:{id}"),
+        "type": "transaction",
+        "txn_id": id,
+        "source": source,
+        "destination": destination,
+        "value": transfer_amount(i),
+        "currency": TRANSFER_CURRENCY,
+        "state": "initial",
+        "reason": null,
+        "reverses": null,
+        "claim": null,
+        "created_at": then + i as i64,
+        "last_modified": then + i as i64,
+    })
+}
+
+/// What `p3` measured, for the figures after it.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct TransferCost {
+    /// HTTP requests per transfer between accounts this process has not seen yet.
+    requests_cold: f64,
+    /// ... between accounts the engine holds a copy of.
+    requests_warm: f64,
+    /// Document writes per transfer (the database's update sequence), transfers one at a
+    /// time: what the protocol writes when nothing is shared.
+    docs_written: f64,
+}
+
+impl Bench {
+    fn transfer_cost(&self) -> Result<TransferCost> {
+        self.measured
+            .lock()
+            .expect("lock")
+            .transfer_cost
+            .ok_or_else(|| anyhow!("p3 must run before the other transfer figures"))
+    }
+}
+
+// ---- p3: requests per transfer ----
+
+/// Transfers `p3` makes one after another, each between two accounts of its own.
+const P3_TRANSFERS: usize = 50;
+const GOAL_P3: Goal = Goal::AtMost(6.0);
+
+/// HTTP requests per uncontended transfer, counted by the client at the HTTP layer: transfers
+/// one at a time, each between a fresh pair of accounts made with `create_account` (cold: the
+/// engine has to read both accounts), then one more on each pair (warm: it holds both).
+async fn requests_per_transfer(bench: &Bench) -> Result<Vec<Row>> {
+    let ledger = fresh_ledger(bench, "p3").await?;
+    let currency = Currency::from_code(TRANSFER_CURRENCY)?;
+    for i in 0..P3_TRANSFERS {
+        let (source, destination) = fresh_pair(i);
+        for account in [source, destination] {
+            ledger
+                .create_account(AccountSpec {
+                    account_id: account,
+                    currency,
+                    opening: Amount::new(ACCOUNT_OPENING_MINOR)?,
+                    min_balance: Some(Amount::new(ACCOUNT_MIN_BALANCE_MINOR)?),
+                })
+                .await?;
+        }
+    }
+    let client = ledger.client().clone();
+    let measure = |pass: &'static str| {
+        let (ledger, client) = (ledger.clone(), client.clone());
+        async move {
+            let seq_before = update_seq(&client).await?;
+            let (mut requests, mut seconds) = (Vec::new(), Vec::new());
+            for i in 0..P3_TRANSFERS {
+                let (source, destination) = fresh_pair(i);
+                let request = transfer_request(format!("{pass}{i:04}"), source, destination, i)?;
+                let (sent, started) = (client.requests_sent(), Instant::now());
+                transfer_done(&ledger, request).await?;
+                seconds.push(started.elapsed().as_secs_f64());
+                requests.push((client.requests_sent() - sent) as f64);
+            }
+            let written = update_seq(&client).await? - seq_before;
+            Ok::<_, anyhow::Error>((requests, seconds, written as f64 / P3_TRANSFERS as f64))
+        }
+    };
+    let (cold, cold_s, docs_cold) = measure("cold").await?;
+    let (warm, warm_s, docs_warm) = measure("warm").await?;
+    let cost = TransferCost {
+        requests_cold: mean(&cold),
+        requests_warm: mean(&warm),
+        docs_written: docs_cold,
+    };
+    {
+        let mut measured = bench.measured.lock().expect("lock");
+        measured.transfer_cost = Some(cost);
+        measured.transfer_points.push(TransferPoint {
+            concurrency: 1,
+            ours: 1.0 / median(&cold_s),
+        });
+    }
+    let verified = verify_and_drop(&ledger).await?;
+    let p3 = Row::count(
+        "p3",
+        "HTTP requests per uncontended transfer, cold".to_owned(),
+        "requests",
+        &cold,
+    )
+    .goal(Some(GOAL_P3))
+    .note(format!(
+        "{P3_TRANSFERS} sequential transfers, each between two accounts the engine has not read \
+         yet: {:.2} requests, {:.1} documents written, {:.1} ms each (median); audited in {:.1} s",
+        cost.requests_cold,
+        docs_cold,
+        median(&cold_s) * 1e3,
+        verified.as_secs_f64()
+    ));
+    let p3_warm = Row::count(
+        "p3_warm",
+        "HTTP requests per uncontended transfer, warm".to_owned(),
+        "requests",
+        &warm,
+    )
+    .note(format!(
+        "the same pairs again, both accounts cached by the engine (no read before the apply): \
+         {:.2} requests, {:.1} documents written, {:.1} ms each (median)",
+        cost.requests_warm,
+        docs_warm,
+        median(&warm_s) * 1e3
+    ));
+    Ok(vec![p3, p3_warm])
+}
+
+fn mean(values: &[f64]) -> f64 {
+    assert!(!values.is_empty());
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+// ---- p4 and p5: concurrent transfers ----
+
+/// Rounds per side of `p4_c16` and `p5`.
+const TRANSFER_ROUNDS: usize = 10;
+/// Timed transfers per round at 16 workers (plus `2 × 16 − 1` untimed around them).
+const TRANSFERS_PER_ROUND_C16: usize = 96;
+const TRANSFER_CONCURRENCY: usize = 16;
+const GOAL_P4: Goal = Goal::AtLeast(0.90);
+const GOAL_P5: Goal = Goal::AtLeast(0.5);
+/// The account every transfer of `p5`'s hot side pays into.
+const P5_MERCHANT: &str = "merchant";
+
+/// `p4_c16` and `p5`, from the same rounds of three sides, each a ledger or database of its
+/// own, in rotating order:
+///
+/// - uncontended: 16 workers, each transferring between two accounts of its own;
+/// - hot: 16 workers, each transferring from an account of its own into one merchant account;
+/// - raw: single-document creates at 16 connections (`p1_c16`'s raw loop).
+///
+/// `p4_c16` = uncontended transfers/s ÷ (raw writes/s ÷ `p3`): against a client that made
+/// `p3` requests per transfer, one after another, each at the raw write rate. `p5` = hot ÷
+/// uncontended.
+async fn concurrent_transfers(bench: &Bench) -> Result<Vec<Row>> {
+    let cost = bench.transfer_cost()?;
+    let rounds = bench.settings.scaled(TRANSFER_ROUNDS);
+    let c = TRANSFER_CONCURRENCY;
+    let transfers = jobs_for_steady_rate(TRANSFERS_PER_ROUND_C16, c);
+    let writes = jobs_for_steady_rate(WRITES_PER_ROUND, c);
+    let spread = fresh_ledger(bench, "p4").await?;
+    let accounts: Vec<String> = (0..c)
+        .flat_map(|w| {
+            let (s, d) = own_pair(w, 0);
+            [s, d]
+        })
+        .collect();
+    load_accounts(&spread, &accounts).await?;
+    let hot = fresh_ledger(bench, "p5_hot").await?;
+    let mut accounts: Vec<String> = (0..c).map(|w| into_merchant(w, 0).0).collect();
+    accounts.push(P5_MERCHANT.to_owned());
+    load_accounts(&hot, &accounts).await?;
+    let raw_db = bench.fresh_database("p4_raw").await?;
+    let raw = Writer::new(bench, Side::Raw, &raw_db).await?;
+    // Untimed, after the last round's ids: connections open, the engines read the accounts.
+    let warm_up = rounds * transfers..rounds * transfers + 2 * c;
+    raw.create_all(rounds * writes..rounds * writes + c, c)
+        .await?;
+    run_transfers(&spread, "t", warm_up.clone(), c, own_pair).await?;
+    run_transfers(&hot, "t", warm_up, c, into_merchant).await?;
+    let requests_before = [
+        spread.client().requests_sent(),
+        hot.client().requests_sent(),
+    ];
+    let sides = [Side::Ours, Side::Hot, Side::Raw];
+    let samples = interleaved(&sides, rounds, |side, round| {
+        let (spread, hot, raw) = (&spread, &hot, &raw);
+        async move {
+            let jobs = round * transfers..(round + 1) * transfers;
+            match side {
+                Side::Ours => transfer_round(spread, "t", jobs, c, own_pair).await,
+                Side::Hot => transfer_round(hot, "t", jobs, c, into_merchant).await,
+                _ => {
+                    let first = round * writes;
+                    let finished = raw.create_all(first..first + writes, c).await?;
+                    // The transfers/s of a client making p3 requests per transfer.
+                    Ok(steady_rate(&finished, c) / cost.requests_cold)
+                }
+            }
+        }
+    })
+    .await?;
+    let made = (rounds * transfers) as f64;
+    let requests = [
+        (spread.client().requests_sent() - requests_before[0]) as f64 / made,
+        (hot.client().requests_sent() - requests_before[1]) as f64 / made,
+    ];
+    let merchant: Value = hot.client().get("account:merchant").await?;
+    let merchant_kib = serde_json::to_vec(&merchant)?.len() as f64 / 1024.0;
+    raw_db.delete_database().await?;
+    let verified = verify_and_drop(&spread).await? + verify_and_drop(&hot).await?;
+    let ops = rounds * transfers;
+    let p4 = Row::new(
+        "p4_c16",
+        format!("transfers/s, c{c}, uncontended"),
+        "xfers/s",
+        &samples.figures[&Side::Ours],
+        &samples.figures[&Side::Raw],
+    )
+    .goal(Some(GOAL_P4))
+    .cpu(&samples, [Side::Ours, Side::Raw], ops)
+    .note(format!(
+        "raw = raw c{c} single-doc writes/s ÷ p3 ({:.2}) in the same rounds (÷ p3_warm, {:.2}, \
+         the ratio would be {:.3}); {:.2} requests per transfer here (group commit); audited \
+         with p5 in {:.1} s",
+        cost.requests_cold,
+        cost.requests_warm,
+        median(&ratios(&samples, Side::Ours, Side::Raw)) * cost.requests_warm / cost.requests_cold,
+        requests[0],
+        verified.as_secs_f64()
+    ));
+    let p5 = Row::new(
+        "p5",
+        format!("transfers/s, c{c}, all into one account"),
+        "xfers/s",
+        &samples.figures[&Side::Hot],
+        &samples.figures[&Side::Ours],
+    )
+    .goal(Some(GOAL_P5))
+    .cpu(&samples, [Side::Hot, Side::Ours], ops)
+    .note(format!(
+        "ours = 16 workers paying into one merchant account, raw = p4_c16's uncontended \
+         transfers in the same rounds; {:.2} requests per transfer; the merchant account ended \
+         at {merchant_kib:.0} KiB (its settled markers are kept ≥ 5 min)",
+        requests[1]
+    ));
+    bench
+        .measured
+        .lock()
+        .expect("lock")
+        .transfer_points
+        .push(TransferPoint {
+            concurrency: c,
+            ours: p4.ours,
+        });
+    Ok(vec![p4, p5])
+}
+
+/// Each round's `a ÷ b`.
+fn ratios(samples: &Interleaved, a: Side, b: Side) -> Vec<f64> {
+    samples.figures[&a]
+        .iter()
+        .zip(&samples.figures[&b])
+        .map(|(a, b)| a / b)
+        .collect()
+}
+
+// ---- p6 and sweeper_rss: the sweeper ----
+
+/// Transfers left `initial` for the sweeper (× `BENCH_SCALE`): 2,000 at the default scale,
+/// the issue's 10,000 at `BENCH_SCALE=5`. On pouchdb-server the sweeper finishes one or two
+/// hundred a second and the audit after it reads them all again, so 10,000 alone would take
+/// the bench past its five minutes.
+const P6_TRANSFERS: usize = 2_000;
+/// Accounts the stuck transfers move money between, at random.
+const P6_POOL_ACCOUNTS: usize = 500;
+/// Raw bulk rounds right before the sweeper's pass, and as many right after it.
+const P6_RAW_ROUNDS_EACH_SIDE: usize = 4;
+const GOAL_P6: Goal = Goal::AtLeast(0.5);
+
+/// A ledger holding `transfers` transfers left `initial` between random accounts of a pool,
+/// loaded with `_bulk_docs` in the shape `submit(…, wait = false)` writes (docs/DOCUMENTS.md),
+/// and its views brought up to date (what a sweeper watching the database all along would
+/// have found). Untimed. Also returns the views' indexing rate (docs/s, over the three views
+/// `status` reads).
+async fn load_stuck(bench: &Bench, purpose: &str, transfers: usize) -> Result<(Ledger, f64)> {
+    let ledger = fresh_ledger(bench, purpose).await?;
+    let accounts: Vec<String> = (0..P6_POOL_ACCOUNTS).map(|i| account_id("p", i)).collect();
+    load_accounts(&ledger, &accounts).await?;
+    let then = unix_ms() - 60_000;
+    let docs: Vec<Value> = (0..transfers)
+        .map(|i| initial_transfer_doc(i, "stuck", then, P6_POOL_ACCOUNTS))
+        .collect();
+    load_docs(ledger.client(), &docs).await?;
+    let started = Instant::now();
+    let status = ledger.status().await?;
+    let indexed_per_s = (transfers + P6_POOL_ACCOUNTS) as f64 / started.elapsed().as_secs_f64();
+    ensure!(
+        status.states.initial == transfers as u64,
+        "{purpose}: {} transfers initial, {transfers} loaded",
+        status.states.initial
+    );
+    Ok((ledger, indexed_per_s))
+}
+
+/// What one run of the sweeper binary took.
+struct SweeperRun {
+    seconds: f64,
+    /// `VmHWM`, KiB.
+    peak_rss_kib: u64,
+    /// Its user + system CPU time, as last read while it ran.
+    cpu_seconds: f64,
+}
+
+/// `VmHWM` (peak resident set, KiB) and user + system CPU seconds of a running process.
+fn process_usage(pid: u32) -> Option<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let hwm = line.split_whitespace().nth(1)?.parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may hold spaces: utime and
+    // stime are the 12th and 13th, in clock ticks (USER_HZ, 100 per second on Linux).
+    let mut fields = stat[stat.rfind(')')? + 2..].split_whitespace();
+    let utime: f64 = fields.nth(11)?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    Some((hwm, (utime + stime) / 100.0))
+}
+
+/// How often the sweeper child's `VmHWM` is read: it only grows, so the last reading before
+/// the child exits misses at most what it gained in this last interval.
+const RSS_POLL_MS: u64 = 10;
+
+/// Runs the release binary's `couch-ledger sweep --once --stale-after 0s --batch <transfers>
+/// --json` on the ledger, reading its `VmHWM` from `/proc` while it runs, and checks that it
+/// finished every transfer.
+async fn run_sweeper(bench: &Bench, ledger: &Ledger, transfers: usize) -> Result<SweeperRun> {
+    // Cargo builds the binary for a bench target, with the bench's (release) profile.
+    let exe = env!("CARGO_BIN_EXE_couch-ledger");
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .args(["--url", &bench.server.url])
+        .args(["--db", ledger.client().database()])
+        .args(["--json", "sweep", "--once", "--stale-after", "0s"])
+        .args(["--batch", &transfers.to_string()])
+        .env_remove("COUCHDB_URL")
+        .env_remove("LEDGER_DB")
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    // Credentials through the environment, never on a command line others can read.
+    match &bench.server.credentials {
+        Some((user, password)) => {
+            command
+                .env("COUCHDB_USER", user)
+                .env("COUCHDB_PASSWORD", password);
+        }
+        None => {
+            command
+                .env_remove("COUCHDB_USER")
+                .env_remove("COUCHDB_PASSWORD");
+        }
+    }
+    let started = Instant::now();
+    let child = command.spawn().with_context(|| format!("run {exe}"))?;
+    let pid = child.id().context("the sweeper exited at once")?;
+    let usage = Arc::new(Mutex::new((0u64, 0f64)));
+    let running = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let poller = {
+        let (usage, running) = (usage.clone(), running.clone());
+        tokio::spawn(async move {
+            while running.load(Ordering::Relaxed) {
+                if let Some((hwm, cpu)) = process_usage(pid) {
+                    let mut usage = usage.lock().expect("lock");
+                    *usage = (usage.0.max(hwm), cpu);
+                }
+                tokio::time::sleep(Duration::from_millis(RSS_POLL_MS)).await;
+            }
+        })
+    };
+    let output = child.wait_with_output().await?;
+    let seconds = started.elapsed().as_secs_f64();
+    running.store(false, Ordering::Relaxed);
+    poller.await?;
+    ensure!(
+        output.status.success(),
+        "{exe} sweep: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let outcome: Value = serde_json::from_slice(&output.stdout).with_context(|| {
+        format!(
+            "sweep --json printed {:?}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })?;
+    ensure!(
+        outcome["advanced"].as_u64() == Some(transfers as u64)
+            && outcome["failed"].as_u64() == Some(0)
+            && outcome["remaining"].as_u64() == Some(0),
+        "sweep --once did not finish the {transfers} transfers: {outcome}"
+    );
+    let (peak_rss_kib, cpu_seconds) = *usage.lock().expect("lock");
+    ensure!(
+        peak_rss_kib > 0,
+        "no VmHWM read for the sweeper (pid {pid})"
+    );
+    Ok(SweeperRun {
+        seconds,
+        peak_rss_kib,
+        cpu_seconds,
+    })
+}
+
+/// `p6` and `sweeper_rss` from one run of the sweeper binary over the stuck transfers, in one
+/// pass (`--batch` all of them): transfers finished per second (process start included) ÷
+/// (raw bulk docs/s ÷ documents written per transfer), and the process's peak RSS. The pass
+/// is one process lasting many seconds, so it cannot alternate with raw rounds: it is
+/// bracketed by them instead, and the ratio is the median over the raw rounds.
+async fn sweeper(bench: &Bench) -> Result<Vec<Row>> {
+    let cost = bench.transfer_cost()?;
+    let transfers = bench.settings.scaled(P6_TRANSFERS);
+    let load_started = Instant::now();
+    let (ledger, indexed_per_s) = load_stuck(bench, "p6", transfers).await?;
+    let load = load_started.elapsed();
+    let raw = RawBulk::new(bench, "p6", false).await?;
+    let mut raw_rates = Vec::new();
+    let mut raw_cpu = Duration::ZERO;
+    let mut run = None;
+    for bracket in 0..2 {
+        if bracket == 1 {
+            run = Some(run_sweeper(bench, &ledger, transfers).await?);
+        }
+        for _ in 0..P6_RAW_ROUNDS_EACH_SIDE {
+            let cpu_before = process_cpu();
+            raw_rates.push(raw.round(RAW_BULK_BATCHES).await? / cost.docs_written);
+            if let Some(used) = cpu_before
+                .zip(process_cpu())
+                .and_then(|(before, after)| after.checked_sub(before))
+            {
+                raw_cpu += used;
+            }
+        }
+    }
+    let run = run.expect("the sweeper ran");
+    raw.drop_database().await?;
+    let verified = verify_and_drop(&ledger).await?;
+    let rate = transfers as f64 / run.seconds;
+    let mut p6 = Row::new(
+        "p6",
+        "stuck transfers finished/s by the sweeper".to_owned(),
+        "xfers/s",
+        &vec![rate; raw_rates.len()],
+        &raw_rates,
+    )
+    .goal(Some(GOAL_P6))
+    .note(format!(
+        "{transfers} transfers left initial ({P6_POOL_ACCOUNTS} accounts), finished by one \
+         `couch-ledger sweep --once --stale-after 0s --batch {transfers}` in {:.1} s; raw = raw \
+         _bulk_docs docs/s ÷ {:.1} documents written per transfer (p3), {P6_RAW_ROUNDS_EACH_SIDE} \
+         rounds right before the pass and {P6_RAW_ROUNDS_EACH_SIDE} right after; loaded in \
+         {:.1} s, of which the views indexed {indexed_per_s:.0} docs/s; audited in {:.1} s",
+        run.seconds,
+        cost.docs_written,
+        load.as_secs_f64(),
+        verified.as_secs_f64()
+    ));
+    // The sweeper's own CPU (another process), and this process's for the raw rounds, per
+    // transfer's worth of documents.
+    p6.client_cpu_us_per_op
+        .insert("ours", run.cpu_seconds * 1e6 / transfers as f64);
+    let raw_docs = raw_rates.len() * RAW_BULK_BATCHES * BULK_BATCH_DOCS;
+    p6.client_cpu_us_per_op.insert(
+        "raw",
+        raw_cpu.as_secs_f64() * 1e6 / raw_docs as f64 * cost.docs_written,
+    );
+    let rss = Row::count(
+        "sweeper_rss",
+        format!("sweeper peak RSS, {} stuck, one pass", thousands(transfers)),
+        "MiB",
+        &[run.peak_rss_kib as f64 / 1024.0],
+    )
+    .note(format!(
+        "VmHWM of the release binary's `sweep --once --stale-after 0s --batch {transfers}` \
+         (p6's pass), read from /proc every {RSS_POLL_MS} ms while it ran"
+    ));
+    Ok(vec![p6, rss])
+}
+
+// ---- p8: the batched submit path ----
+
+/// Rounds per side of `p8`.
+const P8_ROUNDS: usize = 8;
+/// Concurrent `submit` callers of `p8`.
+const P8_CONCURRENCY: usize = 64;
+/// Timed transfers per round of `p8` (plus `2 × 64 − 1` untimed around them).
+const TRANSFERS_PER_ROUND_C64: usize = 192;
+/// `p8`'s callers transfer between random accounts of this pool.
+const P8_POOL_ACCOUNTS: usize = 512;
+/// Raw `_bulk_docs` batches per raw round of `p8` and `p6`.
+const RAW_BULK_BATCHES: usize = 3;
+const GOAL_P8: Goal = Goal::AtLeast(0.5);
+
+/// Transfers/s of 64 concurrent `submit(…, wait = true)` callers between random accounts of a
+/// pool ÷ (raw bulk docs/s ÷ documents written per transfer). The group-commit engine
+/// (src/engine.rs) gathers what the callers queue while its previous request is in flight, so
+/// each protocol phase of a whole group is about one `_bulk_docs`; every caller still gets its
+/// own transfer's outcome. The grouping is checked, not assumed: requests per transfer.
+///
+/// A third side in the same rounds, raw `_bulk_docs` into a validated ledger database, gives
+/// `p8_validated`: the same transfers/s against the limit the ledger's writes really meet.
+async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
+    let cost = bench.transfer_cost()?;
+    let rounds = bench.settings.scaled(P8_ROUNDS);
+    let c = P8_CONCURRENCY;
+    let transfers = jobs_for_steady_rate(TRANSFERS_PER_ROUND_C64, c);
+    let ledger = fresh_ledger(bench, "p8").await?;
+    let accounts: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("p", i)).collect();
+    load_accounts(&ledger, &accounts).await?;
+    let raw = RawBulk::new(bench, "p8", false).await?;
+    let validated = RawBulk::new(bench, "p8", true).await?;
+    // Untimed, after the last round's ids: the engine reads the pool, connections open.
+    let warm_up = rounds * transfers..rounds * transfers + 2 * c;
+    run_transfers(&ledger, "t", warm_up, c, pool_pair).await?;
+    let client = ledger.client();
+    let (requests_before, seq_before) = (client.requests_sent(), update_seq(client).await?);
+    let (account_rounds_before, txn_rounds_before) = ledger.engine_rounds();
+    let sides = [Side::Ours, Side::Raw, Side::Validated];
+    let samples = interleaved(&sides, rounds, |side, round| {
+        let (ledger, raw, validated) = (&ledger, &raw, &validated);
+        async move {
+            match side {
+                Side::Ours => {
+                    let jobs = round * transfers..(round + 1) * transfers;
+                    transfer_round(ledger, "t", jobs, c, pool_pair).await
+                }
+                Side::Raw => Ok(raw.round(RAW_BULK_BATCHES).await? / cost.docs_written),
+                _ => Ok(validated.round(RAW_BULK_BATCHES).await? / cost.docs_written),
+            }
+        }
+    })
+    .await?;
+    let made = (rounds * transfers) as f64;
+    let requests = (client.requests_sent() - requests_before) as f64 / made;
+    let docs = (update_seq(client).await? - seq_before) as f64 / made;
+    let (account_rounds, txn_rounds) = ledger.engine_rounds();
+    let txn_docs_per_request = 3.0 * made / (txn_rounds - txn_rounds_before) as f64;
+    let transfers_per_account_round = made / (account_rounds - account_rounds_before) as f64;
+    eprintln!(
+        "  p8 grouping: {requests:.3} HTTP requests per transfer ({:.1} transfers per request), \
+         {txn_docs_per_request:.1} transfer documents per _bulk_docs",
+        1.0 / requests
+    );
+    // A batched path that does not batch would make this figure a lie.
+    ensure!(
+        requests < 1.0,
+        "p8: {requests:.2} requests per transfer: the submits were not grouped"
+    );
+    raw.drop_database().await?;
+    validated.drop_database().await?;
+    let verified = verify_and_drop(&ledger).await?;
+    let ops = rounds * transfers;
+    let p8 = Row::new(
+        "p8",
+        format!("transfers/s, c{c}, batched submit"),
+        "xfers/s",
+        &samples.figures[&Side::Ours],
+        &samples.figures[&Side::Raw],
+    )
+    .goal(Some(GOAL_P8))
+    .cpu(&samples, [Side::Ours, Side::Raw], ops)
+    .note(format!(
+        "{c} callers, {P8_POOL_ACCOUNTS} accounts; raw = raw _bulk_docs docs/s (batches of \
+         {BULK_BATCH_DOCS}) ÷ {:.1} documents written per transfer (p3); grouping: {requests:.3} \
+         requests per transfer, {txn_docs_per_request:.1} transfer documents per _bulk_docs, \
+         {transfers_per_account_round:.1} transfers per account-engine round, {docs:.2} \
+         documents written per transfer (accounts shared within a group); audited in {:.1} s",
+        cost.docs_written,
+        verified.as_secs_f64()
+    ));
+    let p8_validated = Row::new(
+        "p8_validated",
+        format!("transfers/s, c{c}, ÷ validated bulk limit"),
+        "xfers/s",
+        &samples.figures[&Side::Ours],
+        &samples.figures[&Side::Validated],
+    )
+    .cpu(&samples, [Side::Ours, Side::Validated], ops)
+    .note(format!(
+        "p8's transfers against raw _bulk_docs of transfer documents into a ledger database \
+         (validate_doc_update runs per document) ÷ {:.1}, same rounds; validated ÷ plain bulk \
+         docs/s: {:.3}",
+        cost.docs_written,
+        median(&ratios(&samples, Side::Validated, Side::Raw))
+    ));
+    let mut measured = bench.measured.lock().expect("lock");
+    measured.transfer_points.push(TransferPoint {
+        concurrency: c,
+        ours: p8.ours,
+    });
+    measured.bulk_limits = Some(BulkLimits {
+        plain: p8.raw,
+        validated: p8_validated.raw,
+    });
+    Ok(vec![p8, p8_validated])
+}
+
 // ---- output -------------------------------------------------------------------------------
 
 fn thousands(n: usize) -> String {
@@ -1186,9 +2183,14 @@ fn print_table(rows: &[Row]) {
             Some(false) => "NO",
             None => "-",
         };
+        let raw = if row.count {
+            "-".to_owned()
+        } else {
+            format!("{:.1}", row.raw)
+        };
         println!(
-            "{:<13} {:<46} {:>10.1} {:>10.1} {:>9} {:>7.3} {:>6.3} {:>8} {:>5}",
-            row.key, row.title, row.ours, row.raw, row.unit, row.ratio, row.ratio_ci95, goal, met
+            "{:<13} {:<46} {:>10.1} {:>10} {:>9} {:>7.3} {:>6.3} {:>8} {:>5}",
+            row.key, row.title, row.ours, raw, row.unit, row.ratio, row.ratio_ci95, goal, met
         );
     }
     println!(
@@ -1280,7 +2282,11 @@ fn results_json(
                 "writes": bench.settings.scaled(WRITE_ROUNDS),
                 "bulk": bench.settings.scaled(BULK_ROUNDS),
                 "latency": LATENCY_ROUNDS,
+                "p4_p5": bench.settings.scaled(TRANSFER_ROUNDS),
+                "p8": bench.settings.scaled(P8_ROUNDS),
+                "p6_raw": 2 * P6_RAW_ROUNDS_EACH_SIDE,
             },
+            "p6_stuck_transfers": bench.settings.scaled(P6_TRANSFERS),
             "method": "ours and raw alternate in short rounds in one run; ratio = median of the rounds' ours/raw ratios; ours/raw = each side's median",
             "scale": bench.settings.scale,
             "server": {
@@ -1299,6 +2305,9 @@ fn results_json(
             },
             "figures": figures,
             "single_writes_by_concurrency": measured.write_points,
+            "transfer_cost": measured.transfer_cost,
+            "transfers_by_concurrency": measured.transfer_points,
+            "transfer_bulk_limits": measured.bulk_limits,
             "not_yet_measured": PENDING_FIGURES
                 .iter()
                 .filter(|key| rows.iter().all(|r| r.key != **key))
@@ -1366,41 +2375,42 @@ fn grid_step(max: f64) -> f64 {
         .unwrap_or(10.0 * power)
 }
 
-/// A line chart of single-document writes/s against concurrency (log scale), one line per
-/// client, with axes, gridlines and a legend.
-fn plot_svg(points: &[WritePoint], subtitle: &str) -> String {
-    const W: f64 = 800.0;
-    const H: f64 = 460.0;
+/// One line of a chart: a label, a style and its points (concurrency, value).
+struct Series {
+    label: String,
+    color: &'static str,
+    dash: &'static str,
+    points: Vec<(usize, f64)>,
+}
+
+/// A line chart of per-second figures against concurrency (log scale), one line per series,
+/// with axes, gridlines and a legend, drawn `top` pixels down the image.
+fn line_chart(svg: &mut String, top: f64, title: &str, y_label: &str, series: &[Series]) {
     const LEFT: f64 = 80.0;
     const RIGHT: f64 = 560.0;
-    const TOP: f64 = 70.0;
-    const BOTTOM: f64 = 390.0;
-    let mut points = points.to_vec();
-    points.sort_by_key(|p| p.concurrency);
-    let top_value = points
+    let plot_top = top + 60.0;
+    let plot_bottom = top + 380.0;
+    let top_value = series
         .iter()
-        .flat_map(|p| [p.ours, p.raw, p.couch_rs])
+        .flat_map(|s| s.points.iter().map(|p| p.1))
         .fold(0.0, f64::max);
     let step = grid_step(top_value * 1.1);
     let y_max = (top_value * 1.1 / step).ceil().max(1.0) * step;
-    let max_c = points.last().map_or(1, |p| p.concurrency).max(2) as f64;
+    let mut levels: Vec<usize> = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .collect();
+    levels.sort_unstable();
+    levels.dedup();
+    let max_c = levels.last().copied().unwrap_or(1).max(2) as f64;
     let x = |c: usize| LEFT + 30.0 + (c as f64).log2() / max_c.log2() * (RIGHT - LEFT - 60.0);
-    let y = |v: f64| BOTTOM - v / y_max * (BOTTOM - TOP);
+    let y = |v: f64| plot_bottom - v / y_max * (plot_bottom - plot_top);
 
-    let mut svg = String::new();
     let _ = writeln!(
         svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="13">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
-    let _ = writeln!(
-        svg,
-        r#"<text x="{LEFT}" y="28" font-size="17" font-weight="bold">Single-document writes per second against concurrency</text>"#
-    );
-    let _ = writeln!(
-        svg,
-        r##"<text x="{LEFT}" y="50" font-size="12" fill="#555">{}</text>"##,
-        xml_escape(subtitle)
+        r#"<text x="{LEFT}" y="{:.1}" font-size="17" font-weight="bold">{}</text>"#,
+        top + 28.0,
+        xml_escape(title)
     );
     // Horizontal gridlines with their values.
     let lines = (y_max / step).round() as usize;
@@ -1417,89 +2427,56 @@ fn plot_svg(points: &[WritePoint], subtitle: &str) -> String {
     // Axes, ticks at the measured concurrencies, axis labels.
     let _ = writeln!(
         svg,
-        r##"<line x1="{LEFT}" y1="{BOTTOM}" x2="{RIGHT}" y2="{BOTTOM}" stroke="#222"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{BOTTOM}" stroke="#222"/>"##
+        r##"<line x1="{LEFT}" y1="{plot_bottom}" x2="{RIGHT}" y2="{plot_bottom}" stroke="#222"/><line x1="{LEFT}" y1="{plot_top}" x2="{LEFT}" y2="{plot_bottom}" stroke="#222"/>"##
     );
-    for p in &points {
-        let xx = x(p.concurrency);
+    for &c in &levels {
+        let xx = x(c);
         let _ = writeln!(
             svg,
-            r##"<line x1="{xx:.1}" y1="{BOTTOM}" x2="{xx:.1}" y2="{:.1}" stroke="#222"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle" fill="#333">{}</text>"##,
-            BOTTOM + 5.0,
-            BOTTOM + 20.0,
-            p.concurrency
+            r##"<line x1="{xx:.1}" y1="{plot_bottom}" x2="{xx:.1}" y2="{:.1}" stroke="#222"/><text x="{xx:.1}" y="{:.1}" text-anchor="middle" fill="#333">{c}</text>"##,
+            plot_bottom + 5.0,
+            plot_bottom + 20.0
         );
     }
     let _ = writeln!(
         svg,
-        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">concurrent requests (log scale)</text>"#,
+        r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">concurrent callers (log scale)</text>"#,
         (LEFT + RIGHT) / 2.0,
-        BOTTOM + 45.0
+        plot_bottom + 45.0
     );
     let _ = writeln!(
         svg,
-        r##"<text x="{LEFT}" y="{:.1}" font-size="11" fill="#666">raw: median of its rounds; ours and couch_rs: raw × their median ratio to raw in the same rounds</text>"##,
-        H - 8.0
+        r#"<text transform="translate(24 {:.1}) rotate(-90)" text-anchor="middle">{}</text>"#,
+        (plot_top + plot_bottom) / 2.0,
+        xml_escape(y_label)
     );
-    let _ = writeln!(
-        svg,
-        r#"<text transform="translate(24 {:.1}) rotate(-90)" text-anchor="middle">writes per second</text>"#,
-        (TOP + BOTTOM) / 2.0
-    );
-    // The lines, with a marker at each measured point.
-    struct Series {
-        label: &'static str,
-        color: &'static str,
-        dash: &'static str,
-        value: fn(&WritePoint) -> f64,
-    }
-    let series = [
-        Series {
-            label: "raw reqwest (limit)",
-            color: "#444444",
-            dash: "7 4",
-            value: |p| p.raw,
-        },
-        Series {
-            label: "couch-ledger (ours)",
-            color: "#1f6fd1",
-            dash: "none",
-            value: |p| p.ours,
-        },
-        Series {
-            label: "couch_rs 0.13 (peer)",
-            color: "#e07b00",
-            dash: "2 3",
-            value: |p| p.couch_rs,
-        },
-    ];
+    // The lines, with a marker at each measured point, and the legend right of the plot.
     for (i, line) in series.iter().enumerate() {
         let Series {
             label,
             color,
             dash,
-            value,
+            points,
         } = line;
         let path: Vec<String> = points
             .iter()
-            .map(|p| format!("{:.1},{:.1}", x(p.concurrency), y(value(p))))
+            .map(|&(c, v)| format!("{:.1},{:.1}", x(c), y(v)))
             .collect();
         let _ = writeln!(
             svg,
             r#"<polyline points="{}" fill="none" stroke="{color}" stroke-width="2.5" stroke-dasharray="{dash}"/>"#,
             path.join(" ")
         );
-        for p in &points {
+        for &(c, v) in points {
             let _ = writeln!(
                 svg,
-                r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{color}"><title>{label}: {:.0} writes/s at {}</title></circle>"#,
-                x(p.concurrency),
-                y(value(p)),
-                value(p),
-                p.concurrency
+                r#"<circle cx="{:.1}" cy="{:.1}" r="4" fill="{color}"><title>{}: {v:.0}/s at {c}</title></circle>"#,
+                x(c),
+                y(v),
+                xml_escape(label)
             );
         }
-        // Legend, right of the plot.
-        let ly = TOP + 10.0 + i as f64 * 24.0;
+        let ly = plot_top + 10.0 + i as f64 * 24.0;
         let _ = writeln!(
             svg,
             r#"<line x1="{:.1}" y1="{ly:.1}" x2="{:.1}" y2="{ly:.1}" stroke="{color}" stroke-width="2.5" stroke-dasharray="{dash}"/><circle cx="{:.1}" cy="{ly:.1}" r="4" fill="{color}"/><text x="{:.1}" y="{:.1}">{}</text>"#,
@@ -1509,6 +2486,108 @@ fn plot_svg(points: &[WritePoint], subtitle: &str) -> String {
             RIGHT + 58.0,
             ly + 4.0,
             xml_escape(label)
+        );
+    }
+}
+
+/// The plot: single-document writes/s against concurrency (ours, raw, couch_rs) and, when the
+/// transfer figures ran, transfers/s against concurrency beside the limits they are divided by.
+fn plot_svg(measured: &Measured, subtitle: &str) -> String {
+    const W: f64 = 860.0;
+    const CHART_H: f64 = 475.0;
+    let mut points = measured.write_points.clone();
+    points.sort_by_key(|p| p.concurrency);
+    let mut transfers = measured.transfer_points.clone();
+    transfers.sort_by_key(|p| p.concurrency);
+    let with_transfers = !transfers.is_empty() && measured.transfer_cost.is_some();
+    let h = if with_transfers {
+        2.0 * CHART_H + 20.0
+    } else {
+        CHART_H + 20.0
+    };
+
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="13">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="{W}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        svg,
+        r##"<text x="80" y="{:.1}" font-size="12" fill="#555">{}</text>"##,
+        h - 12.0,
+        xml_escape(subtitle)
+    );
+    let writes = |label: &str, color, dash, value: fn(&WritePoint) -> f64| Series {
+        label: label.to_owned(),
+        color,
+        dash,
+        points: points.iter().map(|p| (p.concurrency, value(p))).collect(),
+    };
+    line_chart(
+        &mut svg,
+        0.0,
+        "Single-document writes per second against concurrency",
+        "writes per second",
+        &[
+            writes("raw reqwest (limit)", "#444444", "7 4", |p| p.raw),
+            writes("couch-ledger (ours)", "#1f6fd1", "none", |p| p.ours),
+            writes("couch_rs 0.13 (peer)", "#e07b00", "2 3", |p| p.couch_rs),
+        ],
+    );
+    let _ = writeln!(
+        svg,
+        r##"<text x="80" y="{:.1}" font-size="11" fill="#666">raw: median of its rounds; ours and couch_rs: raw × their median ratio to raw in the same rounds</text>"##,
+        CHART_H - 22.0
+    );
+    if let (true, Some(cost)) = (with_transfers, measured.transfer_cost) {
+        let span = |value: f64| {
+            let first = transfers.first().map_or(1, |p| p.concurrency);
+            let last = transfers.last().map_or(1, |p| p.concurrency);
+            vec![(first, value), (last, value)]
+        };
+        let mut series = vec![
+            Series {
+                label: "couch-ledger transfers (ours)".to_owned(),
+                color: "#1f6fd1",
+                dash: "none",
+                points: transfers.iter().map(|p| (p.concurrency, p.ours)).collect(),
+            },
+            Series {
+                label: format!("raw writes/s ÷ {:.0} requests", cost.requests_cold),
+                color: "#444444",
+                dash: "7 4",
+                points: points
+                    .iter()
+                    .map(|p| (p.concurrency, p.raw / cost.requests_cold))
+                    .collect(),
+            },
+        ];
+        if let Some(limits) = measured.bulk_limits {
+            series.push(Series {
+                label: format!("raw bulk docs/s ÷ {:.0} docs", cost.docs_written),
+                color: "#2a9d3a",
+                dash: "7 4",
+                points: span(limits.plain),
+            });
+            series.push(Series {
+                label: "… into a validated ledger db".to_owned(),
+                color: "#b5179e",
+                dash: "2 3",
+                points: span(limits.validated),
+            });
+        }
+        line_chart(
+            &mut svg,
+            CHART_H,
+            "Transfers per second against concurrency",
+            "transfers per second",
+            &series,
+        );
+        let _ = writeln!(
+            svg,
+            r##"<text x="80" y="{:.1}" font-size="11" fill="#666">c1: p3, one at a time; c16: p4_c16, own account pairs; c64: p8, batched submit; limits measured in the same runs</text>"##,
+            2.0 * CHART_H - 22.0
         );
     }
     svg.push_str("</svg>\n");
@@ -1552,7 +2631,15 @@ async fn run(settings: Settings, server: Server, started: Instant) -> Result<()>
         load_start.as_deref().unwrap_or("?")
     );
     let mut rows = Vec::new();
-    for figure in FIGURES.iter().filter(|f| (f.enabled)(&bench.settings)) {
+    let selected = |f: &&Figure| {
+        (f.enabled)(&bench.settings)
+            && bench
+                .settings
+                .only
+                .as_ref()
+                .is_none_or(|keys| keys.iter().any(|k| k == f.key))
+    };
+    for figure in FIGURES.iter().filter(selected) {
         let figure_started = Instant::now();
         let measured = (figure.measure)(&bench)
             .await
@@ -1575,11 +2662,16 @@ async fn run(settings: Settings, server: Server, started: Instant) -> Result<()>
     let load_start_shown = load_start.clone().unwrap_or_else(|| "?".to_owned());
     println!(
         "ratio = median over rounds of ours ÷ raw measured back to back (rounds per side: c1 {}, \
-         c4-c64 {}, p2 {}, latency {LATENCY_ROUNDS} x {} queries)\nmeasured in {:.0} s, load average {} → {}",
+         c4-c64 {}, p2 {}, latency {LATENCY_ROUNDS} x {} queries, p4/p5 {}, p8 {}; p6: one \
+         sweeper pass of {}, bracketed by {} raw rounds)\nmeasured in {:.0} s, load average {} → {}",
         bench.settings.scaled(WRITE_ROUNDS_C1),
         bench.settings.scaled(WRITE_ROUNDS),
         bench.settings.scaled(BULK_ROUNDS),
         bench.settings.scaled(BALANCE_QUERIES_PER_ROUND),
+        bench.settings.scaled(TRANSFER_ROUNDS),
+        bench.settings.scaled(P8_ROUNDS),
+        bench.settings.scaled(P6_TRANSFERS),
+        2 * P6_RAW_ROUNDS_EACH_SIDE,
         elapsed.as_secs_f64(),
         load_start_shown,
         load_average().as_deref().unwrap_or("?")
@@ -1601,11 +2693,19 @@ async fn run(settings: Settings, server: Server, started: Instant) -> Result<()>
         &utc_now()[..10]
     );
     let svg_path = dir.join("results.svg");
-    let mut points = bench.measured.lock().expect("lock").write_points.clone();
-    points.sort_by_key(|p| p.concurrency);
-    let levels: Vec<usize> = points.iter().map(|p| p.concurrency).collect();
+    let measured = bench.measured.lock().expect("lock");
+    let mut levels: Vec<usize> = measured
+        .write_points
+        .iter()
+        .map(|p| p.concurrency)
+        .collect();
+    levels.sort_unstable();
+    if bench.settings.only.is_some() && levels != PLOT_CONCURRENCY {
+        println!("wrote {} (BENCH_ONLY: no plot)", json_path.display());
+        return Ok(());
+    }
     ensure!(levels == PLOT_CONCURRENCY, "plot levels {levels:?}");
-    std::fs::write(&svg_path, plot_svg(&points, &subtitle))?;
+    std::fs::write(&svg_path, plot_svg(&measured, &subtitle))?;
     println!("wrote {} and {}", json_path.display(), svg_path.display());
     Ok(())
 }
