@@ -687,7 +687,7 @@ fn spawn_sweeper(
         let (mut passes, mut finished, mut repaired) = (0u64, 0u64, 0u64);
         while !stop.load(Ordering::Relaxed) {
             let options = SweepOptions {
-                limit: 200,
+                limit: 100,
                 stale_after,
             };
             match l.sweep_once(options).await {
@@ -734,7 +734,7 @@ fn fail_percent(point: &str) -> u32 {
     match point {
         "txn-after-canceling" | "txn-after-undo" => 12,
         "sweeper-after-takeover" => 6,
-        "sweeper-after-repair" => 40,
+        "sweeper-after-repair" => 60,
         _ => 4,
     }
 }
@@ -853,7 +853,7 @@ impl Worker {
                 let terms = self.pick_terms(eur_accounts);
                 Op::Race { id, terms }
             }
-            (930..950, _) if late_ok => {
+            (930..970, _) if late_ok => {
                 let id = self.new_id();
                 let mut terms = self.pick_terms(eur_accounts);
                 terms.value = terms.value.min(500);
