@@ -728,6 +728,9 @@ fn late_hook(wait: Duration) -> PauseHook {
     }))
 }
 
+/// R1's workers wait while more transfers than this are open (left for the sweepers).
+const OPEN_BACKLOG_MAX: u64 = 150;
+
 /// Probability (percent) with which each fail point fires in R1. The points on rarer paths
 /// (cancellation, orphan repair) fire more often so that every one is hit at the long size.
 fn fail_percent(point: &str) -> u32 {
@@ -1006,9 +1009,33 @@ async fn r1(size: Size, seed: u64, tally: Arc<Tally>) {
                     .all(|p| tally.crash_count(p) >= size.r1_hits_per_point)
         }
     };
+    // Open transfers, as the by_state view counts them, refreshed every 500 ms.
+    let open = Arc::new(AtomicU64::new(0));
+    let watcher = {
+        let (open, stop, client) = (open.clone(), stop.clone(), client.clone());
+        tokio::spawn(async move {
+            let q = couch_ledger::ViewQuery {
+                group_level: Some(1),
+                ..Default::default()
+            };
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(r) = client.view("transactions", "by_state", &q).await {
+                    let n: u64 = r
+                        .rows
+                        .iter()
+                        .filter(|row| !matches!(row.key[0].as_str(), Some("done" | "cancelled")))
+                        .filter_map(|row| row.value.as_u64())
+                        .sum();
+                    open.store(n, Ordering::Relaxed);
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
     let mut workers = JoinSet::new();
     for w in 0..8 {
         let client = client.clone();
+        let open = open.clone();
         let (book, tally, asked_new) = (book.clone(), tally.clone(), asked_new.clone());
         let enough = enough.clone();
         let make = make.clone();
@@ -1025,6 +1052,16 @@ async fn r1(size: Size, seed: u64, tally: Arc<Tally>) {
             let mut restarts = 0u64;
             loop {
                 while inflight.len() < 4 && !enough() {
+                    // Back-pressure: work abandoned for the sweepers (crashes, --no-wait, lost
+                    // leases) must not pile up faster than they finish it, or the orphan
+                    // markers they must find drown under the markers of stuck transfers.
+                    if open.load(Ordering::Relaxed) > OPEN_BACKLOG_MAX {
+                        if inflight.is_empty() {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                        break;
+                    }
                     let op = worker.pick(size.r1_accounts, true);
                     match &op {
                         Op::Submit { id, terms, .. }
@@ -1072,9 +1109,10 @@ async fn r1(size: Size, seed: u64, tally: Arc<Tally>) {
         sweeper_summary.push(s.await.unwrap());
     }
     let samples = monitor.await.unwrap();
+    watcher.await.unwrap();
 
     let rest = fresh_ledger(&client, lease);
-    sweep_to_rest("r1", &rest, &tally, 0, Duration::from_secs(120)).await;
+    sweep_to_rest("r1", &rest, &tally, 0, Duration::from_secs(300)).await;
     audit("r1", &rest, &tally).await;
     let n = independent_check("r1", &db, &book, &tally, &[]).await;
     tally.transfers.fetch_add(n, Ordering::Relaxed);
