@@ -70,7 +70,8 @@ impl VerifyOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
     /// `conservation`, `exactly_once`, `no_overdraft`, `termination`, `no_pending_markers`,
-    /// `immutable_documents`, `order_balances`, `account_documents`, `transfer_documents`.
+    /// `immutable_documents`, `order_balances`, `account_documents`, `transfer_documents`,
+    /// `design_documents`.
     pub name: String,
     /// It holds.
     pub ok: bool,
@@ -311,7 +312,9 @@ impl Ledger {
     ///    computed from its documents.
     ///
     /// plus `account_documents` and `transfer_documents`: every account and transfer document
-    /// is one this program can read.
+    /// is one this program can read; and `design_documents`: the views and the validation of
+    /// this version are installed and unchanged (without `_design/validation` the server no
+    /// longer keeps history write-once).
     ///
     /// Every violation names the documents involved, in its `detail` and in `documents`: the
     /// accounts, the transfers that explain (or fail to explain) a balance, the order's entries.
@@ -627,6 +630,21 @@ impl Ledger {
                 .iter()
                 .map(|(id, _)| id.clone())
                 .collect(),
+        ));
+
+        // The server-side guarantees themselves: the views and the validation this version
+        // installs are there and unchanged.
+        let drift = crate::design::drift(self.client()).await?;
+        let expected = crate::design::design_docs().len();
+        checks.push(check_with(
+            "design_documents",
+            drift.is_empty(),
+            if drift.is_empty() {
+                format!("{expected} design documents installed and unchanged, validation included")
+            } else {
+                named(&drift.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
+            },
+            drift.into_iter().map(|(id, _)| id).collect(),
         ));
 
         Ok(VerifyReport {

@@ -171,6 +171,35 @@ async fn install_one(client: &Client, doc: &DesignDoc) -> Result<Installed> {
     )))
 }
 
+/// The design documents that are missing or differ from this version's, each with what is
+/// wrong, in one request. Without `_design/validation` the server no longer keeps history
+/// write-once (an admin can delete it; CouchDB allows that), so the auditor reports this.
+///
+/// # Errors
+///
+/// The server failed.
+pub async fn drift(client: &Client) -> Result<Vec<(String, String)>> {
+    let docs = design_docs();
+    let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
+    let rows = client.all_docs(&ids, true).await?;
+    let mut out = Vec::new();
+    for (doc, row) in docs.iter().zip(rows) {
+        let problem = match row.doc.filter(Value::is_object) {
+            None => "is missing (run init)",
+            Some(current) => {
+                if current.get(CHECKSUM_FIELD).and_then(Value::as_str) == Some(&doc.checksum)
+                    && stored_matches(&current, &doc.body)
+                {
+                    continue;
+                }
+                "differs from this version's (run init)"
+            }
+        };
+        out.push((doc.id.clone(), format!("{} {problem}", doc.id)));
+    }
+    Ok(out)
+}
+
 /// The stored document really holds our content (not a hand edit that kept the checksum
 /// field): drift is repaired, not hidden.
 fn stored_matches(current: &Value, body: &Value) -> bool {

@@ -393,6 +393,56 @@ async fn verify_reports_broken_invariants() {
     );
 }
 
+#[tokio::test]
+async fn verify_reports_a_deleted_or_edited_design_document_and_init_repairs_it() {
+    let l = support::ledger("verify_design").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("d1", "A", "B", 100), true).await.unwrap();
+    assert_at_rest(&l).await;
+    let report = l.verify().await.unwrap();
+    assert!(report.check("design_documents").unwrap().ok, "{report:#?}");
+
+    // An admin deletes the validation (CouchDB allows it) and edits a view by hand.
+    let validation: Value = l.client().get("_design/validation").await.unwrap();
+    l.client()
+        .delete("_design/validation", validation["_rev"].as_str().unwrap())
+        .await
+        .unwrap();
+    let mut orders: Value = l.client().get("_design/orders").await.unwrap();
+    orders["views"]["ledger"]["reduce"] = json!("_count");
+    l.client().put("_design/orders", &orders).await.unwrap();
+
+    let report = l.verify().await.unwrap();
+    assert!(!report.ok, "{report:#?}");
+    let design = report.check("design_documents").unwrap();
+    assert!(!design.ok, "{report:#?}");
+    assert_eq!(
+        design.documents,
+        ["_design/orders", "_design/validation"],
+        "{report:#?}"
+    );
+    assert!(
+        design.detail.contains("_design/validation is missing"),
+        "{report:#?}"
+    );
+    assert!(
+        design.detail.contains("_design/orders differs"),
+        "{report:#?}"
+    );
+
+    // init puts them back; the ledger verifies again.
+    let init = l.init().await.unwrap();
+    let changed: Vec<&str> = init
+        .design_docs
+        .iter()
+        .filter(|d| d.status != couch_ledger::design::InstallStatus::Unchanged)
+        .map(|d| d.id.as_str())
+        .collect();
+    assert_eq!(changed, ["_design/orders", "_design/validation"]);
+    assert_at_rest(&l).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_stuck_backlog_is_driven_in_groups() {
     let l = support::ledger("backlog").await;
