@@ -628,23 +628,23 @@ async fn delete_databases(databases: BTreeMap<Side, Client>) -> Result<()> {
 
 // ---- running work -------------------------------------------------------------------------
 
-/// Runs job `i` for every `i` in `jobs`, at most `concurrency` at a time (that many workers
-/// taking the next index from a shared counter), and returns when each job finished, in order.
-/// The first error ends the run.
+/// Runs job `(w, i)` for every `i` in `jobs`, at most `concurrency` at a time: worker `w` of
+/// `concurrency` takes the next index from a shared counter. Returns when each job finished,
+/// in order. The first error ends the run.
 async fn run_concurrently<F, Fut>(
     jobs: Range<usize>,
     concurrency: usize,
     job: F,
 ) -> Result<Vec<Instant>>
 where
-    F: Fn(usize) -> Fut + Clone + Send + 'static,
+    F: Fn(usize, usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = Result<()>> + Send + 'static,
 {
     assert!(concurrency > 0);
     let next = Arc::new(AtomicUsize::new(jobs.start));
     let end = jobs.end;
     let mut workers = JoinSet::new();
-    for _ in 0..concurrency.min(jobs.len()) {
+    for w in 0..concurrency.min(jobs.len()) {
         let (next, job) = (next.clone(), job.clone());
         workers.spawn(async move {
             let mut finished = Vec::new();
@@ -654,7 +654,7 @@ where
                 if i >= end {
                     return Ok::<_, anyhow::Error>(finished);
                 }
-                job(i).await?;
+                job(w, i).await?;
                 finished.push(Instant::now());
             }
         });
@@ -875,7 +875,7 @@ impl Writer {
     /// Runs `create` for every index of `jobs`, `concurrency` at a time; when each finished.
     async fn create_all(&self, jobs: Range<usize>, concurrency: usize) -> Result<Vec<Instant>> {
         let writer = self.clone();
-        run_concurrently(jobs, concurrency, move |i| {
+        run_concurrently(jobs, concurrency, move |_, i| {
             let writer = writer.clone();
             async move { writer.create(i).await }
         })
@@ -1439,32 +1439,16 @@ async fn run_transfers(
     concurrency: usize,
     pairing: Pairing,
 ) -> Result<Vec<Instant>> {
-    let next = Arc::new(AtomicUsize::new(jobs.start));
-    let end = jobs.end;
-    let mut workers = JoinSet::new();
-    for w in 0..concurrency.min(jobs.len()) {
-        let (ledger, next) = (ledger.clone(), next.clone());
-        workers.spawn(async move {
-            let mut finished = Vec::new();
-            // Bounded: every turn takes a fresh index, and indices stop at `end`.
-            loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= end {
-                    return Ok::<_, anyhow::Error>(finished);
-                }
-                let (source, destination) = pairing(w, i);
-                let request = transfer_request(format!("{side}{i:07}"), source, destination, i)?;
-                transfer_done(&ledger, request).await?;
-                finished.push(Instant::now());
-            }
-        });
-    }
-    let mut finished = Vec::with_capacity(jobs.len());
-    while let Some(worker) = workers.join_next().await {
-        finished.extend(worker??); // on an error, dropping `workers` aborts the others
-    }
-    finished.sort();
-    Ok(finished)
+    let ledger = ledger.clone();
+    run_concurrently(jobs, concurrency, move |w, i| {
+        let ledger = ledger.clone();
+        async move {
+            let (source, destination) = pairing(w, i);
+            let request = transfer_request(format!("{side}{i:07}"), source, destination, i)?;
+            transfer_done(&ledger, request).await
+        }
+    })
+    .await
 }
 
 /// [`run_transfers`]' steady rate (transfers/s).
