@@ -1673,12 +1673,179 @@ async fn r4(size: Size, seed: u64, tally: Arc<Tally>) {
     if injected == 0 {
         tally.violation("r4: the fault proxy injected no fault");
     }
+    let transfer = raw_transfers(&db).await.first().and_then(|t| {
+        t["_id"]
+            .as_str()
+            .and_then(|id| id.strip_prefix("txn:"))
+            .map(str::to_owned)
+    });
+    let mocked = match transfer {
+        Some(transfer) => r4_wiremock(&rest, "n0", &transfer, &tally).await,
+        None => {
+            tally.violation("r4: no transfer document");
+            0
+        }
+    };
     eprintln!(
-        "r4: {n} transfers; {} calls answered, {} failed with a typed error; {injected} faults; {:?}",
+        "r4: {n} transfers; {} calls answered, {} failed with a typed error; {injected} faults by the proxy, {mocked} by wiremock; {:?}",
         ok.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
         started.elapsed()
     );
+}
+
+/// The real server's reply to `GET /{db}/{id}`, byte for byte.
+async fn raw_reply(db: &str, id: &str) -> Vec<u8> {
+    let url = support::raw_url(&format!("{db}/{}", urlencode(id)));
+    let r = support::auth(support::raw().get(url)).send().await.unwrap();
+    assert!(r.status().is_success(), "GET {id}: {}", r.status());
+    r.bytes().await.unwrap().to_vec()
+}
+
+/// R4's wiremock part: the replies a real server will not give on demand — a 429 with
+/// `Retry-After`, a 503, a reply slower than the client's timeout, a garbage body, a server that
+/// never recovers — in front of byte-for-byte copies of the real server's replies to the
+/// ledger's reads. Each read is retried to the real answer, or fails with a typed error (and the
+/// next call gets the answer). Returns the fault replies wiremock sent.
+async fn r4_wiremock(real: &Ledger, account: &str, transfer: &str, tally: &Tally) -> u64 {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    let db = real.client().database().to_owned();
+    let mock = MockServer::start().await;
+    let retries_max = 4;
+    let ledger = Ledger::new(
+        Client::builder()
+            .url(mock.uri())
+            .database(&db)
+            .request_timeout(Duration::from_millis(500))
+            .retry(RetryPolicy {
+                retries_max,
+                delay_base: Duration::from_millis(10),
+                delay_max: Duration::from_millis(100),
+                retry_after_max: Duration::from_secs(2),
+            })
+            .build()
+            .unwrap(),
+    );
+    let at = |id: &str| path(format!("/{db}/{}", urlencode(id)));
+    let once = |id: &str, reply: ResponseTemplate| {
+        Mock::given(method("GET"))
+            .and(at(id))
+            .respond_with(reply)
+            .up_to_n_times(1)
+    };
+    let real_reply =
+        |body: Vec<u8>| ResponseTemplate::new(200).set_body_raw(body, "application/json");
+    let unavailable = || {
+        ResponseTemplate::new(503)
+            .set_body_json(json!({"error": "unavailable", "reason": "injected"}))
+    };
+    let mut faults = 0u64;
+    // Requests that reached wiremock so far.
+    let arrived = || async { mock.received_requests().await.unwrap_or_default().len() };
+
+    // 1. An account read through a 429 (Retry-After: 1), a 503 and a reply slower than the
+    //    timeout: retried to exactly the real server's answer, the 429's wait honoured.
+    let account_id = format!("account:{account}");
+    once(
+        &account_id,
+        ResponseTemplate::new(429).insert_header("Retry-After", "1"),
+    )
+    .mount(&mock)
+    .await;
+    once(&account_id, unavailable()).mount(&mock).await;
+    once(
+        &account_id,
+        real_reply(raw_reply(&db, &account_id).await).set_delay(Duration::from_secs(3)),
+    )
+    .mount(&mock)
+    .await;
+    Mock::given(method("GET"))
+        .and(at(&account_id))
+        .respond_with(real_reply(raw_reply(&db, &account_id).await))
+        .mount(&mock)
+        .await;
+    let started = Instant::now();
+    let expected = real.account(account).await.unwrap();
+    match ledger.account(account).await {
+        Ok(got) if got == expected => {}
+        other => tally.violation(format!(
+            "r4 wiremock: account read through 429/503/slow gave {other:?}, the server {expected:?}"
+        )),
+    }
+    let n = arrived().await;
+    if n != 4 || started.elapsed() < Duration::from_secs(1) {
+        tally.violation(format!(
+            "r4 wiremock: the account read took {n} requests (4 expected) in {:?} (Retry-After: 1 not honoured?)",
+            started.elapsed()
+        ));
+    }
+    faults += n.saturating_sub(1) as u64; // all but the last, real reply
+    let seen = n;
+
+    // 2. A transfer read answered with a garbage 200 after two 503s: a decode error (a reply
+    //    that cannot be understood is not blindly repeated), then the real answer.
+    let transfer_id = format!("txn:{transfer}");
+    once(&transfer_id, unavailable()).mount(&mock).await;
+    once(&transfer_id, unavailable()).mount(&mock).await;
+    once(
+        &transfer_id,
+        ResponseTemplate::new(200).set_body_raw("<html>proxy error</html>", "application/json"),
+    )
+    .mount(&mock)
+    .await;
+    Mock::given(method("GET"))
+        .and(at(&transfer_id))
+        .respond_with(real_reply(raw_reply(&db, &transfer_id).await))
+        .mount(&mock)
+        .await;
+    match ledger.transfer(transfer).await {
+        Err(e) if e.is_decode() => tally.error("r4", &e),
+        other => tally.violation(format!(
+            "r4 wiremock: a garbage body gave {other:?}, not a decode error"
+        )),
+    }
+    let expected = real.transfer(transfer).await.unwrap();
+    match ledger.transfer(transfer).await {
+        Ok(got) if got == expected => {}
+        other => tally.violation(format!(
+            "r4 wiremock: the transfer read after the garbage gave {other:?}, the server {expected:?}"
+        )),
+    }
+    let n = arrived().await;
+    if n - seen != 4 {
+        tally.violation(format!(
+            "r4 wiremock: the transfer reads took {} requests (4 expected)",
+            n - seen
+        ));
+    }
+    faults += (n - seen).saturating_sub(1) as u64;
+    let seen = n;
+
+    // 3. A server that never recovers: retries_max + 1 attempts, then a transient error.
+    Mock::given(method("GET"))
+        .and(at("account:n1"))
+        .respond_with(unavailable())
+        .mount(&mock)
+        .await;
+    match ledger.account("n1").await {
+        Err(e) if e.is_transient() && e.status_code() == Some(503) => tally.error("r4", &e),
+        other => tally.violation(format!(
+            "r4 wiremock: a server that stays unavailable gave {other:?}, not a transient 503"
+        )),
+    }
+    let n = arrived().await - seen;
+    if n != retries_max as usize + 1 {
+        tally.violation(format!(
+            "r4 wiremock: {n} attempts at a server that stays unavailable ({} expected)",
+            retries_max + 1
+        ));
+    }
+    faults += n as u64;
+    tally.faults.fetch_add(faults, Ordering::Relaxed);
+    eprintln!("r4: wiremock: {faults} fault replies (429, 503, slow, garbage) in front of the real server's replies; every read retried to the real answer or failed typed");
+    faults
 }
 
 // ---- R5: bad input ---------------------------------------------------------------------------
