@@ -174,6 +174,8 @@ async fn install_one(client: &Client, doc: &DesignDoc) -> Result<Installed> {
 /// The design documents that are missing or differ from this version's, each with what is
 /// wrong, in one request. Without `_design/validation` the server no longer keeps history
 /// write-once (an admin can delete it; CouchDB allows that), so the auditor reports this.
+/// Every field this version installs is compared; fields someone added beside them are not
+/// judged (an added `validate_doc_update` can only refuse more, never let more through).
 ///
 /// # Errors
 ///
