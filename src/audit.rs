@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::accounts::{account_doc_id, AccountDoc, AccountView};
-use crate::couch::{ChangesQuery, ViewQuery};
+use crate::couch::{ChangesQuery, Client, ViewQuery, ViewRow};
 use crate::engine::now_ms;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
@@ -136,6 +136,41 @@ fn named(list: &[String]) -> String {
     s
 }
 
+/// Every row of `ddoc/view` under `base`, in key order, passed to `visit`: pages of
+/// [`PAGE_ROWS_MAX`] rows, each starting after the last key of the page before (so the keys must
+/// be unique: grouped rows, or map rows with one row per document), at most [`PAGES_MAX`] pages.
+/// `base`'s `start_key`, `skip` and `limit` are set here.
+async fn view_in_pages(
+    client: &Client,
+    ddoc: &str,
+    view: &str,
+    base: ViewQuery,
+    mut visit: impl FnMut(ViewRow) -> Result<()>,
+) -> Result<()> {
+    let mut after: Option<Value> = None;
+    for _ in 0..PAGES_MAX {
+        let q = ViewQuery {
+            start_key: after.clone(),
+            skip: after.as_ref().map(|_| 1),
+            limit: Some(PAGE_ROWS_MAX),
+            ..base.clone()
+        };
+        let rows = client.view(ddoc, view, &q).await?.rows;
+        let n = rows.len() as u64;
+        for row in rows {
+            after = Some(row.key.clone());
+            visit(row)?;
+        }
+        if n < PAGE_ROWS_MAX {
+            return Ok(());
+        }
+    }
+    Err(Error::invariant(format!(
+        "{ddoc}/{view}: more than {} rows, not read to the end",
+        PAGES_MAX * PAGE_ROWS_MAX
+    )))
+}
+
 impl Ledger {
     /// Every account, read in pages from the `accounts/balances` view.
     ///
@@ -153,75 +188,48 @@ impl Ledger {
     /// Account documents and, separately, `(id, what is wrong)` for the ones that are not
     /// valid accounts.
     async fn account_docs(&self) -> Result<(Vec<AccountDoc>, Vec<(String, String)>)> {
-        let client = &self.inner.client;
         let mut docs = Vec::new();
         let mut bad = Vec::new();
-        let mut after: Option<Value> = None;
-        for _ in 0..PAGES_MAX {
-            let q = ViewQuery {
-                start_key: after.clone(),
-                skip: after.as_ref().map(|_| 1),
-                reduce: Some(false),
-                include_docs: Some(true),
-                limit: Some(PAGE_ROWS_MAX),
-                ..ViewQuery::default()
-            };
-            let rows = client.view("accounts", "balances", &q).await?.rows;
-            let n = rows.len() as u64;
-            for row in rows {
-                after = Some(row.key.clone());
-                let id = row.id.clone().unwrap_or_else(|| row.key.to_string());
-                match row.doc {
-                    Some(doc) => match AccountDoc::from_value(doc) {
-                        Ok(d) => docs.push(d),
-                        Err(e) => bad.push((id, e.to_string())),
-                    },
-                    None => bad.push((id.clone(), format!("{id}: no document"))),
-                }
+        let q = ViewQuery {
+            reduce: Some(false),
+            include_docs: Some(true),
+            ..ViewQuery::default()
+        };
+        view_in_pages(&self.inner.client, "accounts", "balances", q, |row| {
+            let id = row.id.clone().unwrap_or_else(|| row.key.to_string());
+            match row.doc {
+                Some(doc) => match AccountDoc::from_value(doc) {
+                    Ok(d) => docs.push(d),
+                    Err(e) => bad.push((id, e.to_string())),
+                },
+                None => bad.push((id.clone(), format!("{id}: no document"))),
             }
-            if n < PAGE_ROWS_MAX {
-                return Ok((docs, bad));
-            }
-        }
-        Err(Error::invariant(format!(
-            "more than {} accounts: not read to the end",
-            PAGES_MAX * PAGE_ROWS_MAX
-        )))
+            Ok(())
+        })
+        .await?;
+        Ok((docs, bad))
     }
 
     /// `account → Σ in − Σ out` over committed and done transfers (`transactions/by_account`).
     async fn transfer_sums(&self) -> Result<HashMap<String, i128>> {
-        let client = &self.inner.client;
         let mut sums = HashMap::new();
-        let mut after: Option<Value> = None;
-        for _ in 0..PAGES_MAX {
-            let q = ViewQuery {
-                start_key: after.clone(),
-                skip: after.as_ref().map(|_| 1),
-                group: Some(true),
-                limit: Some(PAGE_ROWS_MAX),
-                ..ViewQuery::default()
-            };
-            let rows = client.view("transactions", "by_account", &q).await?.rows;
-            let n = rows.len() as u64;
-            for row in rows {
-                after = Some(row.key.clone());
-                let account = row.key.as_str().unwrap_or_default().to_owned();
-                let sum = row.value.as_i64().ok_or_else(|| {
-                    Error::decode(format!(
-                        "transactions/by_account sum for {account} is {}, not an integer",
-                        row.value
-                    ))
-                })?;
-                sums.insert(account, i128::from(sum));
-            }
-            if n < PAGE_ROWS_MAX {
-                return Ok(sums);
-            }
-        }
-        Err(Error::invariant(
-            "transactions/by_account: too many accounts to read",
-        ))
+        let q = ViewQuery {
+            group: Some(true),
+            ..ViewQuery::default()
+        };
+        view_in_pages(&self.inner.client, "transactions", "by_account", q, |row| {
+            let account = row.key.as_str().unwrap_or_default().to_owned();
+            let sum = row.value.as_i64().ok_or_else(|| {
+                Error::decode(format!(
+                    "transactions/by_account sum for {account} is {}, not an integer",
+                    row.value
+                ))
+            })?;
+            sums.insert(account, i128::from(sum));
+            Ok(())
+        })
+        .await?;
+        Ok(sums)
     }
 
     /// Every document of the database, once, from the `_changes` feed with their bodies: the
@@ -253,37 +261,26 @@ impl Ledger {
 
     /// `order_id → Σ` from the `orders/ledger` view, grouped, read in pages.
     async fn order_view_sums(&self) -> Result<BTreeMap<String, Signed>> {
-        let client = &self.inner.client;
         let mut sums = BTreeMap::new();
-        let mut after: Option<Value> = None;
-        for _ in 0..PAGES_MAX {
-            let q = ViewQuery {
-                start_key: after.clone(),
-                skip: after.as_ref().map(|_| 1),
-                group: Some(true),
-                limit: Some(PAGE_ROWS_MAX),
-                ..ViewQuery::default()
+        let q = ViewQuery {
+            group: Some(true),
+            ..ViewQuery::default()
+        };
+        view_in_pages(&self.inner.client, "orders", "ledger", q, |row| {
+            let order = match row.key.as_str() {
+                Some(k) => k.to_owned(),
+                None => row.key.to_string(),
             };
-            let rows = client.view("orders", "ledger", &q).await?.rows;
-            let n = rows.len() as u64;
-            for row in rows {
-                after = Some(row.key.clone());
-                let order = match row.key.as_str() {
-                    Some(k) => k.to_owned(),
-                    None => row.key.to_string(),
-                };
-                let sum = row
-                    .value
-                    .as_i64()
-                    .map(i128::from)
-                    .ok_or_else(|| format!("{} is not an integer", row.value));
-                sums.insert(order, sum);
-            }
-            if n < PAGE_ROWS_MAX {
-                return Ok(sums);
-            }
-        }
-        Err(Error::invariant("orders/ledger: too many orders to read"))
+            let sum = row
+                .value
+                .as_i64()
+                .map(i128::from)
+                .ok_or_else(|| format!("{} is not an integer", row.value));
+            sums.insert(order, sum);
+            Ok(())
+        })
+        .await?;
+        Ok(sums)
     }
 
     /// SPEC §7 invariants 1–7 with the default (not at rest) options: see
