@@ -457,7 +457,9 @@ impl Client {
                     }
                     let retry_after = retry_after(response.headers());
                     let bytes = response.bytes().await.unwrap_or_default();
-                    let err = status_error(status, &bytes).with_request(method.as_str(), path);
+                    let err = self
+                        .lockout(status_error(status, &bytes))
+                        .with_request(method.as_str(), path);
                     if !(retries_left && is_transient_status(status.as_u16())) {
                         return Err(err);
                     }
@@ -515,6 +517,19 @@ impl Client {
         }
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
         request.send().await
+    }
+
+    /// CouchDB's login lockout answers 403 `forbidden` with this reason (3.4, SERVERS.md):
+    /// said plainly as a locked user, not as a wrong password or a validation refusal.
+    fn lockout(&self, err: Error) -> Error {
+        let locked = err.status_code() == Some(403)
+            && err
+                .reason()
+                .is_some_and(|r| r.contains("temporarily locked"));
+        if !locked {
+            return err;
+        }
+        Error::locked(self.inner.auth.as_ref().map(|a| a.user.clone()))
     }
 
     fn uses_cookie(&self) -> bool {

@@ -32,6 +32,10 @@ pub(crate) enum Kind {
         error: Option<String>,
         reason: Option<String>,
     },
+    /// 403 from CouchDB's login lockout (`[chttpd_auth_lockout]`, on by default in 3.4): too
+    /// many failed logins for this user from this address. Every request as that user, with
+    /// the right password too, is refused until the lock expires.
+    Locked { user: Option<String> },
     /// The request did not get an answer (refused, reset, timed out).
     Transport { timeout: bool },
     /// The server's body was not what CouchDB's API documents.
@@ -78,6 +82,10 @@ impl Error {
             error,
             reason,
         })
+    }
+
+    pub(crate) fn locked(user: Option<String>) -> Error {
+        Error::new(Kind::Locked { user })
     }
 
     pub(crate) fn transport(timeout: bool) -> Error {
@@ -127,6 +135,7 @@ impl Error {
     pub fn status_code(&self) -> Option<u16> {
         match self.inner.kind {
             Kind::Status { status, .. } => Some(status),
+            Kind::Locked { .. } => Some(403),
             _ => None,
         }
     }
@@ -161,6 +170,12 @@ impl Error {
     /// 403: refused by `validate_doc_update` or by the server's security.
     pub fn is_forbidden(&self) -> bool {
         self.status_code() == Some(403)
+    }
+
+    /// 403 because the server locked the user out after failed logins (CouchDB 3.4's login
+    /// lockout): the password may be right, but nothing is accepted until the lock expires.
+    pub fn is_locked(&self) -> bool {
+        matches!(self.inner.kind, Kind::Locked { .. })
     }
 
     /// 401: missing or wrong credentials.
@@ -251,6 +266,11 @@ impl fmt::Display for Error {
                     write!(f, ": {r}")?;
                 }
             }
+            Kind::Locked { user } => write!(
+                f,
+                "the server has locked user {} after failed logins; wait or ask an admin",
+                user.as_deref().unwrap_or("(anonymous)")
+            )?,
             Kind::Transport { timeout: true } => f.write_str("request timed out")?,
             Kind::Transport { timeout: false } => f.write_str("could not reach the server")?,
             Kind::Decode(m) => write!(f, "unexpected reply from the server: {m}")?,
@@ -325,6 +345,12 @@ mod tests {
         assert!(Error::transport(true).is_timeout());
         assert!(Error::transport(false).is_transient());
         assert!(Error::mismatch("payment:o:r", "value").is_invalid_input());
+        let e = Error::locked(Some("shop".into()));
+        assert!(e.is_locked() && e.is_forbidden() && !e.is_unauthorized() && !e.is_transient());
+        assert_eq!(
+            e.to_string(),
+            "the server has locked user shop after failed logins; wait or ask an admin"
+        );
     }
 
     #[test]

@@ -119,13 +119,9 @@ async fn cli_stdin(db: &str, args: &[&str], stdin: Option<&str>) -> Run {
     run_raw(&all, stdin, &[]).await
 }
 
-/// `(update_seq, doc_count)` of a database.
-async fn db_state(l: &Ledger) -> (Value, u64) {
-    let info = l.client().database_info().await.unwrap();
-    (
-        info["update_seq"].clone(),
-        info["doc_count"].as_u64().unwrap(),
-    )
+/// What the database holds: compared before and after to see that nothing was written.
+async fn db_state(l: &Ledger) -> support::DbSnapshot {
+    support::db_snapshot(l.client().database()).await
 }
 
 /// A ledger with the Cloudant purchase recorded, and its database's name.
@@ -395,15 +391,18 @@ async fn wrong_credentials_are_exit_1_and_passwords_are_never_printed() {
     const SECRET: &str = "S3cr3t-never-shown";
     let s = support::server();
     let (_l, db) = ledger_with_cloudant("cli_secret").await;
-    // Wrong credentials are an operational error naming the cause. (CouchDB and pouchdb-server
-    // both answer 401 to unknown basic-auth credentials, even with no admin configured.)
+    // Wrong credentials are an operational error naming the cause (both servers answer 401).
+    // They are tried as a user of this test's own: CouchDB 3.4 locks a user out after a few
+    // failed logins, and the suite's user must keep working for every other test.
+    let (user, _right) = support::test_user("cli_secret").await;
+    let user = user.as_str();
     let args: Vec<String> = [
         "--url",
         &s.url,
         "--db",
         &db,
         "--user",
-        "nobody",
+        user,
         "--password",
         SECRET,
         "order",
@@ -417,7 +416,7 @@ async fn wrong_credentials_are_exit_1_and_passwords_are_never_printed() {
     assert_eq!(r.code, 1, "{}", r.describe());
     r.assert_one_error_line("401 unauthorized");
     assert!(!r.stderr.contains(SECRET) && !r.stdout.contains(SECRET));
-    let with_creds_in_url = s.url.replacen("://", &format!("://nobody:{SECRET}@"), 1);
+    let with_creds_in_url = s.url.replacen("://", &format!("://{user}:{SECRET}@"), 1);
     let runs: Vec<(Vec<String>, EnvVars)> = vec![
         // On the command line, against the test server, with debug logs.
         (
@@ -427,7 +426,7 @@ async fn wrong_credentials_are_exit_1_and_passwords_are_never_printed() {
                 "--db",
                 &db,
                 "--user",
-                "nobody",
+                user,
                 "--password",
                 SECRET,
                 "order",
@@ -473,7 +472,7 @@ async fn wrong_credentials_are_exit_1_and_passwords_are_never_printed() {
             .iter()
             .map(|a| a.to_string())
             .collect(),
-            vec![("COUCHDB_USER", "nobody"), ("COUCHDB_PASSWORD", SECRET)],
+            vec![("COUCHDB_USER", user), ("COUCHDB_PASSWORD", SECRET)],
         ),
         // The help shows where the password comes from, never its value.
         (
@@ -503,6 +502,52 @@ async fn wrong_credentials_are_exit_1_and_passwords_are_never_printed() {
             "{args:?} printed the password: {}",
             r.describe()
         );
+    }
+}
+
+/// CouchDB 3.4's login lockout (SERVERS.md) answers 403 to every request of a user that failed
+/// to log in too often, the right password too. The program says so plainly, exit 1, and does
+/// not call it a wrong password or a refused write. No real server locks on demand here, so a
+/// stand-in answers exactly what CouchDB 3.4.3 answers.
+#[tokio::test]
+async fn a_locked_user_is_said_plainly_exit_1() {
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let couch = MockServer::start().await;
+    Mock::given(wiremock::matchers::any())
+        .respond_with(ResponseTemplate::new(403).set_body_json(serde_json::json!({
+            "error": "forbidden",
+            "reason": "Account is temporarily locked due to multiple authentication failures"
+        })))
+        .mount(&couch)
+        .await;
+    for (args, env) in [
+        (
+            vec![
+                "--user",
+                "shop",
+                "--password",
+                "right-one",
+                "account",
+                "show",
+                "A",
+            ],
+            vec![],
+        ),
+        (
+            vec!["--json", "order", "show", "o1"],
+            vec![("COUCHDB_USER", "shop"), ("COUCHDB_PASSWORD", "right-one")],
+        ),
+    ] {
+        let mut all: Vec<String> =
+            vec!["--url".into(), couch.uri(), "--db".into(), "ledger".into()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let r = run_raw(&all, None, &env).await;
+        assert_eq!(r.code, 1, "{}", r.describe());
+        r.assert_one_error_line(
+            "the server has locked user shop after failed logins; wait or ask an admin",
+        );
+        assert!(!r.stderr.contains("right-one"), "{}", r.describe());
+        assert!(!r.stderr.contains("unauthorized"), "{}", r.describe());
     }
 }
 

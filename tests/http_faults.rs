@@ -1013,3 +1013,61 @@ async fn credentials_never_appear_in_logs() {
         "the password leaked into the logs:\n{text}"
     );
 }
+
+/// CouchDB 3.4's login lockout: a 403 whose reason says the account is locked is its own error
+/// (`is_locked`), naming the user and never the password, not retried (waiting minutes inside a
+/// call helps nobody), and not confused with a validation refusal.
+#[tokio::test]
+async fn a_locked_user_is_its_own_error_and_not_retried() {
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(ResponseTemplate::new(403).set_body_json(json!({
+            "error": "forbidden",
+            "reason": "Account is temporarily locked due to multiple authentication failures"
+        })))
+        .mount(&server)
+        .await;
+    for builder in [
+        Client::builder().basic_auth("shop", PASSWORD),
+        Client::builder().cookie_auth("shop", PASSWORD),
+    ] {
+        let c = builder
+            .url(server.uri())
+            .database("db")
+            .retry(fast(3))
+            .build()
+            .unwrap();
+        let e = c.get::<Value>("account:A").await.unwrap_err();
+        assert!(e.is_locked(), "{e:?}");
+        assert!(e.is_forbidden() && !e.is_unauthorized() && !e.is_transient());
+        let text = format!("{e} {e:?}");
+        assert!(
+            e.to_string().starts_with(
+                "the server has locked user shop after failed logins; wait or ask an admin"
+            ),
+            "{e}"
+        );
+        assert!(!text.contains(PASSWORD), "{text}");
+    }
+    // One GET each (the cookie client's refused login is a POST): nothing retried.
+    let gets = received(&server)
+        .await
+        .iter()
+        .filter(|r| r.method.as_str() == "GET")
+        .count();
+    assert_eq!(gets, 2);
+    // A validation refusal is still a plain 403.
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .respond_with(
+            ResponseTemplate::new(403)
+                .set_body_json(json!({"error": "forbidden", "reason": "account: field 'x'"})),
+        )
+        .mount(&server)
+        .await;
+    let e = client(&server, 0)
+        .get::<Value>("account:A")
+        .await
+        .unwrap_err();
+    assert!(e.is_forbidden() && !e.is_locked(), "{e:?}");
+}
