@@ -45,13 +45,9 @@ fn gbp_amount(text: &str) -> Amount {
     gbp().parse(text).unwrap()
 }
 
-/// `(update_seq, doc_count)`: what a refused write must leave as it was.
-async fn db_state(l: &Ledger) -> (Value, u64) {
-    let info = l.client().database_info().await.unwrap();
-    (
-        info["update_seq"].clone(),
-        info["doc_count"].as_u64().unwrap(),
-    )
+/// What the database holds: what a refused write must leave as it was.
+async fn db_state(l: &Ledger) -> support::DbSnapshot {
+    support::db_snapshot(l.client().database()).await
 }
 
 #[tokio::test]

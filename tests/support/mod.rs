@@ -129,3 +129,114 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// What a database holds, to tell whether anything was written: its document counts and every
+/// live document's revision. Sequence strings are opaque on CouchDB (a cluster's nodes give
+/// different strings for one state, SERVERS.md), so "nothing was written" is never a comparison
+/// of `update_seq`: a new document changes `doc_count` and the revisions, an update changes a
+/// revision, a deletion changes `doc_count` and `doc_del_count`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DbSnapshot {
+    pub doc_count: u64,
+    /// CouchDB's count of deleted documents (pouchdb-server does not report it; a deletion
+    /// shows there in `doc_count` and `revs`).
+    pub doc_del_count: Option<u64>,
+    /// `(id, rev)` of every live document, design documents included, in id order.
+    pub revs: Vec<(String, String)>,
+}
+
+/// The [`DbSnapshot`] of the test server's database `db`, read with raw HTTP.
+pub async fn db_snapshot(db: &str) -> DbSnapshot {
+    let get = |path: String| async move {
+        let reply = auth(raw().get(raw_url(&path))).send().await.unwrap();
+        assert!(
+            reply.status().is_success(),
+            "GET {path}: {}",
+            reply.status()
+        );
+        reply.json::<serde_json::Value>().await.unwrap()
+    };
+    let info = get(db.to_owned()).await;
+    let all = get(format!("{db}/_all_docs")).await;
+    let revs = all["rows"]
+        .as_array()
+        .expect("_all_docs rows")
+        .iter()
+        .map(|row| {
+            (
+                row["id"].as_str().expect("row id").to_owned(),
+                row["value"]["rev"].as_str().expect("row rev").to_owned(),
+            )
+        })
+        .collect();
+    DbSnapshot {
+        doc_count: info["doc_count"].as_u64().expect("doc_count"),
+        doc_del_count: info["doc_del_count"].as_u64(),
+        revs,
+    }
+}
+
+/// A user of its own for a test that sends wrong passwords: created in the server's `_users`
+/// with a random password that occurs nowhere else. CouchDB 3.4 locks a user out after a few
+/// failed logins (SERVERS.md), so a wrong password is never tried as the user the suite runs
+/// as, which every other test needs. Returns `(name, password)`.
+pub async fn make_user(
+    server_url: &str,
+    admin: Option<(&str, &str)>,
+    test: &str,
+) -> (String, String) {
+    let name = format!(
+        "u_{}_{:016x}",
+        db_name(test).trim_start_matches("t_"),
+        fastrand::u64(..)
+    );
+    let password = format!("pw{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..));
+    let base = server_url.trim_end_matches('/');
+    let put = |path: String, body: serde_json::Value| {
+        let mut r = raw()
+            .put(format!("{base}/{path}"))
+            .header("Content-Type", "application/json")
+            .body(body.to_string());
+        if let Some((user, pass)) = admin {
+            r = r.basic_auth(user, Some(pass));
+        }
+        r.send()
+    };
+    // A CouchDB 3 node set up by hand may have no `_users` yet: create it (412 = it exists).
+    let mut probe = raw().get(format!("{base}/_users"));
+    if let Some((user, pass)) = admin {
+        probe = probe.basic_auth(user, Some(pass));
+    }
+    if probe.send().await.unwrap().status().as_u16() == 404 {
+        let status = put("_users".to_owned(), serde_json::json!({}))
+            .await
+            .unwrap()
+            .status();
+        assert!(
+            status.is_success() || status.as_u16() == 412,
+            "PUT /_users: {status}"
+        );
+    }
+    let reply = put(
+        format!("_users/org.couchdb.user:{name}"),
+        serde_json::json!({"name": name, "password": password, "roles": [], "type": "user"}),
+    )
+    .await
+    .unwrap();
+    assert!(
+        reply.status().is_success(),
+        "create user {name}: {}",
+        reply.status()
+    );
+    (name, password)
+}
+
+/// [`make_user`] on the test server, as the suite's user.
+pub async fn test_user(test: &str) -> (String, String) {
+    let s = server();
+    let admin = s
+        .user
+        .as_deref()
+        .map(|u| (u, s.password.as_deref().unwrap_or("")));
+    make_user(&s.url, admin, test).await
+}
