@@ -213,13 +213,23 @@ pub(crate) enum OpResult {
     CurrencyMismatch,
     /// Apply not attempted: a linked apply of the same transfer failed in this round.
     NotApplied,
+    /// Apply: the new balance (or available amount) would pass 2^53 − 1 minor units, the
+    /// most CouchDB and JavaScript hold exactly.
+    Overflow,
+    /// Apply: the account's document is there but not a valid account for this program
+    /// (written by another tool, e.g. `balance: 100.0`).
+    Unreadable,
 }
 
 impl OpResult {
     fn is_failure(self) -> bool {
         matches!(
             self,
-            OpResult::Insufficient | OpResult::UnknownAccount | OpResult::CurrencyMismatch
+            OpResult::Insufficient
+                | OpResult::UnknownAccount
+                | OpResult::CurrencyMismatch
+                | OpResult::Overflow
+                | OpResult::Unreadable
         )
     }
 }
@@ -402,8 +412,23 @@ impl AccountEngine {
                                     }
                                     slots.insert(account, Slot { doc, fresh: true });
                                 }
-                                Err(e) => {
-                                    answer_account(&mut ops, &account, |_| Err(duplicate(&e)));
+                                Err((raw, e)) => {
+                                    // An apply is refused for good (the transfer is cancelled
+                                    // naming the account); a settle or undo can only tell
+                                    // from the raw markers whether there is work it cannot do.
+                                    tracing::warn!(%account, "unreadable account document: {e}");
+                                    for o in ops.iter_mut() {
+                                        if o.reply.is_none() || o.op.account != account {
+                                            continue;
+                                        }
+                                        let answer = unreadable_answer(&raw, &o.op, &e);
+                                        if matches!(answer, Ok(OpResult::Unreadable)) {
+                                            if let Some(link) = o.op.link {
+                                                failed_links.insert(link);
+                                            }
+                                        }
+                                        o.answer(answer);
+                                    }
                                     open.remove(&account);
                                 }
                             }
@@ -544,15 +569,20 @@ impl AccountEngine {
     }
 
     /// Reads accounts with `_all_docs?include_docs`: per account, its document, `None` when it
-    /// does not exist, or an error when it is not a valid account.
-    async fn read(&self, accounts: &[String]) -> Result<Vec<(String, Result<Option<AccountDoc>>)>> {
+    /// does not exist, or the raw document and the error when it is not a valid account.
+    async fn read(&self, accounts: &[String]) -> Result<Vec<(String, AccountRead)>> {
         let mut out = Vec::with_capacity(accounts.len());
         for chunk in accounts.chunks(READ_BATCH_KEYS_MAX) {
             let keys: Vec<String> = chunk.iter().map(|a| account_doc_id(a)).collect();
             let rows = self.client.all_docs(&keys, true).await?;
             for (account, row) in chunk.iter().zip(rows) {
                 let doc = match row.doc {
-                    Some(Value::Object(m)) => AccountDoc::from_value(Value::Object(m)).map(Some),
+                    Some(Value::Object(m)) => {
+                        let raw = Value::Object(m);
+                        AccountDoc::from_value(raw.clone())
+                            .map(Some)
+                            .map_err(|e| (raw, e))
+                    }
                     // Missing (`error: not_found`) or deleted (`doc: null`).
                     _ => Ok(None),
                 };
@@ -578,6 +608,32 @@ impl AccountEngine {
     /// Rounds run so far.
     pub(crate) fn rounds(&self) -> u64 {
         self.rounds.load(Ordering::Relaxed)
+    }
+}
+
+/// One account as [`AccountEngine::read`] found it.
+type AccountRead = std::result::Result<Option<AccountDoc>, (Value, Error)>;
+
+/// What an op on an account whose document cannot be read comes to. An apply is a business
+/// refusal ([`OpResult::Unreadable`]): the transfer is cancelled, never stuck. A settle or undo
+/// reads the raw markers: no marker of the transfer means nothing to do (it was never applied
+/// here), a marker means work this program cannot do on that document — an error, so the
+/// transfer waits for a person to repair the account, which `verify` reports.
+fn unreadable_answer(raw: &Value, op: &AccountOp, e: &Error) -> Result<OpResult> {
+    let holds = |field: &str| {
+        raw.get(field)
+            .and_then(Value::as_array)
+            .is_some_and(|list| {
+                list.iter()
+                    .any(|m| m.get("txn").and_then(Value::as_str) == Some(op.txn.as_str()))
+            })
+    };
+    match op.kind {
+        OpKind::Apply { .. } if holds("pending") => Err(duplicate(e)),
+        OpKind::Apply { .. } => Ok(OpResult::Unreadable),
+        OpKind::Settle | OpKind::Undo if holds("pending") => Err(duplicate(e)),
+        OpKind::Settle | OpKind::Undo if holds("settled") => Ok(OpResult::Finished),
+        OpKind::Settle | OpKind::Undo => Ok(OpResult::Absent),
     }
 }
 
@@ -648,12 +704,20 @@ pub(crate) fn evaluate(
             }
             if *check_funds && delta.minor() < 0 {
                 if let Some(min) = doc.min_balance {
-                    if doc.available()?.checked_add(*delta)? < min {
+                    let Ok(after) = doc.available().and_then(|a| a.checked_add(*delta)) else {
+                        return Ok(OpResult::Overflow);
+                    };
+                    if after < min {
                         return Ok(OpResult::Insufficient);
                     }
                 }
             }
-            doc.balance = doc.balance.checked_add(*delta)?;
+            // Past 2^53 − 1 the server could not hold the balance exactly: refused like an
+            // overdraft, so the transfer is cancelled instead of failing on every retry.
+            let Ok(balance) = doc.balance.checked_add(*delta) else {
+                return Ok(OpResult::Overflow);
+            };
+            doc.balance = balance;
             doc.pending.push(Marker {
                 txn: op.txn.clone(),
                 delta: *delta,
@@ -689,7 +753,18 @@ pub(crate) fn evaluate(
                 Ok(OpResult::Applied)
             }
             None if in_settled => Ok(OpResult::Finished),
-            None => Ok(OpResult::Absent),
+            None => {
+                // Nothing was applied here, but an apply of this transfer may still be on its
+                // way (a worker that read it pending): the undone entry makes it skip, instead
+                // of landing for a moment (a wrong balance, a spurious insufficient_funds) until
+                // an orphan repair takes it back.
+                doc.settled.push(Settled {
+                    txn: op.txn.clone(),
+                    at: now,
+                    undone: true,
+                });
+                Ok(OpResult::Applied)
+            }
         },
     }
 }
@@ -899,8 +974,21 @@ mod tests {
             OpResult::Finished
         );
         assert_eq!(doc.balance.minor(), 700);
+        // An undo that finds nothing leaves an undone entry, so a late apply of that transfer
+        // skips instead of landing (issue 12, item 7).
         assert_eq!(
             evaluate(Some(&mut doc), &op("u", OpKind::Undo), 5, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert!(doc.settled.iter().any(|s| s.txn == "u" && s.undone));
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("u", -100, true, None), 6, &none).unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("v", OpKind::Settle), 7, &none).unwrap(),
             OpResult::Absent
         );
     }

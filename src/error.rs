@@ -21,6 +21,8 @@ struct Inner {
     kind: Kind,
     /// `METHOD path` of the request, without credentials or host.
     request: Option<String>,
+    /// The transfer this error happened to after its document may have been written.
+    transfer: Option<String>,
     source: Option<BoxError>,
 }
 
@@ -61,6 +63,7 @@ impl Error {
             inner: Box::new(Inner {
                 kind,
                 request: None,
+                transfer: None,
                 source: None,
             }),
         }
@@ -68,6 +71,13 @@ impl Error {
 
     pub(crate) fn with_request(mut self, method: &str, path: &str) -> Error {
         self.inner.request = Some(format!("{method} {path}"));
+        self
+    }
+
+    /// Marks the error as happening to transfer `id` after its document was (or may have been)
+    /// written: the transfer exists, and sending the same id again finds it.
+    pub(crate) fn with_transfer(mut self, id: &str) -> Error {
+        self.inner.transfer = Some(id.to_owned());
         self
     }
 
@@ -129,6 +139,14 @@ impl Error {
 
     pub(crate) fn kind(&self) -> &Kind {
         &self.inner.kind
+    }
+
+    /// The id of the transfer this error happened to, once its document was or may have been
+    /// written. The transfer then exists (or may): the sweeper finishes it, and submitting the
+    /// same id again finds it instead of making a second one. `None` when the error came before
+    /// anything was written.
+    pub fn transfer_id(&self) -> Option<&str> {
+        self.inner.transfer.as_deref()
     }
 
     /// The HTTP status of the server's reply, when there was one.
@@ -252,6 +270,9 @@ impl From<crate::state::TransitionError> for Error {
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(id) = &self.inner.transfer {
+            write!(f, "transfer {id}: ")?;
+        }
         match &self.inner.kind {
             Kind::Status {
                 status,
@@ -303,6 +324,9 @@ impl fmt::Debug for Error {
         d.field("kind", &self.inner.kind);
         if let Some(r) = &self.inner.request {
             d.field("request", r);
+        }
+        if let Some(t) = &self.inner.transfer {
+            d.field("transfer", t);
         }
         if let Some(s) = &self.inner.source {
             d.field("source", &s.to_string());

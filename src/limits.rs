@@ -30,6 +30,10 @@ pub const SETTLED_RETENTION_MIN_MS: u64 = 300_000;
 /// Every transfer id (an idempotency key) and account id is at most this many characters.
 pub const ID_CHARS_MAX: usize = 200;
 
+/// Attempts at reversing one transfer: a reversal cancelled by a business rule (the money was
+/// spent) may be tried again under the next id, `rev-{id}`, `rev2-{id}`, … `rev{N}-{id}`.
+pub const REVERSAL_ATTEMPTS_MAX: u32 = 100;
+
 /// How often one account-op batch may meet a stale `_rev` on the same account before its ops
 /// fail with a conflict error (each attempt re-reads the account).
 pub const ACCOUNT_CAS_ATTEMPTS_MAX: u32 = 10;

@@ -37,7 +37,7 @@ use crate::accounts::validate_id;
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
-use crate::limits::{DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR};
+use crate::limits::{DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX};
 use crate::money::{Amount, Currency};
 use crate::orders::RecordStatus;
 use crate::state::{transition, Event, State, TransitionError};
@@ -72,6 +72,11 @@ pub enum Reason {
     CurrencyMismatch,
     /// [`Ledger::cancel`].
     CancelledByUser,
+    /// A balance would pass 2^53 − 1 minor units (the most CouchDB holds exactly).
+    BalanceOverflow,
+    /// The source's or destination's document is not a valid account for this program (written
+    /// by another tool); `verify` names it.
+    UnreadableAccount,
 }
 
 impl Reason {
@@ -82,6 +87,8 @@ impl Reason {
             Reason::UnknownAccount => "unknown_account",
             Reason::CurrencyMismatch => "currency_mismatch",
             Reason::CancelledByUser => "cancelled_by_user",
+            Reason::BalanceOverflow => "balance_overflow",
+            Reason::UnreadableAccount => "unreadable_account",
         }
     }
 }
@@ -185,6 +192,16 @@ pub(crate) struct TxnDoc {
 /// `txn:{id}`.
 pub(crate) fn txn_doc_id(txn_id: &str) -> String {
     format!("txn:{txn_id}")
+}
+
+/// The id of the `attempt`-th reversal of `txn_id` (from 1): `rev-{id}`, then `rev{n}-{id}`.
+/// Distinct for every pair: the text before the first `-` gives the attempt.
+fn reversal_id(txn_id: &str, attempt: u32) -> String {
+    if attempt == 1 {
+        format!("rev-{txn_id}")
+    } else {
+        format!("rev{attempt}-{txn_id}")
+    }
 }
 
 impl TxnDoc {
@@ -337,8 +354,12 @@ fn judge(debit: OpResult, credit: OpResult) -> Verdict {
     let both = [debit, credit];
     if both.contains(&OpResult::UnknownAccount) {
         Verdict::Cancel(Reason::UnknownAccount)
+    } else if both.contains(&OpResult::Unreadable) {
+        Verdict::Cancel(Reason::UnreadableAccount)
     } else if both.contains(&OpResult::CurrencyMismatch) {
         Verdict::Cancel(Reason::CurrencyMismatch)
+    } else if both.contains(&OpResult::Overflow) {
+        Verdict::Cancel(Reason::BalanceOverflow)
     } else if both.contains(&OpResult::Insufficient) {
         Verdict::Cancel(Reason::InsufficientFunds)
     } else if both.contains(&OpResult::NotApplied) {
@@ -754,6 +775,30 @@ impl Ledger {
                 format!("{} is not positive", request.amount.minor()),
             ));
         }
+        // From the first write on, the transfer exists (or may: a write whose answer was lost
+        // can have landed), so every error names it: a caller that retries with the same id
+        // finds it instead of making a second transfer.
+        // (A mismatch is the exception: the id belongs to another transfer, this call wrote
+        // nothing.)
+        self.create_and_drive(&id, request, reverses, wait)
+            .await
+            .map_err(|e| {
+                if e.is_mismatch() {
+                    e
+                } else {
+                    e.with_transfer(&id)
+                }
+            })
+    }
+
+    async fn create_and_drive(
+        &self,
+        id: &str,
+        request: TransferRequest,
+        reverses: Option<String>,
+        wait: bool,
+    ) -> Result<TransferOutcome> {
+        let id = id.to_owned();
         let now = now_ms();
         let (claim, deadline) = self.new_claim();
         let mut doc = TxnDoc {
@@ -871,44 +916,91 @@ impl Ledger {
         )))
     }
 
-    /// Reverses a committed or done transfer with a new transfer in the other direction, id
-    /// `rev-{id}`, same amount and currency, `reverses: id`, driven to its end. Its id is
-    /// derived from the original, so a second call finds the first reversal
-    /// ([`RecordStatus::Exists`]) instead of making another. A reversal is an ordinary
-    /// transfer: it can itself end `cancelled` (e.g. `insufficient_funds` when the destination
-    /// spent the money); reversing again then keeps answering that cancelled reversal.
+    /// Reverses a done transfer with a new transfer in the other direction, same amount and
+    /// currency, `reverses: id`, driven to its end. A `committed` transfer is first driven to
+    /// `done` (its credit is spendable only once settled); one still settling under another
+    /// worker's live claim is refused for now.
+    ///
+    /// The reversal's id is derived from the original: `rev-{id}` first. So a second call finds
+    /// the first reversal ([`RecordStatus::Exists`]) instead of making another, and a transfer is
+    /// reversed at most once. A reversal is an ordinary transfer: it can end `cancelled` (e.g.
+    /// `insufficient_funds` when the destination spent the money). Reversing again then makes
+    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to
+    /// [`REVERSAL_ATTEMPTS_MAX`](crate::limits::REVERSAL_ATTEMPTS_MAX): each is made only after
+    /// the one before it ended `cancelled`, so at most one can ever move money.
     ///
     /// # Errors
     ///
-    /// No such transfer (404); it is not committed or done; `rev-{id}` would be longer than
-    /// [`ID_CHARS_MAX`](crate::limits::ID_CHARS_MAX); the server failed.
+    /// No such transfer (404); it is not committed or done, or still settling under another
+    /// worker; the reversal id would be longer than
+    /// [`ID_CHARS_MAX`](crate::limits::ID_CHARS_MAX); every attempt was cancelled; the server
+    /// failed.
     pub async fn reverse(&self, id: &str) -> Result<TransferOutcome> {
         validate_id("id", id)?;
-        let doc = self.read_txn(id).await?;
-        if !matches!(doc.state, State::Committed | State::Done) {
+        let mut doc = self.read_txn(id).await?;
+        if doc.state == State::Committed {
+            doc = self.finish_committed(doc).await?;
+        }
+        if doc.state != State::Done {
             return Err(Error::invalid(
                 "id",
                 format!(
-                    "transfer {id} is {}: only a committed or done transfer can be reversed",
-                    doc.state
+                    "transfer {id} is {}: only a done transfer can be reversed{}",
+                    doc.state,
+                    if doc.state == State::Committed {
+                        " (it is still settling under another worker; try again in a moment)"
+                    } else {
+                        ""
+                    }
                 ),
             ));
         }
-        let reversal = format!("rev-{id}");
-        validate_id("id", &reversal).map_err(|_| {
-            Error::invalid(
-                "id",
-                format!("the reversal id {reversal:?} would be too long"),
-            )
-        })?;
-        let request = TransferRequest {
-            id: Some(reversal),
-            source: doc.destination.clone(),
-            destination: doc.source.clone(),
-            amount: doc.value,
-            currency: Currency::from_code(&doc.currency)?,
-        };
-        self.submit_terms(request, Some(id.to_owned()), true).await
+        let currency = Currency::from_code(&doc.currency)?;
+        for attempt in 1..=REVERSAL_ATTEMPTS_MAX {
+            let reversal = reversal_id(id, attempt);
+            validate_id("id", &reversal).map_err(|_| {
+                Error::invalid(
+                    "id",
+                    format!("the reversal id {reversal:?} would be too long"),
+                )
+            })?;
+            // An earlier attempt that ended cancelled moved nothing: go on to the next id. Any
+            // other state is the reversal (made, or under way): answer it.
+            let earlier = self
+                .inner
+                .client
+                .get_opt::<Value>(&txn_doc_id(&reversal))
+                .await?;
+            if let Some(v) = earlier {
+                if TxnDoc::from_value(v)?.state == State::Cancelled {
+                    continue;
+                }
+            }
+            let request = TransferRequest {
+                id: Some(reversal),
+                source: doc.destination.clone(),
+                destination: doc.source.clone(),
+                amount: doc.value,
+                currency,
+            };
+            return self.submit_terms(request, Some(id.to_owned()), true).await;
+        }
+        Err(Error::invalid(
+            "id",
+            format!("transfer {id} could not be reversed: all {REVERSAL_ATTEMPTS_MAX} attempts were cancelled"),
+        ))
+    }
+
+    /// Drives a committed transfer to `done` unless another worker holds a live claim on it;
+    /// returns it as it is afterwards.
+    async fn finish_committed(&self, doc: TxnDoc) -> Result<TxnDoc> {
+        if !doc.claim_free(now_ms(), &self.inner.worker_id, true) {
+            return Ok(doc);
+        }
+        match self.take_over(&doc).await? {
+            Some(drive) => Ok(self.drive(drive).await?.doc),
+            None => self.read_txn(&doc.txn_id).await,
+        }
     }
 
     /// Reads a transfer.

@@ -1242,10 +1242,7 @@ async fn cancel_and_reverse_on_the_command_line() {
         (vec!["cancel", "nope"], "no transfer \"nope\""),
         (vec!["reverse", "nope"], "no transfer \"nope\""),
         (vec!["transfer", "show", "nope"], "no transfer \"nope\""),
-        (
-            vec!["reverse", "early"],
-            "only a committed or done transfer",
-        ),
+        (vec!["reverse", "early"], "only a done transfer"),
         (vec!["cancel", "_bad"], "begins with '_'"),
     ] {
         let r = cli(&db, &args).await;

@@ -349,14 +349,13 @@ async fn account_list(ctx: &mut Context) -> anyhow::Result<Exit> {
 
 // ---- transfers ------------------------------------------------------------------------------
 
-/// The exit code a transfer's outcome means: 3 when it ended cancelled (nothing moved), else 0
-/// (done, or still in progress for the sweeper to finish).
+/// The exit code a transfer's outcome means: 3 when it ended cancelled or is being cancelled
+/// (nothing will move), else 0 (done, or still in progress for the sweeper to finish).
 fn transfer_exit(state: State) -> Exit {
     match state {
-        State::Cancelled => Exit::Cancelled,
-        State::Initial | State::Pending | State::Committed | State::Canceling | State::Done => {
-            Exit::Success
-        }
+        // A transfer left canceling can only end cancelled: nothing will move.
+        State::Cancelled | State::Canceling => Exit::Cancelled,
+        State::Initial | State::Pending | State::Committed | State::Done => Exit::Success,
     }
 }
 
@@ -404,18 +403,34 @@ async fn transfer(a: TransferArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         ))
         .into());
     }
+    // The id is made here, before anything is written, so that whatever happens next the user
+    // knows which transfer to look for or to send again.
+    let id = a.id.unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
     let request = TransferRequest {
-        id: a.id,
+        id: Some(id),
         source: from.clone(),
         destination: to.clone(),
         amount: value,
         currency: c,
     };
-    let o = ctx
-        .ledger()?
-        .submit(request, !a.no_wait)
-        .await
-        .context("the transfer could not be made")?;
+    let o = match ctx.ledger()?.submit(request, !a.no_wait).await {
+        Ok(o) => o,
+        Err(e) => {
+            let Some(id) = e.transfer_id().map(str::to_owned) else {
+                return Err(anyhow::Error::new(e).context("the transfer could not be made"));
+            };
+            if ctx.out.is_json() {
+                ctx.out.print(
+                    &json!({"id": id, "state": null, "reason": null, "error": e.to_string()}),
+                    "",
+                )?;
+            }
+            return Err(anyhow::Error::new(e).context(format!(
+                "transfer {id} may exist unfinished: the sweeper finishes it, and sending it \
+                 again with --id {id} follows it instead of making a second one"
+            )));
+        }
+    };
     let text = format!(
         "transfer {} of {} from {from} to {to}{}: {}",
         o.id,
