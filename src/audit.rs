@@ -237,7 +237,7 @@ impl Ledger {
     /// transfers, each parsed leniently so one bad document is reported, never fatal.
     async fn scan_documents(&self) -> Result<Scan> {
         let client = &self.inner.client;
-        let mut scan = Scan::default();
+        let mut rows = Latest::default();
         let mut since: Option<Value> = None;
         for _ in 0..PAGES_MAX {
             let q = ChangesQuery {
@@ -249,11 +249,11 @@ impl Ledger {
             let page = client.changes(&q).await?;
             let n = page.results.len() as u64;
             for row in page.results {
-                scan.add(row);
+                rows.keep(row);
             }
             since = Some(page.last_seq);
             if n < PAGE_ROWS_MAX {
-                return Ok(scan);
+                return Ok(rows.scan());
             }
         }
         Err(Error::invariant("_changes: too many documents to read"))
@@ -703,6 +703,26 @@ struct Scan {
     bad_transfers: Vec<(String, String)>,
 }
 
+/// The feed's rows, one per document. `_changes` may name a document more than once: it moved
+/// while the feed was read (a later row, newer), or a cluster's copies each reported it. Every
+/// document must count once, as it is now.
+#[derive(Default)]
+struct Latest(BTreeMap<String, crate::couch::ChangeRow>);
+
+impl Latest {
+    fn keep(&mut self, row: crate::couch::ChangeRow) {
+        self.0.insert(row.id.clone(), row);
+    }
+
+    fn scan(self) -> Scan {
+        let mut scan = Scan::default();
+        for row in self.0.into_values() {
+            scan.add(row);
+        }
+        scan
+    }
+}
+
 impl Scan {
     fn add(&mut self, row: crate::couch::ChangeRow) {
         let id = row.id.clone();
@@ -1020,6 +1040,34 @@ mod tests {
             "pending": [], "settled": settled
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_document_the_feed_names_twice_counts_once() {
+        let mut rows = Latest::default();
+        rows.keep(row(txn("t1", "a", "b", 100, "pending")));
+        rows.keep(row(
+            json!({"_id": "payment:o1:p", "type": "payment", "order_id": "o1",
+                             "value": 400}),
+        ));
+        // The same transfer again, moved on; the same payment again, unchanged.
+        let mut later = txn("t1", "a", "b", 100, "done");
+        later["_rev"] = json!("3-c");
+        rows.keep(row(later));
+        rows.keep(row(
+            json!({"_id": "payment:o1:p", "type": "payment", "order_id": "o1",
+                             "value": 400}),
+        ));
+        let scan = rows.scan();
+        assert_eq!(scan.transfers.len(), 1);
+        assert_eq!(
+            scan.transfers[0].state,
+            Some(State::Done),
+            "the newer row counts"
+        );
+        assert_eq!(scan.immutable_seen, 1);
+        assert_eq!(scan.orders["o1"].len(), 1);
+        assert_eq!(scan.by_account["a"].len(), 1);
     }
 
     #[test]

@@ -79,6 +79,9 @@ pub struct SweepOutcome {
     pub remaining: u64,
     /// Orphan markers undone (a pending marker whose transfer had already finished).
     pub repaired_markers: u64,
+    /// Malformed transfers passed over without a read: found by an earlier pass (they are
+    /// reported then, in `skipped` and `problems`) and remembered in `_local/`[`SKIP_LIST`].
+    pub skipped_malformed: u64,
     /// What could not be handled, one line each (at most [`PROBLEMS_MAX`]).
     pub problems: Vec<String>,
 }
@@ -98,6 +101,7 @@ impl SweepOutcome {
         self.failed += other.failed;
         self.remaining = other.remaining;
         self.repaired_markers += other.repaired_markers;
+        self.skipped_malformed += other.skipped_malformed;
         for p in other.problems {
             self.problem(p);
         }
@@ -165,6 +169,31 @@ pub struct LedgerStatus {
     pub pending_markers: u64,
 }
 
+/// The `_local` document where the sweeper remembers malformed transfers (written by a tool
+/// that bypassed the validation, or before it existed), so that they never again take a place
+/// in a pass's batch: `{"ids": {"txn:…": "why"}}`.
+pub const SKIP_LIST: &str = "couch-ledger-sweeper-skip";
+
+/// At most this many malformed transfers are remembered (each pass then asks the view for
+/// that many rows more).
+const SKIP_LIST_MAX: usize = 10_000;
+
+#[derive(Debug, Default)]
+struct SkipList {
+    rev: Option<String>,
+    ids: std::collections::BTreeMap<String, String>,
+    changed: bool,
+}
+
+impl SkipList {
+    fn add(&mut self, id: &str, why: &str) {
+        if self.ids.len() < SKIP_LIST_MAX && !self.ids.contains_key(id) {
+            self.ids.insert(id.to_owned(), why.to_owned());
+            self.changed = true;
+        }
+    }
+}
+
 /// One candidate's fate in a pass.
 enum Swept {
     Advanced,
@@ -195,20 +224,28 @@ impl Ledger {
         let limit = options.limit as u64;
         let mut out = SweepOutcome::default();
 
-        // 1. Open transfers not modified since the cutoff, oldest first.
+        // 1. Open transfers not modified since the cutoff, oldest first — past the malformed
+        //    ones found by earlier passes, which would otherwise fill every batch (they sort
+        //    oldest and never move). Asking for `limit` rows more than there are known
+        //    malformed ones is enough to reach `limit` others.
+        let mut skip = self.read_skip_list().await?;
         let mut queue: Vec<(i64, String)> = Vec::new();
         for state in OPEN_STATES {
             let q = ViewQuery {
                 start_key: Some(json!([state.as_str()])),
                 end_key: Some(json!([state.as_str(), cutoff])),
                 reduce: Some(false),
-                limit: Some(limit),
+                limit: Some(limit + skip.ids.len() as u64),
                 ..ViewQuery::default()
             };
             for row in client.view("transactions", "by_state", &q).await?.rows {
-                if let Some(id) = row.id {
-                    let modified = row.key.get(1).and_then(Value::as_i64).unwrap_or(0);
-                    queue.push((modified, id));
+                match row.id {
+                    Some(id) if skip.ids.contains_key(&id) => out.skipped_malformed += 1,
+                    Some(id) => {
+                        let modified = row.key.get(1).and_then(Value::as_i64).unwrap_or(0);
+                        queue.push((modified, id));
+                    }
+                    None => {}
                 }
             }
         }
@@ -309,6 +346,7 @@ impl Ledger {
                     Err(e) => {
                         out.skipped += 1;
                         out.problem(format!("{id}: {e}"));
+                        skip.add(id, &e.to_string());
                         continue;
                     }
                 },
@@ -361,6 +399,17 @@ impl Ledger {
             )));
         }
 
+        if skip.changed {
+            self.write_skip_list(&skip).await;
+        }
+        if out.skipped_malformed > 0 {
+            out.problem(format!(
+                "{} malformed transfers skipped without a read (listed in _local/{SKIP_LIST}; \
+                 `verify` names them; delete that document to have them looked at again)",
+                out.skipped_malformed
+            ));
+        }
+
         let (counts, unknown) = state_counts_and_unknown(self).await?;
         for (name, n) in unknown {
             out.problem(format!(
@@ -393,6 +442,34 @@ impl Ledger {
                 other => Swept::Failed(format!("{id}: stopped in state {other}")),
             },
             Err(e) => Swept::Failed(format!("{id}: {e}")),
+        }
+    }
+
+    /// The malformed transfers earlier passes found (an empty list when there is none yet).
+    async fn read_skip_list(&self) -> Result<SkipList> {
+        let stored: Option<Value> = self.inner.client.get_local(SKIP_LIST).await?;
+        let mut list = SkipList::default();
+        if let Some(v) = stored {
+            list.rev = v.get("_rev").and_then(Value::as_str).map(str::to_owned);
+            if let Some(ids) = v.get("ids").and_then(Value::as_object) {
+                for (id, why) in ids.iter().take(SKIP_LIST_MAX) {
+                    list.ids
+                        .insert(id.clone(), why.as_str().unwrap_or("").to_owned());
+                }
+            }
+        }
+        Ok(list)
+    }
+
+    /// Stores the list; a failure (another sweeper wrote it first, the server) is logged only:
+    /// the next pass finds the same documents again and retries.
+    async fn write_skip_list(&self, list: &SkipList) {
+        let mut doc = json!({"ids": list.ids});
+        if let Some(rev) = &list.rev {
+            doc["_rev"] = json!(rev);
+        }
+        if let Err(e) = self.inner.client.put_local(SKIP_LIST, &doc).await {
+            tracing::warn!("could not store the list of malformed transfers: {e}");
         }
     }
 

@@ -552,3 +552,75 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
     );
     assert_at_rest(&l).await;
 }
+
+/// Issue 12, item 4: malformed transfers (written before the validation existed, or by a tool
+/// that bypassed it) sort oldest in `by_state` and never move. They must not fill the batch of
+/// every pass: a pass reports them once and remembers them, and real stuck transfers behind
+/// them are reached.
+#[tokio::test]
+async fn malformed_transfers_do_not_starve_the_sweeper() {
+    let l = support::ledger("malformed_starve").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    let db = l.client().database().to_owned();
+    // Bypass the validation the way an old deployment would have: without the design document.
+    let design = support::raw_url(&format!("{db}/_design/validation"));
+    let rev = support::auth(support::raw().get(&design))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap()["_rev"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let gone = support::auth(support::raw().delete(format!("{design}?rev={rev}")))
+        .send()
+        .await
+        .unwrap();
+    assert!(gone.status().is_success(), "{}", gone.status());
+    let bad: Vec<Value> = (0..30)
+        .map(|i| {
+            json!({"_id": format!("txn:bad{i:02}"), "type": "transaction", "state": "pending",
+                        "last_modified": i, "txn_id": format!("bad{i:02}")})
+        })
+        .collect();
+    let bulk = support::auth(support::raw().post(support::raw_url(&format!("{db}/_bulk_docs"))))
+        .header("Content-Type", "application/json")
+        .body(json!({"docs": bad}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(bulk.status().is_success(), "{}", bulk.status());
+    l.init().await.unwrap();
+    // A real transfer left for the sweeper, newer than every malformed one.
+    l.submit(request("good", "A", "B", 100), false)
+        .await
+        .unwrap();
+
+    let mut finished = false;
+    for _ in 0..4 {
+        let pass = l.sweep_once(now_sweep(10)).await.unwrap();
+        if l.transfer("good").await.unwrap().state == State::Done {
+            finished = true;
+            break;
+        }
+        assert!(pass.skipped > 0, "{pass:?}");
+    }
+    assert!(
+        finished,
+        "the good transfer was never reached behind 30 malformed ones"
+    );
+    assert_eq!(balance(&l, "B").await, 100);
+    // Remembered: a later pass passes over all 30 without reading them, and says so.
+    let pass = l.sweep_once(now_sweep(10)).await.unwrap();
+    assert_eq!(pass.skipped_malformed, 30, "{pass:?}");
+    assert_eq!(pass.examined, 0, "{pass:?}");
+    assert!(
+        pass.problems
+            .iter()
+            .any(|p| p.contains("30 malformed transfers")),
+        "{pass:?}"
+    );
+}
