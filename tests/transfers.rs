@@ -866,3 +866,202 @@ async fn two_processes_on_one_hot_account_conflict_and_still_apply_once() {
     assert!(cold >= 0);
     assert_at_rest(&l).await;
 }
+
+// ---- protocol hardening (issue 12) -----------------------------------------------------------
+
+/// Item 1: once the transfer document is written, a failure while driving it names the transfer:
+/// it exists, the sweeper finishes it, and a retry with that id must find it, not make another.
+#[tokio::test]
+async fn a_transfer_that_fails_after_its_document_was_written_names_its_id() {
+    let base = support::ledger("failed_names_id").await;
+    open(&base, "A", 1_000, Some(0)).await;
+    open(&base, "B", 0, Some(0)).await;
+    let (g, hook) = gate("apply");
+    let worker_ledger = Ledger::new(base.client().clone()).with_pause_hook(hook);
+    // No id given: the library makes one, and the error must still carry it.
+    let worker = tokio::spawn(async move {
+        worker_ledger
+            .submit(request(None, "A", "B", 100), true)
+            .await
+    });
+    g.reached.notified().await;
+    // The transfer exists (pending); now its database goes away under the worker.
+    let doc_ids = support::db_snapshot(base.client().database()).await.revs;
+    let txn = doc_ids
+        .iter()
+        .find_map(|(id, _)| id.strip_prefix("txn:"))
+        .expect("the transfer document was written")
+        .to_owned();
+    base.client().delete_database().await.unwrap();
+    g.release.notify_one();
+    let e = worker.await.unwrap().unwrap_err();
+    assert_eq!(e.transfer_id(), Some(txn.as_str()), "{e:?}");
+    assert!(e.to_string().contains(&txn), "{e}");
+    // Refused before any write: no id, nothing exists.
+    let e = base
+        .submit(request(Some("same"), "A", "A", 1), true)
+        .await
+        .unwrap_err();
+    assert!(e.is_invalid_input() && e.transfer_id().is_none(), "{e:?}");
+}
+
+/// Item 2: a credit past 2^53 − 1 minor units is a business refusal: the transfer ends
+/// cancelled (`balance_overflow`) with the debit undone, instead of staying pending with a
+/// marker that fails every sweep.
+#[tokio::test]
+async fn an_overflowing_credit_cancels_the_transfer_and_undoes_the_debit() {
+    let l = support::ledger("overflow").await;
+    let max = couch_ledger::AMOUNT_ABS_MAX;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "Full", max - 5, None).await;
+    let o = l
+        .submit(request(Some("too-much"), "A", "Full", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (o.state, o.reason.as_deref()),
+        (State::Cancelled, Some("balance_overflow"))
+    );
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "Full").await, max - 5);
+    // Within the limit it still works, to the last minor unit.
+    let o = l
+        .submit(request(Some("just-fits"), "A", "Full", 5), true)
+        .await
+        .unwrap();
+    assert_eq!(o.state, State::Done);
+    assert_eq!(balance(&l, "Full").await, max);
+    assert_at_rest(&l).await;
+}
+
+/// Item 2: an account document the validation accepts but this program cannot read (written
+/// by another tool) cancels the transfer (`unreadable_account`), nothing moved; a retry with
+/// the same id writes nothing.
+#[tokio::test]
+async fn a_transfer_to_an_unreadable_account_ends_cancelled_and_a_retry_writes_nothing() {
+    let l = support::ledger("unreadable").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "Odd", 0, None).await;
+    // Another tool adds a settled entry of its own shape: valid for the server, not for us.
+    let db = l.client().database().to_owned();
+    let url = support::raw_url(&format!("{db}/account%3AOdd"));
+    let mut doc: Value = support::auth(support::raw().get(&url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    doc["settled"] = json!([{"txn": "elsewhere", "at": 1, "undone": "not a bool"}]);
+    let put = support::auth(support::raw().put(&url))
+        .header("Content-Type", "application/json")
+        .body(doc.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(put.status().is_success(), "{}", put.status());
+    assert!(
+        l.account("Odd").await.is_err(),
+        "the program cannot read it"
+    );
+
+    let o = l
+        .submit(request(Some("to-odd"), "A", "Odd", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (o.state, o.reason.as_deref()),
+        (State::Cancelled, Some("unreadable_account"))
+    );
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert!(l.account("A").await.unwrap().pending.is_empty());
+    let before = support::db_snapshot(&db).await;
+    let again = l
+        .submit(request(Some("to-odd"), "A", "Odd", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.state, again.status),
+        (State::Cancelled, RecordStatus::Exists)
+    );
+    assert_eq!(
+        support::db_snapshot(&db).await,
+        before,
+        "a retry wrote something"
+    );
+}
+
+/// Item 3: a reversal cancelled by a business rule (the money was spent) can be tried again
+/// once the money is back, under the next id — and a transfer is still reversed only once.
+#[tokio::test]
+async fn a_reversal_refused_for_funds_can_be_tried_again_and_happens_once() {
+    let l = support::ledger("reverse_again").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    open(&l, "C", 0, Some(0)).await;
+    l.submit(request(Some("pay"), "A", "B", 300), true)
+        .await
+        .unwrap();
+    l.submit(request(Some("spend"), "B", "C", 300), true)
+        .await
+        .unwrap();
+    let first = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (first.id.as_str(), first.state, first.reason.as_deref()),
+        ("rev-pay", State::Cancelled, Some("insufficient_funds"))
+    );
+    // The money comes back; reversing again now works, under the next attempt's id.
+    l.submit(request(Some("back"), "C", "B", 300), true)
+        .await
+        .unwrap();
+    let second = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (second.id.as_str(), second.state, second.status),
+        ("rev2-pay", State::Done, RecordStatus::Created)
+    );
+    assert_eq!(
+        l.transfer("rev2-pay").await.unwrap().reverses.as_deref(),
+        Some("pay")
+    );
+    // Once done, it is found, never made again.
+    let third = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (third.id.as_str(), third.status),
+        ("rev2-pay", RecordStatus::Exists)
+    );
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    assert_at_rest(&l).await;
+}
+
+/// Item 3: a committed transfer is settled before it is reversed, so the reversal's funds check
+/// sees the credit as spendable instead of cancelling the reversal for good.
+#[tokio::test]
+async fn a_committed_transfer_is_settled_then_reversed() {
+    let l = support::ledger("reverse_committed").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request(Some("c1"), "A", "B", 400), false)
+        .await
+        .unwrap();
+    // Step it to committed: begin, apply both, commit.
+    let mut state = State::Initial;
+    for _ in 0..4 {
+        state = l.step("c1").await.unwrap().state;
+        if state == State::Committed {
+            break;
+        }
+    }
+    assert_eq!(state, State::Committed);
+    assert_eq!(
+        l.account("B").await.unwrap().available.minor(),
+        0,
+        "credit not spendable yet"
+    );
+    let r = l.reverse("c1").await.unwrap();
+    assert_eq!((r.id.as_str(), r.state), ("rev-c1", State::Done), "{r:?}");
+    assert_eq!(l.transfer("c1").await.unwrap().state, State::Done);
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    assert_at_rest(&l).await;
+}
