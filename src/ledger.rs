@@ -149,6 +149,38 @@ impl Ledger {
         &self.inner.worker_id
     }
 
+    /// Sets the database's `_security` so that only users with `role` (and admins) can read
+    /// and write it, keeping the admins and member names already there. With the ledger's users
+    /// members rather than admins, the validation guards every write they make, and what it
+    /// cannot guard — deleting `_design/validation`, `_purge`, `_security` itself — is left to
+    /// admins (docs/SECURITY.md). Returns the `_security` object written.
+    ///
+    /// # Errors
+    ///
+    /// `role` is empty or starts with `_` (CouchDB reserves those); the server refused (an
+    /// admin is needed) or failed.
+    pub async fn restrict_to_role(&self, role: &str) -> Result<serde_json::Value> {
+        if role.is_empty() || role.starts_with('_') || role.chars().any(char::is_whitespace) {
+            return Err(Error::invalid(
+                "role",
+                format!("{role:?} is not a role name (non-empty, no spaces, not starting with _)"),
+            ));
+        }
+        let client = &self.inner.client;
+        let mut security = client.security().await?;
+        if !security.is_object() {
+            security = serde_json::json!({});
+        }
+        for part in ["admins", "members"] {
+            if !security[part].is_object() {
+                security[part] = serde_json::json!({"names": [], "roles": []});
+            }
+        }
+        security["members"]["roles"] = serde_json::json!([role]);
+        client.set_security(&security).await?;
+        Ok(security)
+    }
+
     /// Creates the database if needed and installs the design documents, writing only those
     /// that changed. Safe to run any number of times, from several processes at once.
     ///

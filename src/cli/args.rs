@@ -70,12 +70,23 @@ pub(crate) struct GlobalArgs {
     timeout: Option<String>,
 }
 
+/// `init`'s options.
+#[derive(clap::Args)]
+pub(crate) struct InitArgs {
+    /// Also set the database's _security so that only users with this role (and admins) can
+    /// read and write it. Run the CLI and services as such a member, not as an admin: the
+    /// validation then guards every write, and only admins can delete the design documents,
+    /// purge or change _security (docs/SECURITY.md).
+    #[arg(long, value_name = "ROLE")]
+    pub(crate) member_role: Option<String>,
+}
+
 /// The commands. Each group of commands lives in its own file and is flattened in here.
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Create the database if needed and install the design documents (views and validation),
-    /// writing only those that changed. Safe to run any number of times.
-    Init,
+    /// writing only those that changed. Safe to run any number of times. Needs an admin.
+    Init(InitArgs),
 
     #[command(flatten)]
     Orders(super::orders::OrderCommand),

@@ -103,19 +103,28 @@ pub(crate) fn run(low: LowArgs, matches: &clap::ArgMatches) -> anyhow::Result<Ex
 
 async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
     match command {
-        Command::Init => init(ctx).await,
+        Command::Init(args) => init(args, ctx).await,
         Command::Orders(cmd) => orders::run(cmd, ctx).await,
         Command::Transfers(cmd) => transfers::run(cmd, ctx).await,
         Command::Demo(args) => demo::run(args, ctx).await,
     }
 }
 
-async fn init(ctx: &mut Context) -> anyhow::Result<Exit> {
+async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     let ledger = ctx.ledger()?;
     let report = ledger
         .init()
         .await
         .with_context(|| format!("could not initialise database {:?}", ctx.settings.db))?;
+    let security = match &args.member_role {
+        Some(role) => Some(ledger.restrict_to_role(role).await.with_context(|| {
+            format!(
+                "could not set the _security of database {:?}",
+                ctx.settings.db
+            )
+        })?),
+        None => None,
+    };
     let docs: Vec<_> = report
         .design_docs
         .iter()
@@ -133,9 +142,16 @@ async fn init(ctx: &mut Context) -> anyhow::Result<Exit> {
             output::install_status(d.status)
         ));
     }
-    ctx.out.print(
-        &json!({"database": report.database, "created": report.created, "design_docs": docs}),
-        &text,
-    )?;
+    if let Some(role) = &args.member_role {
+        text.push_str(&format!(
+            "  _security                only admins and role {role:?} may read and write\n"
+        ));
+    }
+    let mut value =
+        json!({"database": report.database, "created": report.created, "design_docs": docs});
+    if let Some(security) = security {
+        value["security"] = security;
+    }
+    ctx.out.print(&value, &text)?;
     Ok(Exit::Success)
 }
