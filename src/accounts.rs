@@ -3,8 +3,9 @@
 //!
 //! An account carries, besides its balance, the markers of the transfers that touched it:
 //! `pending` (applied to `balance`, not yet settled) and `settled` (recently settled or undone,
-//! kept for [`SETTLED_RETENTION_MS`](crate::limits::SETTLED_RETENTION_MS)). Those markers are
-//! what make every account step of a transfer idempotent.
+//! kept until their transfer reads `done` or `cancelled` and they are old enough,
+//! `crate::limits::SETTLED_AGE_MIN_MS`). Those markers are what make every account step of a
+//! transfer idempotent. Their size is bounded (`crate::limits::MARKERS_BYTES_MAX`).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -109,7 +110,22 @@ pub(crate) struct Settled {
     pub(crate) undone: bool,
 }
 
+/// Serialized bytes of one `pending` or `settled` entry of transfer `txn`, at most (JSON escapes
+/// `"` and `\\` with one more byte each; ids hold no control character).
+pub(crate) fn marker_bytes(txn: &str) -> usize {
+    let escapes = txn.bytes().filter(|b| matches!(b, b'"' | b'\\')).count();
+    txn.len() + escapes + crate::limits::MARKER_OVERHEAD_BYTES
+}
+
 impl AccountDoc {
+    /// Serialized bytes of all markers, at most: what
+    /// [`MARKERS_BYTES_MAX`](crate::limits::MARKERS_BYTES_MAX) bounds.
+    pub(crate) fn markers_bytes(&self) -> usize {
+        let pending: usize = self.pending.iter().map(|m| marker_bytes(&m.txn)).sum();
+        let settled: usize = self.settled.iter().map(|s| marker_bytes(&s.txn)).sum();
+        pending + settled
+    }
+
     /// Parses a document read from the server and asserts what must hold after a read.
     pub(crate) fn from_value(value: Value) -> Result<AccountDoc> {
         let id = value
@@ -301,6 +317,29 @@ mod tests {
         assert_eq!(doc.posted().unwrap().minor(), 1000);
         // Unknown fields survive a round trip (a CAS write never drops them).
         assert_eq!(serde_json::to_value(&doc).unwrap()["other"], true);
+    }
+
+    #[test]
+    fn marker_bytes_bound_the_serialized_entries() {
+        use crate::limits::MARKER_OVERHEAD_BYTES;
+        for txn in ["", "t", "a\"b\\c", &"\u{1F600}".repeat(ID_CHARS_MAX)] {
+            let pending = Marker {
+                txn: txn.to_owned(),
+                delta: Amount::new(-9_007_199_254_740_991).unwrap(),
+                at: Some(i64::MIN),
+            };
+            let settled = Settled {
+                txn: txn.to_owned(),
+                at: i64::MIN,
+                undone: true,
+            };
+            // +1: the comma between two entries of a list.
+            let p = serde_json::to_vec(&pending).unwrap().len() + 1;
+            let s = serde_json::to_vec(&settled).unwrap().len() + 1;
+            assert!(p <= marker_bytes(txn), "{p} > {}", marker_bytes(txn));
+            assert!(s <= marker_bytes(txn), "{s} > {}", marker_bytes(txn));
+        }
+        assert!(marker_bytes("") == MARKER_OVERHEAD_BYTES);
     }
 
     #[test]

@@ -32,17 +32,19 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::accounts::{account_doc_id, AccountDoc, Marker, Settled};
+use crate::accounts::{account_doc_id, marker_bytes, AccountDoc, Marker, Settled};
 use crate::couch::{BulkResult, Client};
 use crate::error::{Error, Result};
 use crate::limits::{
-    ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, ENGINE_ROUNDS_MAX,
-    READ_BATCH_KEYS_MAX, SETTLED_MAX, SETTLED_RETENTION_MIN_MS, SETTLED_RETENTION_MS,
-    TXN_BATCH_DOCS_MAX,
+    ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
+    CLOCK_SKEW_MAX_MS, ENGINE_ROUNDS_MAX, ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_PRUNE_AT_BYTES,
+    MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS,
+    SETTLED_PRUNE_BATCH_MIN, SETTLED_RETENTION_MS, TXN_BATCH_DOCS_MAX,
 };
 use crate::money::Amount;
 
@@ -78,6 +80,19 @@ fn bulk_error(id: &str, r: &BulkResult) -> Error {
             r.error, r.reason
         )),
     }
+}
+
+/// An account whose markers reached [`MARKERS_BYTES_MAX`] refuses new applies until pruning
+/// made room: 429, transient (the transfer is retried, by its worker or the sweeper).
+fn account_full(account: &str, bytes: usize) -> Error {
+    Error::status(
+        429,
+        Some("account_full".to_owned()),
+        Some(format!(
+            "account {account} holds {bytes} bytes of transfer markers, the most it may \
+             ({MARKERS_BYTES_MAX}); retry once its settled transfers are done and pruned"
+        )),
+    )
 }
 
 /// A `_bulk_docs` reply keyed by document id. Never by position: pouchdb-server, with a
@@ -175,6 +190,10 @@ pub(crate) enum OpKind {
         currency: String,
         /// A debit: refuse when `available + delta < min_balance`.
         check_funds: bool,
+        /// The worker's monotonic deadline: an attempt that decides after it refuses the apply
+        /// ([`OpResult::NotApplied`]) and writes nothing. Checked at every attempt of a round, after
+        /// the accounts were read, so a decision always rests on a state read before it.
+        deadline: Option<Instant>,
     },
     /// Move the marker from pending to settled (step 6).
     Settle,
@@ -211,7 +230,8 @@ pub(crate) enum OpResult {
     UnknownAccount,
     /// The account's currency is not the transfer's.
     CurrencyMismatch,
-    /// Apply not attempted: a linked apply of the same transfer failed in this round.
+    /// Apply not attempted: a linked apply of the same transfer failed in this round, or the
+    /// worker's deadline had passed when the round decided it (issue 12, item 5).
     NotApplied,
     /// Apply: the new balance (or available amount) would pass 2^53 − 1 minor units, the
     /// most CouchDB and JavaScript hold exactly.
@@ -390,6 +410,9 @@ impl AccountEngine {
         let mut open: HashSet<String> = accounts.iter().cloned().collect();
         // Links whose failure is final (answered): later attempts keep honouring them.
         let mut failed_links: HashSet<u64> = HashSet::new();
+        // Transfers whose state this round read for pruning, and those found done/cancelled.
+        let mut checked: HashSet<String> = HashSet::new();
+        let mut terminal: HashSet<String> = HashSet::new();
 
         for _attempt in 0..ACCOUNT_CAS_ATTEMPTS_MAX {
             if open.is_empty() {
@@ -446,7 +469,9 @@ impl AccountEngine {
                 }
             }
 
-            // 2. Decide every open op in queue order, each account on its own working copy.
+            // 2. Decide every open op in queue order, each account on its own working copy,
+            //    pruned first of settled entries whose transfer reads done or cancelled (one
+            //    read of those transfers, only when some account has enough to prune).
             let now = now_ms();
             let mut work: HashMap<String, (Option<AccountDoc>, bool)> = HashMap::new();
             for a in &accounts {
@@ -455,6 +480,37 @@ impl AccountEngine {
                     work.insert(a.clone(), (doc, false));
                 }
             }
+            let candidates: Vec<String> = {
+                let mut seen = HashSet::new();
+                work.values()
+                    .filter_map(|(doc, _)| doc.as_ref())
+                    .flat_map(|doc| prune_candidates(doc, now))
+                    .filter(|t| !checked.contains(t) && seen.insert(t.clone()))
+                    .collect()
+            };
+            if !candidates.is_empty() {
+                match self.read_terminal(&candidates).await {
+                    Ok(done) => {
+                        checked.extend(candidates);
+                        terminal.extend(done);
+                    }
+                    // Pruning is best effort: the size cap holds without it.
+                    Err(e) => {
+                        tracing::warn!("could not read transfers to prune settled entries: {e}")
+                    }
+                }
+            }
+            if !terminal.is_empty() {
+                for (doc, changed) in work.values_mut() {
+                    if let Some(doc) = doc.as_mut() {
+                        if prune_settled(doc, now, &terminal) {
+                            *changed = true;
+                        }
+                    }
+                }
+            }
+            // The deadline is judged once per attempt, after the reads above.
+            let instant = Instant::now();
             let mut links_now = failed_links.clone();
             let mut decided: Vec<Option<Result<OpResult>>> = (0..ops.len()).map(|_| None).collect();
             for (i, o) in ops.iter().enumerate() {
@@ -464,6 +520,19 @@ impl AccountEngine {
                 let (doc, changed) = work
                     .get_mut(&o.op.account)
                     .expect("open account has a copy");
+                if let OpKind::Apply {
+                    deadline: Some(deadline),
+                    ..
+                } = &o.op.kind
+                {
+                    if instant >= *deadline {
+                        // Not attempted, writes nothing. `NotApplied` (not an error, not a
+                        // business refusal): the drive retries the step, and its own lease
+                        // check ends it as `LeaseLost`.
+                        decided[i] = Some(Ok(OpResult::NotApplied));
+                        continue;
+                    }
+                }
                 let result = evaluate(doc.as_mut(), &o.op, now, &links_now);
                 if let Ok(r) = &result {
                     if r.is_failure() {
@@ -486,9 +555,7 @@ impl AccountEngine {
                 }
                 let (doc, changed) = work.remove(a).expect("open account has a copy");
                 if changed {
-                    let mut doc = doc.expect("a changed account exists");
-                    prune_settled(&mut doc, now);
-                    writes.push(doc);
+                    writes.push(doc.expect("a changed account exists"));
                 } else if slots.get(a).is_some_and(|s| s.fresh) {
                     answer_decided(&mut ops, &mut decided, a, &mut failed_links);
                     open.remove(a);
@@ -502,55 +569,43 @@ impl AccountEngine {
                 continue;
             }
 
-            // 4. One `_bulk_docs` for every changed account, each a CAS on its `_rev`.
-            match self.client.bulk_docs(&writes).await {
-                Err(e) => {
-                    // Unknown whether it landed: drop the copies and fail these ops; the
-                    // caller's protocol step is idempotent and will be redone.
-                    for doc in &writes {
-                        let a = doc.account_id.clone();
+            // 4. `_bulk_docs` for every changed account (one request unless they pass
+            //    [`BULK_BYTES_MAX`]), each a CAS on its `_rev`.
+            let results = self.write_accounts(&writes).await;
+            for (mut doc, r) in writes.into_iter().zip(results) {
+                let a = doc.account_id.clone();
+                let r = match r {
+                    Ok(r) => r,
+                    Err(e) => {
+                        // Unknown whether it landed (or refused as too large): drop the
+                        // copy and fail these ops; the caller's protocol step is
+                        // idempotent and will be redone.
                         slots.remove(&a);
                         self.forget(&a);
                         answer_account(&mut ops, &a, |_| Err(duplicate(&e)));
                         open.remove(&a);
+                        continue;
                     }
-                }
-                Ok(results) => {
-                    let mut by_id = results_by_id(results);
-                    for mut doc in writes {
-                        let a = doc.account_id.clone();
-                        let Some(r) = by_id.remove(&doc.id) else {
-                            // No answer for it: unknown whether it landed, as for a failed
-                            // request.
-                            slots.remove(&a);
-                            self.forget(&a);
-                            let e =
-                                Error::decode(format!("_bulk_docs did not answer for {}", doc.id));
-                            answer_account(&mut ops, &a, |_| Err(duplicate(&e)));
-                            open.remove(&a);
-                            continue;
-                        };
-                        if r.is_ok() {
-                            doc.rev = r.rev.clone();
-                            self.remember(&doc);
-                            slots.insert(
-                                a.clone(),
-                                Slot {
-                                    doc: Some(doc),
-                                    fresh: true,
-                                },
-                            );
-                            answer_decided(&mut ops, &mut decided, &a, &mut failed_links);
-                            open.remove(&a);
-                        } else if r.is_conflict() {
-                            slots.remove(&a);
-                            self.forget(&a);
-                        } else {
-                            let e = bulk_error(&account_doc_id(&a), &r);
-                            answer_account(&mut ops, &a, |_| Err(duplicate(&e)));
-                            open.remove(&a);
-                        }
-                    }
+                };
+                if r.is_ok() {
+                    doc.rev = r.rev.clone();
+                    self.remember(&doc);
+                    slots.insert(
+                        a.clone(),
+                        Slot {
+                            doc: Some(doc),
+                            fresh: true,
+                        },
+                    );
+                    answer_decided(&mut ops, &mut decided, &a, &mut failed_links);
+                    open.remove(&a);
+                } else if r.is_conflict() {
+                    slots.remove(&a);
+                    self.forget(&a);
+                } else {
+                    let e = bulk_error(&account_doc_id(&a), &r);
+                    answer_account(&mut ops, &a, |_| Err(duplicate(&e)));
+                    open.remove(&a);
                 }
             }
         }
@@ -566,6 +621,98 @@ impl AccountEngine {
                 ))
             });
         }
+    }
+
+    /// Writes accounts with `_bulk_docs`, in requests of at most [`BULK_BYTES_MAX`] bytes; a
+    /// request the server refuses as too large (413) is split in two and sent again, down to
+    /// one document, whose 413 is its answer. One answer per document, in order: its result,
+    /// or the error of the request that carried it (unknown whether it landed).
+    async fn write_accounts(&self, writes: &[AccountDoc]) -> Vec<Result<BulkResult>> {
+        let mut answers: Vec<Option<Result<BulkResult>>> = writes.iter().map(|_| None).collect();
+        let mut chunks: VecDeque<Vec<usize>> = VecDeque::new();
+        let mut chunk: Vec<usize> = Vec::new();
+        let mut bytes = 0usize;
+        for (i, doc) in writes.iter().enumerate() {
+            let size = serde_json::to_vec(doc).map_or(0, |v| v.len()) + 1;
+            if !chunk.is_empty() && bytes + size > BULK_BYTES_MAX {
+                chunks.push_back(std::mem::take(&mut chunk));
+                bytes = 0;
+            }
+            chunk.push(i);
+            bytes += size;
+        }
+        if !chunk.is_empty() {
+            chunks.push_back(chunk);
+        }
+        while let Some(chunk) = chunks.pop_front() {
+            let docs: Vec<&AccountDoc> = chunk.iter().map(|&i| &writes[i]).collect();
+            match self.client.bulk_docs(&docs).await {
+                Ok(results) => {
+                    let mut by_id = results_by_id(results);
+                    for &i in &chunk {
+                        let id = &writes[i].id;
+                        answers[i] = Some(by_id.remove(id).ok_or_else(|| {
+                            Error::decode(format!("_bulk_docs did not answer for {id}"))
+                        }));
+                    }
+                }
+                Err(e) if e.is_too_large() && chunk.len() > 1 => {
+                    tracing::warn!(docs = chunk.len(), "_bulk_docs too large (413); splitting");
+                    let (a, b) = chunk.split_at(chunk.len() / 2);
+                    chunks.push_front(b.to_vec());
+                    chunks.push_front(a.to_vec());
+                }
+                Err(e) if e.is_too_large() => {
+                    let doc = &writes[chunk[0]];
+                    let size = serde_json::to_vec(doc).map_or(0, |v| v.len());
+                    let e = Error::status(
+                        413,
+                        Some("too_large".to_owned()),
+                        Some(format!(
+                            "the server refuses {} as too large ({size} bytes) even alone",
+                            doc.id
+                        )),
+                    )
+                    .with_request("POST", "_bulk_docs")
+                    .with_source(e.to_string());
+                    answers[chunk[0]] = Some(Err(e));
+                }
+                Err(e) => {
+                    for &i in &chunk {
+                        answers[i] = Some(Err(duplicate(&e)));
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(Error::invariant("an account write was not sent"))))
+            .collect()
+    }
+
+    /// Of these transfers, those whose document reads `done` or `cancelled`, or does not exist
+    /// (no transfer, nothing can apply it): the settled entries that may be pruned.
+    async fn read_terminal(&self, txns: &[String]) -> Result<HashSet<String>> {
+        let mut out = HashSet::new();
+        for chunk in txns.chunks(READ_BATCH_KEYS_MAX) {
+            let keys: Vec<String> = chunk.iter().map(|t| format!("txn:{t}")).collect();
+            let rows = self.client.all_docs(&keys, true).await?;
+            for (txn, row) in chunk.iter().zip(rows) {
+                let end = match &row.doc {
+                    Some(doc) => matches!(
+                        doc.get("state").and_then(Value::as_str),
+                        Some("done" | "cancelled")
+                    ),
+                    // `error: not_found`: never written. A deleted one (`doc: null` with a
+                    // value) cannot happen (validation forbids it) and is kept, to be safe.
+                    None => row.error.as_deref() == Some("not_found"),
+                };
+                if end {
+                    out.insert(txn.clone());
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Reads accounts with `_all_docs?include_docs`: per account, its document, `None` when it
@@ -689,6 +836,7 @@ pub(crate) fn evaluate(
             delta,
             currency,
             check_funds,
+            ..
         } => {
             if in_pending.is_some() {
                 return Ok(OpResult::AlreadyPending);
@@ -701,6 +849,10 @@ pub(crate) fn evaluate(
             }
             if doc.currency != *currency {
                 return Ok(OpResult::CurrencyMismatch);
+            }
+            let bytes = doc.markers_bytes();
+            if bytes + marker_bytes(&op.txn) > MARKERS_BYTES_MAX {
+                return Err(account_full(&doc.account_id, bytes));
             }
             if *check_funds && delta.minor() < 0 {
                 if let Some(min) = doc.min_balance {
@@ -754,6 +906,10 @@ pub(crate) fn evaluate(
             }
             None if in_settled => Ok(OpResult::Finished),
             None => {
+                let bytes = doc.markers_bytes();
+                if bytes + marker_bytes(&op.txn) > MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES {
+                    return Err(account_full(&doc.account_id, bytes));
+                }
                 // Nothing was applied here, but an apply of this transfer may still be on its
                 // way (a worker that read it pending): the undone entry makes it skip, instead
                 // of landing for a moment (a wrong balance, a spurious insufficient_funds) until
@@ -769,24 +925,60 @@ pub(crate) fn evaluate(
     }
 }
 
-/// Drops settled entries past [`SETTLED_RETENTION_MS`]; above [`SETTLED_MAX`] entries, drops
-/// the oldest too, but never one younger than [`SETTLED_RETENTION_MIN_MS`].
-pub(crate) fn prune_settled(doc: &mut AccountDoc, now: i64) {
+/// The settled entries of `doc` worth reading the transfer of, to prune them: none unless
+/// enough have gathered — the markers pass [`MARKERS_PRUNE_AT_BYTES`] with at least
+/// [`SETTLED_PRUNE_BATCH_MIN`] entries older than [`SETTLED_AGE_MIN_MS`], or the account is about
+/// full, or that many are past [`SETTLED_RETENTION_MS`] — so the common write reads nothing
+/// more. None either when a marker is dated more than [`CLOCK_SKEW_MAX_MS`] ahead of this host:
+/// a clock is off by more than the pruning rule allows for.
+pub(crate) fn prune_candidates(doc: &AccountDoc, now: i64) -> Vec<String> {
+    let skew = i64::try_from(CLOCK_SKEW_MAX_MS).expect("fits");
+    let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
     let retention = i64::try_from(SETTLED_RETENTION_MS).expect("fits");
-    let retention_min = i64::try_from(SETTLED_RETENTION_MIN_MS).expect("fits");
-    doc.settled
-        .retain(|s| s.at >= now.saturating_sub(retention));
-    if doc.settled.len() > SETTLED_MAX {
-        doc.settled.sort_by_key(|s| s.at);
-        let excess = doc.settled.len() - SETTLED_MAX;
-        let old = doc
-            .settled
-            .iter()
-            .take(excess)
-            .take_while(|s| s.at < now.saturating_sub(retention_min))
-            .count();
-        doc.settled.drain(..old);
+    let ahead = doc
+        .pending
+        .iter()
+        .filter_map(|m| m.at)
+        .chain(doc.settled.iter().map(|s| s.at))
+        .any(|at| at > now.saturating_add(skew));
+    if ahead {
+        tracing::warn!(
+            account = %doc.account_id,
+            "a marker is dated more than {CLOCK_SKEW_MAX_MS} ms ahead of this host; not pruning"
+        );
+        return Vec::new();
     }
+    let old: Vec<&Settled> = doc
+        .settled
+        .iter()
+        .filter(|s| s.at <= now.saturating_sub(age_min))
+        .collect();
+    if old.is_empty() {
+        return Vec::new();
+    }
+    let expired = old
+        .iter()
+        .filter(|s| s.at <= now.saturating_sub(retention))
+        .count();
+    let bytes = doc.markers_bytes();
+    let nearly_full = bytes + 4 * ID_CHARS_MAX + MARKER_OVERHEAD_BYTES > MARKERS_BYTES_MAX;
+    let crowded = bytes >= MARKERS_PRUNE_AT_BYTES && old.len() >= SETTLED_PRUNE_BATCH_MIN;
+    if nearly_full || crowded || expired >= SETTLED_PRUNE_BATCH_MIN {
+        old.into_iter().map(|s| s.txn.clone()).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// Drops the settled entries whose transfer is in `terminal` (read `done` or `cancelled`) and
+/// that are older than [`SETTLED_AGE_MIN_MS`]; never any other (issue 12, item 5: age alone
+/// trusts other hosts' clocks). `true` when it dropped something.
+pub(crate) fn prune_settled(doc: &mut AccountDoc, now: i64, terminal: &HashSet<String>) -> bool {
+    let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
+    let before = doc.settled.len();
+    doc.settled
+        .retain(|s| !(terminal.contains(&s.txn) && s.at <= now.saturating_sub(age_min)));
+    doc.settled.len() != before
 }
 
 // ---- transfer documents ----------------------------------------------------------------------
@@ -931,6 +1123,7 @@ mod tests {
                 delta: Amount::new(delta).unwrap(),
                 currency: "EUR".into(),
                 check_funds: check,
+                deadline: None,
             },
             link,
         }
@@ -1057,52 +1250,86 @@ mod tests {
     }
 
     #[test]
-    fn pruning_keeps_young_entries_whatever_the_count() {
-        let mut doc = account(0, None);
+    fn pruning_needs_a_terminal_transfer_and_an_old_entry() {
         let now = 10_000_000_000i64;
         let old = now - i64::try_from(SETTLED_RETENTION_MS).unwrap() - 1;
-        let mid = now - i64::try_from(SETTLED_RETENTION_MIN_MS).unwrap() - 1;
-        doc.settled.push(Settled {
-            txn: "old".into(),
-            at: old,
+        let young = now - 1;
+        let mut doc = account(0, None);
+        for i in 0..SETTLED_PRUNE_BATCH_MIN {
+            doc.settled.push(Settled {
+                txn: format!("old{i}"),
+                at: old,
+                undone: false,
+            });
+        }
+        for txn in ["open", "young"] {
+            doc.settled.push(Settled {
+                txn: txn.into(),
+                at: if txn == "young" { young } else { old },
+                undone: false,
+            });
+        }
+        let candidates = prune_candidates(&doc, now);
+        assert_eq!(candidates.len(), SETTLED_PRUNE_BATCH_MIN + 1);
+        assert!(!candidates.contains(&"young".to_owned()));
+        // The transfer read says: every `old*` ended, `open` did not; `young` ended too.
+        let mut terminal: HashSet<String> = (0..SETTLED_PRUNE_BATCH_MIN)
+            .map(|i| format!("old{i}"))
+            .collect();
+        terminal.insert("young".into());
+        assert!(prune_settled(&mut doc, now, &terminal));
+        let left: Vec<&str> = doc.settled.iter().map(|s| s.txn.as_str()).collect();
+        assert_eq!(left, ["open", "young"]);
+        // Too few old entries on a small account: nothing to read.
+        assert!(prune_candidates(&doc, now).is_empty());
+        // A marker dated far ahead of this host: a clock is off, no pruning at all.
+        let mut skewed = account(0, None);
+        for i in 0..SETTLED_PRUNE_BATCH_MIN {
+            skewed.settled.push(Settled {
+                txn: format!("old{i}"),
+                at: old,
+                undone: false,
+            });
+        }
+        skewed.settled.push(Settled {
+            txn: "future".into(),
+            at: now + i64::try_from(CLOCK_SKEW_MAX_MS).unwrap() + 1,
             undone: false,
         });
-        for i in 0..SETTLED_MAX {
-            doc.settled.push(Settled {
-                txn: format!("mid{i}"),
-                at: mid,
-                undone: false,
-            });
-        }
-        for i in 0..10 {
-            doc.settled.push(Settled {
-                txn: format!("young{i}"),
-                at: now,
-                undone: false,
-            });
-        }
-        prune_settled(&mut doc, now);
-        assert_eq!(doc.settled.len(), SETTLED_MAX);
-        assert!(doc.settled.iter().all(|s| s.txn != "old"));
-        assert_eq!(
-            doc.settled
-                .iter()
-                .filter(|s| s.txn.starts_with("young"))
-                .count(),
-            10
-        );
+        assert!(prune_candidates(&skewed, now).is_empty());
+    }
 
-        // Only young entries over the cap: none pruned.
-        let mut hot = account(0, None);
-        for i in 0..SETTLED_MAX + 5 {
-            hot.settled.push(Settled {
-                txn: format!("y{i}"),
-                at: now,
+    #[test]
+    fn applies_stop_at_the_size_cap_and_undos_at_the_slack() {
+        let none = HashSet::new();
+        let mut doc = account(0, None);
+        let id = "x".repeat(100);
+        let per = marker_bytes(&id);
+        let n = MARKERS_BYTES_MAX / per;
+        for i in 0..n {
+            doc.settled.push(Settled {
+                txn: format!("{i:0>100}"),
+                at: 1,
                 undone: false,
             });
         }
-        prune_settled(&mut hot, now);
-        assert_eq!(hot.settled.len(), SETTLED_MAX + 5);
+        assert!(doc.markers_bytes() <= MARKERS_BYTES_MAX);
+        let e = evaluate(
+            Some(&mut doc),
+            &apply(&"t".repeat(100), 5, false, None),
+            2,
+            &none,
+        )
+        .unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().contains("account_full"), "{e}");
+        assert_eq!(doc.balance.minor(), 0);
+        // An undo that finds nothing still records its entry, within the slack.
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("u", OpKind::Undo), 3, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert!(doc.markers_bytes() <= MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES);
     }
 
     #[test]

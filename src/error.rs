@@ -180,6 +180,12 @@ impl Error {
         self.status_code() == Some(409)
     }
 
+    /// 413: the request (a `_bulk_docs`, a document) is larger than the server accepts. Never
+    /// retried as is: only a smaller request can succeed.
+    pub fn is_too_large(&self) -> bool {
+        self.status_code() == Some(413)
+    }
+
     /// 404: no such document or database.
     pub fn is_not_found(&self) -> bool {
         self.status_code() == Some(404)

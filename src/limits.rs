@@ -19,13 +19,56 @@ pub const LEASE_MARGIN_DIVISOR: u32 = 6;
 /// long, so a late or repeated step on that account finds it and skips.
 pub const SETTLED_RETENTION_MS: u64 = 3_600_000;
 
-/// The most `settled` entries an account keeps once they are older than
-/// [`SETTLED_RETENTION_MIN_MS`]. A hot account may hold more: entries younger than that are
-/// never pruned, whatever the count (safety before document size).
-pub const SETTLED_MAX: usize = 1_000;
+/// Settled entries older than [`SETTLED_RETENTION_MS`] are pruned (once their transfer reads
+/// `done` or `cancelled`) when at least this many of them have gathered, so that one read of
+/// their transfers serves many entries. (The size bound is [`MARKERS_BYTES_MAX`].)
+pub const SETTLED_PRUNE_BATCH_MIN: usize = 32;
 
-/// The cap [`SETTLED_MAX`] never prunes an entry younger than this.
+/// The age below which the auditor does not judge a settled entry (it may be younger than the
+/// transfer's last write it sees).
 pub const SETTLED_RETENTION_MIN_MS: u64 = 300_000;
+
+/// The most two hosts' wall clocks may disagree (NTP keeps them within milliseconds; this is
+/// the assumption the pruning rule below is sized against).
+pub const CLOCK_SKEW_MAX_MS: u64 = 30_000;
+
+/// The youngest settled entry that may be pruned, and only once its transfer reads `done` or
+/// `cancelled`. Why this is enough: an apply of transfer T can only land through a decision the
+/// engine took before its worker's monotonic deadline (checked at every attempt, after the
+/// read), i.e. within [`LEASE_MS`] of that worker's claim write; T's settle (which wrote the
+/// entry's `at`) came after that claim. An entry older than the lease (plus the clock skew
+/// between the settling and the pruning host) can therefore no longer meet an apply that
+/// would need it.
+pub const SETTLED_AGE_MIN_MS: u64 = LEASE_MS + CLOCK_SKEW_MAX_MS;
+
+/// Serialized bytes of one `pending` or `settled` entry besides its transfer id: the field
+/// names, quotes, a delta or `undone: true`, a 20-digit `at`, the comma.
+pub const MARKER_OVERHEAD_BYTES: usize = 72;
+
+/// The most serialized bytes an account's markers (pending + settled) may take: an apply that
+/// would pass it is refused with a transient error (429 `account_full`) until pruning made room.
+/// With UUID ids (~110 bytes an entry) that is ~4,700 markers: at a settled age of
+/// [`SETTLED_AGE_MIN_MS`], about 75 transfers/s on one account before applies wait.
+pub const MARKERS_BYTES_MAX: usize = 512 * 1024;
+
+/// An undo that finds no marker still records an undone entry (so a late apply skips): it may
+/// pass [`MARKERS_BYTES_MAX`] by this much, no more (beyond it, the undo fails transiently).
+pub const MARKERS_UNDO_SLACK_BYTES: usize = 64 * 1024;
+
+/// Pruning is considered (the transfers of the candidates are read) once the markers take this
+/// many bytes — well before [`MARKERS_BYTES_MAX`], so a hot account prunes in large batches.
+pub const MARKERS_PRUNE_AT_BYTES: usize = MARKERS_BYTES_MAX / 2;
+
+/// An account document without its markers: ids (4 bytes per character at worst), currency,
+/// amounts, timestamps, and room for fields another version added.
+pub const ACCOUNT_FIXED_BYTES_MAX: usize = 16 * 1024;
+
+/// Cloudant's document size limit (CouchDB's default is larger).
+pub const DOC_BYTES_LIMIT: usize = 1_000_000;
+
+/// The most bytes one `_bulk_docs` request of the engine carries (Cloudant refuses more than
+/// 10 MB with 413).
+pub const BULK_BYTES_MAX: usize = 4 * 1024 * 1024;
 
 /// Every transfer id (an idempotency key) and account id is at most this many characters.
 pub const ID_CHARS_MAX: usize = 200;
@@ -101,7 +144,24 @@ pub const OPEN_AGE_MAX_MS: u64 = 300_000;
 const _: () = assert!(SETTLED_RETENTION_MIN_MS >= 10 * LEASE_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= SETTLED_RETENTION_MIN_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= 100 * LEASE_MS);
-const _: () = assert!(SETTLED_MAX > 0);
+const _: () = assert!(SETTLED_PRUNE_BATCH_MIN > 0);
+// A settled entry outlives the lease and the clock skew (see SETTLED_AGE_MIN_MS).
+const _: () = assert!(SETTLED_AGE_MIN_MS >= LEASE_MS + CLOCK_SKEW_MAX_MS);
+const _: () = assert!(SETTLED_RETENTION_MS >= SETTLED_AGE_MIN_MS);
+// An account stays well under Cloudant's 1 MB whatever the traffic: fixed part, markers up to
+// the cap, the undo slack, and one more marker with a 200-character id of 4-byte characters.
+const _: () = assert!(
+    ACCOUNT_FIXED_BYTES_MAX
+        + MARKERS_BYTES_MAX
+        + MARKERS_UNDO_SLACK_BYTES
+        + 4 * ID_CHARS_MAX
+        + MARKER_OVERHEAD_BYTES
+        <= DOC_BYTES_LIMIT * 2 / 3
+);
+const _: () = assert!(MARKERS_PRUNE_AT_BYTES < MARKERS_BYTES_MAX);
+// A `_bulk_docs` of the engine holds several full accounts and stays under Cloudant's 10 MB.
+const _: () = assert!(BULK_BYTES_MAX >= 4 * DOC_BYTES_LIMIT);
+const _: () = assert!(BULK_BYTES_MAX <= 10_000_000 / 2);
 // The margin is a fraction of the lease, never all of it.
 const _: () = assert!(LEASE_MARGIN_DIVISOR >= 2);
 // The sweeper's default waits at least one lease before judging a transfer stuck.

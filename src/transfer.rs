@@ -556,11 +556,13 @@ impl Ledger {
                                     delta: value.neg(),
                                     currency: currency.clone(),
                                     check_funds: true,
+                                    deadline: Some(d.deadline),
                                 },
                                 OpKind::Apply {
                                     delta: value,
                                     currency,
                                     check_funds: false,
+                                    deadline: Some(d.deadline),
                                 },
                             ],
                             link,

@@ -1,0 +1,230 @@
+//! The account engine's bounds (issue 12, items 5 and 8): pruning waits for the transfer to
+//! end, an apply past its worker's deadline writes nothing, an account's markers stay under
+//! their size cap whatever the traffic, and a 413 is its own error, never retried as is.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use couch_ledger::limits::{MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, SETTLED_RETENTION_MS};
+use couch_ledger::{
+    AccountSpec, Amount, Client, Currency, Ledger, PauseHook, RetryPolicy, State, TransferRequest,
+};
+use serde_json::{json, Value};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+use crate::support;
+
+fn eur() -> Currency {
+    Currency::from_code("EUR").unwrap()
+}
+
+async fn open(l: &Ledger, id: &str, opening: i64) {
+    l.create_account(AccountSpec {
+        account_id: id.into(),
+        currency: eur(),
+        opening: Amount::new(opening).unwrap(),
+        min_balance: Some(Amount::new(0).unwrap()),
+    })
+    .await
+    .unwrap();
+}
+
+fn request(id: &str, from: &str, to: &str, minor: i64) -> TransferRequest {
+    TransferRequest {
+        id: Some(id.into()),
+        source: from.into(),
+        destination: to.into(),
+        amount: Amount::new(minor).unwrap(),
+        currency: eur(),
+    }
+}
+
+fn now_ms() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(d.as_millis()).unwrap()
+}
+
+async fn account_doc(l: &Ledger, id: &str) -> Value {
+    l.client().get(&format!("account:{id}")).await.unwrap()
+}
+
+/// Replaces an account's `settled` list with a raw write (not through the engine).
+async fn plant_settled(l: &Ledger, id: &str, settled: Vec<Value>) {
+    let mut doc = account_doc(l, id).await;
+    doc["settled"] = Value::Array(settled);
+    l.client()
+        .put(&format!("account:{id}"), &doc)
+        .await
+        .unwrap();
+}
+
+fn settled_ids(doc: &Value) -> Vec<String> {
+    doc["settled"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["txn"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Item 5: a settled entry is pruned only once its transfer reads done or cancelled, however
+/// old its timestamp says it is (that timestamp is another host's clock).
+#[tokio::test]
+async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
+    let l = support::ledger("eb-prune").await;
+    open(&l, "A", 10_000).await;
+    open(&l, "B", 0).await;
+    let done = l
+        .submit(request("t-done", "A", "B", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Done);
+    // Left to the sweeper: `initial`, not ended.
+    let open_t = l
+        .submit(request("t-open", "A", "B", 10), false)
+        .await
+        .unwrap();
+    assert!(!matches!(open_t.state, State::Done | State::Cancelled));
+    let old = now_ms() - i64::try_from(SETTLED_RETENTION_MS).unwrap() - 60_000;
+    let mut settled = vec![
+        json!({"txn": "t-open", "at": old}),
+        json!({"txn": "t-done", "at": old}),
+    ];
+    // Enough expired entries (of transfers that never existed) to make pruning worth a read.
+    settled.extend((0..40).map(|i| json!({"txn": format!("gone-{i}"), "at": old})));
+    plant_settled(&l, "A", settled).await;
+
+    let next = l
+        .submit(request("t-next", "A", "B", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(next.state, State::Done);
+    let ids = settled_ids(&account_doc(&l, "A").await);
+    assert!(
+        ids.contains(&"t-open".to_owned()),
+        "pruned an open transfer: {ids:?}"
+    );
+    assert!(
+        !ids.contains(&"t-done".to_owned()),
+        "kept an ended one: {ids:?}"
+    );
+    assert!(!ids.iter().any(|t| t.starts_with("gone-")), "{ids:?}");
+    assert!(ids.contains(&"t-next".to_owned()), "{ids:?}");
+}
+
+/// Item 5: the lease is checked at every engine attempt, not only when the op is queued. A
+/// worker stalled right before its apply (past its deadline) writes nothing.
+#[tokio::test]
+async fn an_apply_past_its_deadline_writes_nothing() {
+    let base = support::ledger("eb-deadline").await;
+    open(&base, "A", 1_000).await;
+    open(&base, "B", 0).await;
+    let before_a = account_doc(&base, "A").await;
+    let before_b = account_doc(&base, "B").await;
+    let lease = Duration::from_millis(600);
+    // The hook runs after the drive's own deadline check: the stall is the paused worker.
+    let hook = PauseHook(Arc::new(move |phase| {
+        let stall = phase == "apply";
+        Box::pin(async move {
+            if stall {
+                tokio::time::sleep(lease + Duration::from_millis(200)).await;
+            }
+        })
+    }));
+    let l = base.with_lease(lease).unwrap().with_pause_hook(hook);
+    let result = l.submit(request("t-late", "A", "B", 100), true).await;
+    match &result {
+        Ok(o) => assert_ne!(o.state, State::Done, "a late apply landed: {o:?}"),
+        Err(e) => assert!(e.is_transient(), "{e}"),
+    }
+    let after_a = account_doc(&l, "A").await;
+    let after_b = account_doc(&l, "B").await;
+    assert_eq!(after_a["_rev"], before_a["_rev"], "account A was written");
+    assert_eq!(after_b["_rev"], before_b["_rev"], "account B was written");
+    assert_eq!(after_a["balance"], 1_000);
+}
+
+/// Item 8: an account under a burst of transfers never holds more than the marker cap; the
+/// applies past it are refused with a transient error, nothing half-written on that account.
+#[tokio::test]
+async fn an_account_under_a_burst_stays_under_the_cap() {
+    let l = support::ledger("eb-cap").await;
+    open(&l, "A", 1_000_000).await;
+    open(&l, "B", 0).await;
+    // Young entries (never prunable) filling the cap but for room for two more markers.
+    let id_len = 190;
+    let per = id_len + MARKER_OVERHEAD_BYTES;
+    let burst_marker = "burst-00".len() + MARKER_OVERHEAD_BYTES;
+    let n = (MARKERS_BYTES_MAX - 2 * burst_marker - burst_marker / 2) / per;
+    let now = now_ms();
+    let settled: Vec<Value> = (0..n)
+        .map(|i| json!({"txn": format!("{i:0>190}"), "at": now}))
+        .collect();
+    plant_settled(&l, "A", settled).await;
+    let room = MARKERS_BYTES_MAX - n * per;
+    assert!(room >= 2 * burst_marker, "{room}");
+
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..10 {
+        let l = l.clone();
+        burst.spawn(async move {
+            l.submit(request(&format!("burst-{i:02}"), "A", "B", 1), true)
+                .await
+        });
+    }
+    let results = burst.join_all().await;
+    let refused = results
+        .iter()
+        .filter(
+            |r| matches!(r, Err(e) if e.is_transient() && e.to_string().contains("account_full")),
+        )
+        .count();
+    assert!(refused >= 1, "no apply was refused: {results:?}");
+    let doc = account_doc(&l, "A").await;
+    let markers: usize = ["pending", "settled"]
+        .iter()
+        .flat_map(|f| doc[*f].as_array().unwrap().iter())
+        .map(|m| m["txn"].as_str().unwrap().len() + MARKER_OVERHEAD_BYTES)
+        .sum();
+    assert!(
+        markers <= MARKERS_BYTES_MAX,
+        "{markers} > {MARKERS_BYTES_MAX}"
+    );
+    let size = serde_json::to_vec(&doc).unwrap().len();
+    assert!(size < 1_000_000 * 2 / 3, "account is {size} bytes");
+}
+
+/// Item 8: a 413 is reported as too large, and not retried as is.
+#[tokio::test]
+async fn a_413_is_too_large_and_not_retried() {
+    let server = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/db/_bulk_docs"))
+        .respond_with(ResponseTemplate::new(413).set_body_json(
+            json!({"error": "document_too_large", "reason": "request entity too large"}),
+        ))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let client = Client::builder()
+        .url(server.uri())
+        .database("db")
+        .retry(RetryPolicy {
+            retries_max: 5,
+            delay_base: Duration::from_millis(1),
+            delay_max: Duration::from_millis(5),
+            retry_after_max: Duration::from_millis(5),
+        })
+        .build()
+        .unwrap();
+    let e = client
+        .bulk_docs(&[json!({"_id": "account:a", "type": "account"})])
+        .await
+        .unwrap_err();
+    assert!(e.is_too_large(), "{e}");
+    assert!(!e.is_transient(), "{e}");
+    server.verify().await;
+}
