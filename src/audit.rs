@@ -36,6 +36,18 @@ const IMMUTABLE_PREFIXES: [&str; 6] = [
     "delivery:",
 ];
 
+/// Id prefixes of every ledger document (invariant 8: none holds a conflict).
+const LEDGER_PREFIXES: [&str; 8] = [
+    "purchase:",
+    "payment:",
+    "refund:",
+    "adjustment:",
+    "shipment:",
+    "delivery:",
+    "account:",
+    "txn:",
+];
+
 /// How strict [`Ledger::verify_with`] is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VerifyOptions {
@@ -71,7 +83,7 @@ impl VerifyOptions {
 pub struct Check {
     /// `conservation`, `exactly_once`, `no_overdraft`, `termination`, `no_pending_markers`,
     /// `immutable_documents`, `order_balances`, `account_documents`, `transfer_documents`,
-    /// `design_documents`.
+    /// `conflicts`, `design_documents`.
     pub name: String,
     /// It holds.
     pub ok: bool,
@@ -244,6 +256,7 @@ impl Ledger {
                 since: since.clone(),
                 limit: Some(PAGE_ROWS_MAX),
                 include_docs: true,
+                conflicts: true,
                 ..ChangesQuery::default()
             };
             let page = client.changes(&q).await?;
@@ -629,6 +642,29 @@ impl Ledger {
                 .collect(),
         ));
 
+        // 8. No unresolved conflict: on a cluster (or after replication into the database) two
+        //    writers of one revision can both succeed; the losing revision is kept beside the
+        //    winner until someone resolves it, and until then the winner may not hold every
+        //    effect (docs/CLUSTER.md).
+        checks.push(check_with(
+            "conflicts",
+            scan.conflicts.is_empty(),
+            if scan.conflicts.is_empty() {
+                "no ledger document holds a conflict".to_owned()
+            } else {
+                named(
+                    &scan
+                        .conflicts
+                        .iter()
+                        .map(|(id, revs)| {
+                            format!("{id} holds {} conflicting revisions ({})", revs.len(), revs.join(", "))
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            },
+            scan.conflicts.iter().map(|(id, _)| id.clone()).collect(),
+        ));
+
         // The server-side guarantees themselves: the views and the validation this version
         // installs are there and unchanged.
         let drift = crate::design::drift(self.client()).await?;
@@ -701,6 +737,8 @@ struct Scan {
     by_account: HashMap<String, Vec<usize>>,
     /// `(id, what is wrong)` for transfer documents this program cannot read.
     bad_transfers: Vec<(String, String)>,
+    /// `(id, losing revisions)` for ledger documents that hold an unresolved conflict.
+    conflicts: Vec<(String, Vec<String>)>,
 }
 
 /// The feed's rows, one per document. `_changes` may name a document more than once: it moved
@@ -753,6 +791,16 @@ impl Scan {
             return;
         }
         let Some(doc) = row.doc else { return };
+        let ours = LEDGER_PREFIXES.iter().any(|p| id.starts_with(p));
+        if let Some(losers) = doc.get("_conflicts").and_then(Value::as_array) {
+            if ours && !losers.is_empty() {
+                let revs = losers
+                    .iter()
+                    .map(|r| r.as_str().unwrap_or("?").to_owned())
+                    .collect();
+                self.conflicts.push((id.clone(), revs));
+            }
+        }
         match doc.get("type").and_then(Value::as_str) {
             Some(t @ ("purchase" | "payment" | "refund" | "adjustment")) => {
                 let field = if t == "purchase" { "total" } else { "value" };

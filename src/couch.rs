@@ -205,6 +205,9 @@ pub struct ChangesQuery {
     pub view: Option<(String, String)>,
     /// Only these documents (`filter=_doc_ids`).
     pub doc_ids: Option<Vec<String>>,
+    /// With `include_docs`: each document carries `_conflicts`, the revisions that lost to
+    /// it (a cluster's concurrent writes, or replication).
+    pub conflicts: bool,
 }
 
 /// One change.
@@ -1044,6 +1047,9 @@ fn changes_params(q: &ChangesQuery, feed: &str) -> (Vec<(&'static str, String)>,
     }
     if q.include_docs {
         query.push(("include_docs", "true".to_owned()));
+    }
+    if q.conflicts {
+        query.push(("conflicts", "true".to_owned()));
     }
     let mut body = None;
     if let Some((ddoc, view)) = &q.view {

@@ -624,3 +624,32 @@ async fn malformed_transfers_do_not_starve_the_sweeper() {
         "{pass:?}"
     );
 }
+
+/// Issue 11, invariant 8: a conflict on a ledger document (two writers of one revision on a
+/// cluster, or replication into the database) is reported by `verify`, naming the document and
+/// the losing revision — never silent. Planted here as CouchDB's replication would make it:
+/// a sibling revision written with `new_edits: false`. (Resolving it is the cluster work of
+/// docs/CLUSTER.md; this is detection.)
+#[tokio::test]
+async fn verify_reports_a_conflicted_ledger_document() {
+    let l = support::ledger("verify_conflict").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("c1", "A", "B", 100), true).await.unwrap();
+    let report = l.verify().await.unwrap();
+    assert!(report.check("conflicts").unwrap().ok, "{report:#?}");
+
+    // A sibling of the account's current revision, as another node would have written it.
+    let db = l.client().database().to_owned();
+    support::plant_sibling(&db, "account:B", &"f".repeat(32), |doc| {
+        doc["balance"] = json!(5)
+    })
+    .await;
+    let report = l.verify().await.unwrap();
+    let c = report.check("conflicts").unwrap();
+    assert!(!c.ok, "{report:#?}");
+    assert_eq!(c.documents, vec!["account:B".to_owned()], "{c:?}");
+    // The planted revision wins (the larger hash); the one the ledger wrote is named as lost.
+    assert!(c.detail.contains("holds 1 conflicting revisions (3-"), "{c:?}");
+    assert!(!report.ok);
+}

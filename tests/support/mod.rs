@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod proxy;
+pub mod trio;
 
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -239,4 +240,96 @@ pub async fn test_user(test: &str) -> (String, String) {
         .as_deref()
         .map(|u| (u, s.password.as_deref().unwrap_or("")));
     make_user(&s.url, admin, test).await
+}
+
+/// Plants a sibling of document `id`'s current revision in database `db`, as a cluster's
+/// concurrent writer or a replication would (a `_bulk_docs` with `"new_edits": false`): the
+/// same parent, the body `edit` makes of the current one, revision hash `hash` (32 hex
+/// digits; a larger one wins). Returns the planted revision; asserts the conflict is there.
+///
+/// pouchdb-server silently drops `new_edits: false` writes into a database with any
+/// `validate_doc_update` (it answers `[]`, as for a success, and stores nothing; measured on
+/// 4.2.0), so the validation is taken away for the plant and put back as it was. CouchDB stores
+/// such a write from an admin.
+pub async fn plant_sibling(
+    db: &str,
+    id: &str,
+    hash: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> String {
+    use serde_json::{json, Value};
+    let doc_url = raw_url(&format!("{db}/{}", id.replace(':', "%3A")));
+    let current: Value = auth(raw().get(format!("{doc_url}?revs=true")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let start = current["_revisions"]["start"].as_u64().expect("revisions");
+    let ancestors: Vec<Value> = current["_revisions"]["ids"].as_array().unwrap()[1..].to_vec();
+    let mut sibling = current.clone();
+    edit(&mut sibling);
+    let rev = format!("{start}-{hash}");
+    sibling["_rev"] = json!(rev);
+    let mut ids = vec![json!(hash)];
+    ids.extend(ancestors);
+    sibling["_revisions"] = json!({"start": start, "ids": ids});
+
+    let validation_url = raw_url(&format!("{db}/_design/validation"));
+    let validation: Option<Value> = {
+        let r = auth(raw().get(&validation_url)).send().await.unwrap();
+        r.status().is_success().then_some(r.json().await.unwrap())
+    };
+    if let Some(v) = &validation {
+        let url = format!("{validation_url}?rev={}", v["_rev"].as_str().unwrap());
+        assert!(auth(raw().delete(url))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success());
+    }
+    let planted = auth(raw().post(raw_url(&format!("{db}/_bulk_docs"))))
+        .header("Content-Type", "application/json")
+        .body(json!({"docs": [sibling], "new_edits": false}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(planted.status().is_success(), "plant: {}", planted.status());
+    if let Some(mut v) = validation {
+        v.as_object_mut().unwrap().remove("_rev");
+        let back = auth(raw().put(&validation_url))
+            .header("Content-Type", "application/json")
+            .body(v.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            back.status().is_success(),
+            "validation back: {}",
+            back.status()
+        );
+    }
+    let now: Value = auth(raw().get(format!("{doc_url}?conflicts=true")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let leaves: Vec<&str> = std::iter::once(now["_rev"].as_str().unwrap())
+        .chain(
+            now["_conflicts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str),
+        )
+        .collect();
+    assert!(
+        leaves.contains(&rev.as_str()),
+        "the sibling {rev} was not stored: {now}"
+    );
+    rev
 }
