@@ -551,6 +551,87 @@ async fn a_locked_user_is_said_plainly_exit_1() {
     }
 }
 
+/// Issue 12, item 1: the program makes the transfer's id before it writes, and when the call
+/// fails it shows that id (text and `--json`), so a script retries with it instead of making a
+/// second transfer.
+#[tokio::test]
+async fn a_failed_transfer_shows_its_id() {
+    for (extra, want) in [(vec![], None), (vec!["--id", "order-42"], Some("order-42"))] {
+        let mut all: Vec<String> = ["--url", "http://127.0.0.1:1", "--db", "ledger", "--json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        all.extend(
+            [
+                "transfer",
+                "--from",
+                "A",
+                "--to",
+                "B",
+                "--amount",
+                "1",
+                "--currency",
+                "EUR",
+            ]
+            .iter()
+            .chain(extra.iter())
+            .map(|s| s.to_string()),
+        );
+        let r = run_raw(&all, None, &[]).await;
+        assert_eq!(r.code, 1, "{}", r.describe());
+        let v = r.json();
+        let id = v["id"].as_str().expect("the id in --json").to_owned();
+        match want {
+            Some(w) => assert_eq!(id, w),
+            // A UUID v7 made by the program.
+            None => assert_eq!(uuid_version(&id), Some(7), "{id}"),
+        }
+        assert!(
+            v["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("could not reach")),
+            "{v}"
+        );
+        r.assert_one_error_line(&format!("--id {id}"));
+    }
+}
+
+/// The version digit of a UUID in its text form.
+fn uuid_version(text: &str) -> Option<u32> {
+    let parts: Vec<&str> = text.split('-').collect();
+    (parts.len() == 5).then(|| parts[2].chars().next()?.to_digit(16))?
+}
+
+/// Issue 12, item 9: `init --member-role` sets `_security` so that only admins and that role may
+/// use the database, keeping what was there, and says so.
+#[tokio::test]
+async fn init_can_restrict_the_database_to_a_role() {
+    let (l, db) = fresh("cli_member_role").await;
+    let r = cli(&db, &["--json", "init", "--member-role", "ledger"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(
+        v["security"]["members"]["roles"],
+        serde_json::json!(["ledger"]),
+        "{v}"
+    );
+    let stored = l.client().security().await.unwrap();
+    assert_eq!(
+        stored["members"]["roles"],
+        serde_json::json!(["ledger"]),
+        "{stored}"
+    );
+    // Again: the same, nothing else changed.
+    let r = cli(&db, &["init", "--member-role", "ledger"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert!(r.stdout.contains("role \"ledger\""), "{}", r.describe());
+    assert_eq!(l.client().security().await.unwrap(), stored);
+    for bad in ["", "_admin", "two words"] {
+        let r = cli(&db, &["init", "--member-role", bad]).await;
+        assert_eq!(r.code, 2, "{bad:?}: {}", r.describe());
+    }
+}
+
 #[tokio::test]
 async fn outstanding_orders_and_statements_on_the_command_line() {
     let (_l, db) = ledger_with_cloudant("cli_outstanding").await;
