@@ -1,6 +1,9 @@
 function (newDoc, oldDoc, userCtx, secObj) {
   // Server-side guard of couch-ledger (docs/DOCUMENTS.md). Runs for every writer,
   // admins included. Plain ES5: no let/const/arrow functions.
+  // CouchDB runs this function in a sandbox with its own JS realm and parses the documents
+  // outside it: `x instanceof Array` is false for every array of a document, and prototypes and
+  // constructors are not the sandbox's. Test shapes with typeof and Array.isArray only.
   var MAX = 9007199254740991;
   var IMMUTABLE = {
     purchase: true, payment: true, refund: true,
@@ -16,6 +19,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
     ['adjustment:', 'adjustment'], ['shipment:', 'shipment'], ['delivery:', 'delivery'],
     ['account:', 'account'], ['txn:', 'transaction']
   ];
+  // One step of a transfer's state graph (docs/DOCUMENTS.md).
   var TRANSITIONS = {
     initial: { pending: true, cancelled: true },
     pending: { committed: true, canceling: true },
@@ -31,6 +35,19 @@ function (newDoc, oldDoc, userCtx, secObj) {
   var oldLive = !!oldDoc && !oldDoc._deleted;
   var oldType = oldLive ? oldDoc.type : undefined;
 
+  // A write with new_edits=false (replication, or history forged by hand) arrives with
+  // newDoc._rev set to the NEW revision, and oldDoc its nearest stored ancestor, or null for a
+  // new root such as '1-ffff' of an existing document. An interactive create has no _rev; an
+  // interactive update names its parent: newDoc._rev === oldDoc._rev. A _rev older than the
+  // stored one is a stale interactive update (CouchDB answers 409 before validating it;
+  // pouchdb-server validates it against the newer document first): not a replicated write.
+  var replicated = typeof newDoc._rev === 'string' &&
+    (!oldDoc || (newDoc._rev !== oldDoc._rev && revPos(newDoc._rev) >= revPos(oldDoc._rev)));
+  // An interactive creation: the document starts its history here.
+  var creating = !oldLive && !replicated;
+  var roles = (userCtx && Array.isArray(userCtx.roles)) ? userCtx.roles : [];
+  var isAdmin = roles.indexOf('_admin') !== -1;
+
   function deny(what, msg) {
     throw({ forbidden: what + ': ' + msg });
   }
@@ -39,7 +56,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
   function isStr(x) { return typeof x === 'string' && x.length > 0; }
   function isNullableStr(x) { return x === undefined || x === null || typeof x === 'string'; }
-  function isObj(x) { return typeof x === 'object' && x !== null && !(x instanceof Array); }
+  function isObj(x) { return typeof x === 'object' && x !== null && !Array.isArray(x); }
   function norm(x) { return x === undefined ? null : x; }
   function same(a, b) { return JSON.stringify(norm(a)) === JSON.stringify(norm(b)); }
 
@@ -59,9 +76,50 @@ function (newDoc, oldDoc, userCtx, secObj) {
       deny(t, "field 'currency' must be an ISO-4217 code (three upper-case letters)");
     }
   }
+  function revPos(rev) {
+    var n = parseInt(String(rev), 10);
+    return isFinite(n) ? n : 0;
+  }
+  function prefixType(x) {
+    if (typeof x !== 'string') { return undefined; }
+    for (var i = 0; i < PREFIX.length; i++) {
+      if (x.indexOf(PREFIX[i][0]) === 0) { return PREFIX[i][1]; }
+    }
+    return undefined;
+  }
+  // Whether `to` is reached from `from` along the state graph (one step or more).
+  function reachable(from, to) {
+    var seen = {};
+    var todo = [from];
+    while (todo.length > 0) {
+      var s = todo.pop();
+      if (typeof s !== 'string' || !TRANSITIONS.hasOwnProperty(s) || seen[s] === true) { continue; }
+      seen[s] = true;
+      for (var next in TRANSITIONS[s]) {
+        if (TRANSITIONS[s].hasOwnProperty(next)) {
+          if (next === to) { return true; }
+          todo.push(next);
+        }
+      }
+    }
+    return false;
+  }
   function needId(t, expected) {
     if (id !== expected) {
       deny(t, "field '_id' must be '" + expected + "', got '" + id + "'");
+    }
+  }
+
+  // ---- replicated or forged history of ledger documents: server admins only ----
+  // CouchDB's read repair writes as an admin and its internal replication between copies of a
+  // cluster skips validation; a member replicating (or forging) revisions of the ledger could
+  // add a conflicting branch that wins, or a history that never passed these rules.
+  if (replicated && !isAdmin) {
+    var ledgerType = (typeof newDoc.type === 'string' && OURS[newDoc.type] === true) ? newDoc.type :
+      (oldLive && OURS[oldType] === true) ? oldType : prefixType(id);
+    if (ledgerType !== undefined) {
+      deny(ledgerType, "a write with new_edits=false (revision '" + newDoc._rev +
+        "': replicated or forged history) is refused; only a server admin ('_admin' in userCtx.roles) may write the history of ledger documents");
     }
   }
 
@@ -128,7 +186,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
     if (type === 'purchase') {
       var basket = newDoc.basket;
-      if (!(basket instanceof Array)) { deny(type, "field 'basket' must be an array"); }
+      if (!Array.isArray(basket)) { deny(type, "field 'basket' must be an array"); }
       for (var i = 0; i < basket.length; i++) {
         var item = basket[i];
         var at = 'basket[' + i + ']';
@@ -188,7 +246,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
       // Types only: the protocol checks funds, and a rollback must never be blocked.
       needInt(type, newDoc, 'min_balance');
     }
-    if (!(newDoc.pending instanceof Array)) { deny(type, "field 'pending' must be an array"); }
+    if (!Array.isArray(newDoc.pending)) { deny(type, "field 'pending' must be an array"); }
     for (var j = 0; j < newDoc.pending.length; j++) {
       var pe = newDoc.pending[j];
       if (!isObj(pe)) { deny(type, "field 'pending[" + j + "]' must be an object {txn, delta}"); }
@@ -197,7 +255,7 @@ function (newDoc, oldDoc, userCtx, secObj) {
         deny(type, "field 'pending[" + j + "].delta' must be a non-zero integer with |x| <= 9007199254740991");
       }
     }
-    if (!(newDoc.settled instanceof Array)) { deny(type, "field 'settled' must be an array"); }
+    if (!Array.isArray(newDoc.settled)) { deny(type, "field 'settled' must be an array"); }
     for (var k = 0; k < newDoc.settled.length; k++) {
       var se = newDoc.settled[k];
       if (!isObj(se)) { deny(type, "field 'settled[" + k + "]' must be an object {txn, at}"); }
@@ -206,8 +264,18 @@ function (newDoc, oldDoc, userCtx, secObj) {
         deny(type, "field 'settled[" + k + "].at' must be a number (ms since epoch)");
       }
     }
+    if (creating) {
+      // An account starts as Ledger::create_account writes it: nothing applied, nothing settled.
+      if (newDoc.balance !== newDoc.opening) {
+        deny(type, "field 'balance' of a new account must equal 'opening' (" + newDoc.opening +
+          '), got ' + newDoc.balance);
+      }
+      if (newDoc.pending.length !== 0) { deny(type, "field 'pending' of a new account must be empty"); }
+      if (newDoc.settled.length !== 0) { deny(type, "field 'settled' of a new account must be empty"); }
+    }
     if (oldLive) {
-      var fixedA = ['account_id', 'currency', 'opening'];
+      // min_balance too: a writer who could lower it (or make it null, unlimited) could overdraw.
+      var fixedA = ['account_id', 'currency', 'opening', 'min_balance'];
       for (var a = 0; a < fixedA.length; a++) {
         if (!same(newDoc[fixedA[a]], oldDoc[fixedA[a]])) {
           deny(type, "field '" + fixedA[a] + "' may not change (was " +
@@ -241,7 +309,8 @@ function (newDoc, oldDoc, userCtx, secObj) {
     }
 
     if (!oldLive) {
-      if (state !== 'initial' && state !== 'pending') {
+      // A replicated history (an admin's, see above) may start anywhere; a new transfer may not.
+      if (creating && state !== 'initial' && state !== 'pending') {
         deny(type, "field 'state' of a new transfer must be 'initial' or 'pending', got '" + state + "'");
       }
       return;
@@ -257,7 +326,9 @@ function (newDoc, oldDoc, userCtx, secObj) {
     var from = oldDoc.state;
     if (state !== from) {
       var allowed = (typeof from === 'string' && TRANSITIONS.hasOwnProperty(from)) ? TRANSITIONS[from] : {};
-      if (allowed[state] !== true) {
+      // An interactive write moves one step; a replicated one (an admin's) may bring several
+      // steps at once, from the nearest revision this copy holds.
+      if (replicated ? !reachable(from, state) : allowed[state] !== true) {
         deny(type, "field 'state' may not change from '" + from + "' to '" + state + "'");
       }
     }

@@ -2,8 +2,9 @@ function (doc) {
   // Pending markers of accounts, oldest first: [at, txn] -> delta (row id = the account).
   // The sweeper reads the markers older than its threshold to find orphans: a marker whose
   // transfer already finished. A marker without `at` sorts first (treated as old).
+  // Array.isArray, never instanceof: CouchDB parses the document outside this function's realm.
   if (typeof doc !== 'object' || doc === null) { return; }
-  if (doc.type !== 'account' || !(doc.pending instanceof Array)) { return; }
+  if (doc.type !== 'account' || !Array.isArray(doc.pending)) { return; }
   for (var i = 0; i < doc.pending.length; i++) {
     var m = doc.pending[i];
     if (typeof m !== 'object' || m === null || typeof m.txn !== 'string') { continue; }
