@@ -14,3 +14,9 @@ mod transfers;
 mod sweeper;
 // The command-line program as a user runs it: flags, --json contract, exit codes.
 mod cli;
+// The design functions as CouchDB's sandbox runs them (and the server), against one table.
+mod design_functions;
+// The account engine's bounds: pruning after the transfer ended, per-attempt lease, size cap, 413.
+mod engine_bounds;
+// A cluster-like trio of replicating servers behind a round-robin proxy: conflicts, the ledger.
+mod cluster;
