@@ -14,3 +14,6 @@ mod transfers;
 mod sweeper;
 // The command-line program as a user runs it: flags, --json contract, exit codes.
 mod cli;
+// The HTTP service (`couch-ledger serve`) as a caller sees it: endpoints, auth, metrics, stop.
+#[cfg(feature = "serve")]
+mod serve;
