@@ -2409,7 +2409,9 @@ async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
     )
     .goal(Some(GOAL_P9))
     .note(format!(
-        "{c} keep-alive HTTP callers → one `couch-ledger serve` (release binary, request log          on, sweeper off) ÷ {c} `submit` callers in the bench process (p8's workload{}),          alternating rounds, a ledger database each; serve's own CPU {}; audited",
+        "{c} keep-alive HTTP callers → one `couch-ledger serve` (release binary, request log \
+         on, sweeper off) ÷ {c} `submit` callers in the bench process (p8's workload{}), \
+         alternating rounds, a ledger database each; serve's own CPU {}; audited",
         p8_same_run.map_or(String::new(), |p| format!(
             "; p8 itself measured {p:.1} transfers/s earlier in this run"
         )),
@@ -2428,7 +2430,8 @@ async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
             &quantiles[&(Side::Ours, name)],
         )
         .note(format!(
-            "each round's {name} of the {transfers} calls' latencies (HTTP request to answer;              submit call to return), median over rounds; raw = the library path"
+            "each round's {name} of the {transfers} calls' latencies (HTTP request to answer; \
+             submit call to return), median over rounds; raw = the library path"
         ))
     };
     Ok(vec![p9, latency_row("p50"), latency_row("p99")])

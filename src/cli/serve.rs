@@ -21,7 +21,8 @@ pub(crate) struct ServeArgs {
     /// A file of API keys, one a line (blank lines and lines beginning with # are skipped).
     /// With it, or with COUCH_LEDGER_API_KEYS (keys separated by commas), every /v1 request
     /// needs `Authorization: Bearer <key>`; without either, /v1 is open. Keys from both are
-    /// accepted. Keys are never logged.
+    /// accepted; each is at least 16 characters. Keys are never logged. /healthz, /readyz,
+    /// /metrics and /openapi.json need no key.
     #[arg(long, value_name = "FILE")]
     pub(crate) api_keys_file: Option<std::path::PathBuf>,
 

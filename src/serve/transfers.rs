@@ -86,11 +86,25 @@ async fn submit(
         amount: amount("amount", req.amount)?,
         currency: currency(&req.currency)?,
     };
-    state
-        .ledger
-        .submit(request, req.wait.unwrap_or(true))
-        .await
-        .map_err(|e| ApiError::from_ledger(&e, String::new))
+    let (ledger, wait) = (state.ledger.clone(), req.wait.unwrap_or(true));
+    to_the_end(async move { ledger.submit(request, wait).await }).await
+}
+
+/// Runs a transfer call as a task of its own: a caller that hangs up mid-request does not cut
+/// the protocol short (it would be safe — the sweeper finishes any step — but later), and a
+/// stop signal lets it finish.
+async fn to_the_end<F>(call: F) -> Result<TransferOutcome, ApiError>
+where
+    F: std::future::Future<Output = couch_ledger::Result<TransferOutcome>> + Send + 'static,
+{
+    match tokio::spawn(call).await {
+        Ok(result) => result.map_err(|e| ApiError::from_ledger(&e, String::new)),
+        Err(e) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the transfer task failed: {e}"),
+        )),
+    }
 }
 
 /// A transfer call's answer, counted in the metrics by outcome.
@@ -166,15 +180,23 @@ pub(crate) async fn get(State(state): State<AppState>, IdPath(id): IdPath) -> Re
     security(("api_key" = []))
 )]
 pub(crate) async fn cancel(State(state): State<AppState>, IdPath(id): IdPath) -> Response {
-    match state.ledger.cancel(&id).await {
-        Ok(o) => {
+    let (ledger, txn) = (state.ledger.clone(), id.clone());
+    match tokio::spawn(async move { ledger.cancel(&txn).await }).await {
+        Ok(Ok(o)) => {
             let mut response = Json(OutcomeBody::from(&o)).into_response();
             response.extensions_mut().insert(TransferId(o.id));
             response
         }
-        Err(e) => ApiError::from_ledger(&e, || format!("no transfer {id:?}"))
+        Ok(Err(e)) => ApiError::from_ledger(&e, || format!("no transfer {id:?}"))
             .with_id(&id)
             .into_response(),
+        Err(e) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("the cancel task failed: {e}"),
+        )
+        .with_id(&id)
+        .into_response(),
     }
 }
 
@@ -213,11 +235,8 @@ pub(crate) async fn reverse(State(state): State<AppState>, IdPath(id): IdPath) -
                 ),
             ));
         }
-        state
-            .ledger
-            .reverse(&id)
-            .await
-            .map_err(|e| ApiError::from_ledger(&e, || format!("no transfer {id:?}")))
+        let (ledger, txn) = (state.ledger.clone(), id.clone());
+        to_the_end(async move { ledger.reverse(&txn).await }).await
     }
     .await;
     answer(&state, &id, result, Some(&id))
