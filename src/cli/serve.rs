@@ -8,7 +8,7 @@ pub(crate) const API_KEYS_ENV: &str = "COUCH_LEDGER_API_KEYS";
 
 #[derive(Args, Clone, Debug)]
 pub(crate) struct ServeArgs {
-    /// Address to listen on, HOST:PORT; port 0 picks a free one (the line printed on stdout
+    /// Address to listen on, IP:PORT; port 0 picks a free one (the line printed on stdout
     /// at start says which).
     #[arg(
         long,

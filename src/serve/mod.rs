@@ -11,8 +11,9 @@
 //! | `error.rs`, `extract.rs` | errors as answers; extractors that refuse the same way |
 //! | `auth.rs`, `access.rs`, `metrics.rs` | API keys; the request log line; Prometheus metrics |
 //!
-//! It imports the library and the command line's settings (`cli::args`), nothing else of the
-//! binary; nothing imports it but `main.rs`.
+//! Besides the library it imports only the command line's argument layer, which parses every
+//! command's flags: the validated connection settings (`cli::args::HiArgs`), `serve`'s flags
+//! (`cli::serve`), `Exit`, `UsageError` and `redact`. Nothing imports it but `main.rs`.
 
 use std::future::{Future, IntoFuture as _};
 use std::io::Write as _;
