@@ -33,13 +33,7 @@ fn run(low: cli::args::LowArgs, matches: &clap::ArgMatches) -> anyhow::Result<cl
 /// default, `info` for `serve` (one line per request), as JSON lines with `serve
 /// --log-format json`.
 fn init_logging(low: &cli::args::LowArgs) {
-    #[allow(unused_mut)]
-    let (mut default, mut json) = ("warn", false);
-    #[cfg(feature = "serve")]
-    if let cli::args::Command::Serve(args) = &low.command {
-        default = "info";
-        json = args.log_format == cli::serve::LogFormat::Json;
-    }
+    let (default, json) = logging_defaults(low);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let subscriber = tracing_subscriber::fmt()
@@ -52,6 +46,17 @@ fn init_logging(low: &cli::args::LowArgs) {
     }
     let _ = json;
     subscriber.with_ansi(std::io::stderr().is_terminal()).init();
+}
+
+/// The default level and whether lines are JSON: `warn` and text, but `info` for `serve`, and
+/// JSON with `serve --log-format json`.
+fn logging_defaults(low: &cli::args::LowArgs) -> (&'static str, bool) {
+    #[cfg(feature = "serve")]
+    if let cli::args::Command::Serve(args) = &low.command {
+        return ("info", args.log_format == cli::serve::LogFormat::Json);
+    }
+    let _ = low;
+    ("warn", false)
 }
 
 /// Prints `error: <what failed>: <cause>` on one line and says which exit code it means.
