@@ -24,7 +24,12 @@
 //! scale 1, the issue's 10,000 at 5); `BENCH_BIG=1` adds the order-balance latency at 100k
 //! documents (≈ 90 s of index build on pouchdb-server), `BENCH_HUGE=1` at 1M documents (also
 //! 100k); `BENCH_ONLY=p3,p8` runs only those figures (`p3` comes along with any transfer
-//! figure, which divides by it; no plot unless every single-write figure ran).
+//! figure, which divides by it, and `p8` with `p9`; no plot unless every single-write figure
+//! ran).
+//!
+//! `p9` runs the release binary as `couch-ledger serve` and sends `p8`'s transfers to it over
+//! HTTP (64 keep-alive callers), alternating round by round with the same transfers through
+//! the library in the bench's own process: the service's cost over the library path.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -188,6 +193,12 @@ const FIGURES: &[Figure] = &[
         enabled: always,
         measure: |b| Box::pin(batched_transfers(b)),
     },
+    // The same transfers through the HTTP service, against the library path (p8's workload).
+    Figure {
+        key: "p9",
+        enabled: |_| cfg!(feature = "serve"),
+        measure: |b| Box::pin(served_transfers(b)),
+    },
     // p6 and sweeper_rss come from the same run of the sweeper.
     Figure {
         key: "p6",
@@ -198,7 +209,7 @@ const FIGURES: &[Figure] = &[
 
 /// Figures of issue 5 besides `p1`, `p2` and `p7`; `results.json` names those a run did not
 /// measure (`details.not_yet_measured`, empty unless `BENCH_ONLY` left some out).
-const PENDING_FIGURES: &[&str] = &["p3", "p4_c16", "p5", "p6", "p8", "sweeper_rss"];
+const PENDING_FIGURES: &[&str] = &["p3", "p4_c16", "p5", "p6", "p8", "p9", "sweeper_rss"];
 
 fn always(_: &Settings) -> bool {
     true
@@ -374,6 +385,10 @@ impl Settings {
             .map(|s| {
                 let mut keys: Vec<String> = s.split(',').map(|k| k.trim().to_owned()).collect();
                 // The transfer figures divide by what p3 measured.
+                // p9 is shown beside p8, measured in the same run.
+                if keys.iter().any(|k| k == "p9") && !keys.iter().any(|k| k == "p8") {
+                    keys.push("p8".to_owned());
+                }
                 let transfers = ["p4_p5", "p6", "p8"];
                 if keys.iter().any(|k| transfers.contains(&k.as_str())) {
                     keys.push("p3".to_owned());
@@ -480,6 +495,8 @@ enum Side {
     /// `p6`, `p8`: raw `_bulk_docs` of transfer documents into a ledger database, where
     /// `validate_doc_update` runs for every document.
     Validated,
+    /// `p9`: transfers sent over HTTP to `couch-ledger serve`.
+    Serve,
 }
 
 impl Side {
@@ -490,6 +507,7 @@ impl Side {
             Side::CouchRs => "couch_rs",
             Side::Hot => "hot",
             Side::Validated => "validated",
+            Side::Serve => "serve",
         }
     }
 }
@@ -842,7 +860,9 @@ impl Writer {
                     .map_err(|e| anyhow!("couch_rs db: {e}"))?;
                 Writer::CouchRs(Arc::new(database))
             }
-            Side::Hot | Side::Validated => unreachable!("{side:?} writes transfers"),
+            Side::Hot | Side::Validated | Side::Serve => {
+                unreachable!("{side:?} writes transfers")
+            }
         })
     }
 
@@ -990,7 +1010,7 @@ impl BulkWriter {
                 http: bench.raw.clone(),
                 url: format!("{}_bulk_docs", bench.raw_prefix(db.database())),
             },
-            Side::CouchRs | Side::Hot | Side::Validated => {
+            Side::CouchRs | Side::Hot | Side::Validated | Side::Serve => {
                 unreachable!("bulk writes are ours or raw")
             }
         }
@@ -2144,6 +2164,279 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     Ok(vec![p8, p8_validated])
 }
 
+// ---- p9: the same transfers through `couch-ledger serve` ----
+
+/// Rounds per side of `p9`.
+const P9_ROUNDS: usize = 8;
+const GOAL_P9: Goal = Goal::AtLeast(0.8);
+
+/// The release binary running `couch-ledger serve` on a free loopback port; killed if dropped.
+struct ServeProcess {
+    child: tokio::process::Child,
+    base: String,
+}
+
+impl ServeProcess {
+    /// Starts it on `db` without its sweeper (every transfer is finished by its caller) and
+    /// waits for the line saying where it listens.
+    async fn start(bench: &Bench, db: &str) -> Result<ServeProcess> {
+        use tokio::io::AsyncBufReadExt as _;
+        let exe = env!("CARGO_BIN_EXE_couch-ledger");
+        let mut command = tokio::process::Command::new(exe);
+        command
+            .args(["--url", &bench.server.url, "--db", db, "--json", "serve"])
+            .args(["--listen", "127.0.0.1:0", "--no-sweep"])
+            .env_remove("COUCHDB_URL")
+            .env_remove("LEDGER_DB")
+            .env_remove("RUST_LOG")
+            .env_remove("COUCH_LEDGER_API_KEYS")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            // Its request log is written (as in production) and thrown away.
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        match &bench.server.credentials {
+            Some((user, password)) => {
+                command
+                    .env("COUCHDB_USER", user)
+                    .env("COUCHDB_PASSWORD", password);
+            }
+            None => {
+                command
+                    .env_remove("COUCHDB_USER")
+                    .env_remove("COUCHDB_PASSWORD");
+            }
+        }
+        let mut child = command
+            .spawn()
+            .with_context(|| format!("run {exe} serve"))?;
+        let stdout = child.stdout.take().context("serve's stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("serve did not say where it listens within 60 s")??
+            .context("serve exited at start")?;
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let started: Value = serde_json::from_str(&first)
+            .with_context(|| format!("serve --json printed {first:?}"))?;
+        let base = started["listening"]
+            .as_str()
+            .with_context(|| format!("serve --json printed {first:?}"))?
+            .to_owned();
+        Ok(ServeProcess { child, base })
+    }
+
+    fn pid(&self) -> Result<u32> {
+        self.child.id().context("serve exited")
+    }
+
+    /// SIGTERM, then it must exit 0 (it finishes what is in flight first).
+    async fn stop(mut self) -> Result<()> {
+        let pid = self.pid()?;
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()?;
+        ensure!(status.success(), "kill -TERM {pid}");
+        let exit = tokio::time::timeout(Duration::from_secs(60), self.child.wait())
+            .await
+            .context("serve did not stop within 60 s of SIGTERM")??;
+        ensure!(exit.success(), "serve exited {exit} after SIGTERM");
+        Ok(())
+    }
+}
+
+/// Each call's latency in seconds, appended by concurrent callers.
+type Latencies = Arc<Mutex<Vec<f64>>>;
+
+/// The `q`-quantile of `values` (nearest rank).
+fn quantile(values: &[f64], q: f64) -> f64 {
+    assert!(!values.is_empty());
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// One round of `p9`'s HTTP side: transfers `jobs` (ids `h{i}`) between `p8`'s pool accounts
+/// by `concurrency` callers over keep-alive connections, each checked 201 and `done`; every
+/// request's latency (s) appended to `latencies`. Returns the steady rate.
+async fn http_transfer_round(
+    http: &reqwest::Client,
+    base: &str,
+    jobs: Range<usize>,
+    concurrency: usize,
+    latencies: &Latencies,
+) -> Result<f64> {
+    let (http, url, latencies) = (
+        http.clone(),
+        format!("{base}/v1/transfers"),
+        latencies.clone(),
+    );
+    let finished = run_concurrently(jobs, concurrency, move |w, i| {
+        let (http, url, latencies) = (http.clone(), url.clone(), latencies.clone());
+        async move {
+            let (source, destination) = pool_pair(w, i);
+            let body = json!({"from": source, "to": destination, "amount": transfer_amount(i),
+                              "currency": TRANSFER_CURRENCY});
+            let started = Instant::now();
+            let response = http
+                .post(&url)
+                .header("Idempotency-Key", format!("h{i:07}"))
+                .json(&body)
+                .send()
+                .await?;
+            let status = response.status();
+            let answer: Value = response.json().await?;
+            latencies
+                .lock()
+                .expect("lock")
+                .push(started.elapsed().as_secs_f64());
+            ensure!(
+                status == reqwest::StatusCode::CREATED && answer["state"] == "done",
+                "transfer h{i:07} through serve: {status} {answer}"
+            );
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(steady_rate(&finished, concurrency))
+}
+
+/// One round of `p9`'s library side: `p8`'s transfers through `Ledger::submit` in this
+/// process, with each call's latency (s) appended to `latencies`.
+async fn library_transfer_round(
+    ledger: &Ledger,
+    jobs: Range<usize>,
+    concurrency: usize,
+    latencies: &Latencies,
+) -> Result<f64> {
+    let (ledger, latencies) = (ledger.clone(), latencies.clone());
+    let finished = run_concurrently(jobs, concurrency, move |w, i| {
+        let (ledger, latencies) = (ledger.clone(), latencies.clone());
+        async move {
+            let (source, destination) = pool_pair(w, i);
+            let request = transfer_request(format!("l{i:07}"), source, destination, i)?;
+            let started = Instant::now();
+            transfer_done(&ledger, request).await?;
+            latencies
+                .lock()
+                .expect("lock")
+                .push(started.elapsed().as_secs_f64());
+            Ok(())
+        }
+    })
+    .await?;
+    Ok(steady_rate(&finished, concurrency))
+}
+
+/// `p9`: transfers/s of 64 concurrent HTTP callers (keep-alive) through `couch-ledger serve`
+/// ÷ transfers/s of 64 concurrent `Ledger::submit` callers in this process (`p8`'s workload:
+/// random pairs of a 512-account pool) — the two sides alternating round by round, each in a
+/// ledger database of its own. Both share the group-commit engine across their callers (the
+/// service holds one `Ledger`), so the ratio is what the HTTP layer costs: parsing, routing,
+/// the request log, a second process on the same cores. `p9_p50` and `p9_p99`: each side's
+/// per-transfer latency in the same rounds (median over rounds of each round's quantile).
+async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
+    let rounds = bench.settings.scaled(P9_ROUNDS);
+    let c = P8_CONCURRENCY;
+    let transfers = jobs_for_steady_rate(TRANSFERS_PER_ROUND_C64, c);
+    let accounts: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("p", i)).collect();
+    let library = fresh_ledger(bench, "p9_library").await?;
+    load_accounts(&library, &accounts).await?;
+    let served = fresh_ledger(bench, "p9_serve").await?;
+    load_accounts(&served, &accounts).await?;
+    let service = ServeProcess::start(bench, served.client().database()).await?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(REQUEST_TIMEOUT_S))
+        .pool_max_idle_per_host(c)
+        .build()?;
+    let http_latencies: Latencies = Arc::default();
+    let library_latencies: Latencies = Arc::default();
+    // Untimed, after the last round's ids: both engines read the pool, connections open.
+    let warm_up = rounds * transfers..rounds * transfers + 2 * c;
+    http_transfer_round(&http, &service.base, warm_up.clone(), c, &http_latencies).await?;
+    library_transfer_round(&library, warm_up, c, &library_latencies).await?;
+    let cpu_before = process_usage(service.pid()?).map(|(_, cpu)| cpu);
+    let quantiles: Mutex<BTreeMap<(Side, &str), Vec<f64>>> = Mutex::new(BTreeMap::new());
+    let sides = [Side::Serve, Side::Ours];
+    let samples = interleaved(&sides, rounds, |side, round| {
+        let (http, base, library) = (&http, &service.base, &library);
+        let latencies = match side {
+            Side::Serve => http_latencies.clone(),
+            _ => library_latencies.clone(),
+        };
+        let quantiles = &quantiles;
+        async move {
+            latencies.lock().expect("lock").clear();
+            let jobs = round * transfers..(round + 1) * transfers;
+            let rate = match side {
+                Side::Serve => http_transfer_round(http, base, jobs, c, &latencies).await?,
+                _ => library_transfer_round(library, jobs, c, &latencies).await?,
+            };
+            let took = latencies.lock().expect("lock").clone();
+            let mut quantiles = quantiles.lock().expect("lock");
+            for (name, q) in [("p50", 0.50), ("p99", 0.99)] {
+                quantiles
+                    .entry((side, name))
+                    .or_default()
+                    .push(quantile(&took, q) * 1e3);
+            }
+            Ok(rate)
+        }
+    })
+    .await?;
+    let serve_cpu_s = cpu_before
+        .zip(process_usage(service.pid()?).map(|(_, cpu)| cpu))
+        .map(|(before, after)| after - before);
+    service.stop().await?;
+    verify_and_drop(&served).await?;
+    verify_and_drop(&library).await?;
+    let ops = rounds * transfers;
+    let p8_same_run = bench
+        .measured
+        .lock()
+        .expect("lock")
+        .transfer_points
+        .iter()
+        .find(|p| p.concurrency == c && p.ours > 0.0)
+        .map(|p| p.ours);
+    let p9 = Row::new(
+        "p9",
+        format!("transfers/s, c{c} HTTP callers via serve"),
+        "xfers/s",
+        &samples.figures[&Side::Serve],
+        &samples.figures[&Side::Ours],
+    )
+    .goal(Some(GOAL_P9))
+    .note(format!(
+        "{c} keep-alive HTTP callers → one `couch-ledger serve` (release binary, request log \
+         on, sweeper off) ÷ {c} `submit` callers in the bench process (p8's workload{}), \
+         alternating rounds, a ledger database each; serve's own CPU {}; audited",
+        p8_same_run.map_or(String::new(), |p| format!(
+            "; p8 itself measured {p:.1} transfers/s earlier in this run"
+        )),
+        serve_cpu_s.map_or("?".to_owned(), |s| format!(
+            "{:.0} µs per transfer",
+            s * 1e6 / ops as f64
+        ))
+    ));
+    let quantiles = quantiles.into_inner().expect("lock");
+    let latency_row = |name: &'static str| {
+        Row::new(
+            &format!("p9_{name}"),
+            format!("transfer latency {name}, c{c}, serve vs library"),
+            "ms",
+            &quantiles[&(Side::Serve, name)],
+            &quantiles[&(Side::Ours, name)],
+        )
+        .note(format!(
+            "each round's {name} of the {transfers} calls' latencies (HTTP request to answer; \
+             submit call to return), median over rounds; raw = the library path"
+        ))
+    };
+    Ok(vec![p9, latency_row("p50"), latency_row("p99")])
+}
+
 // ---- output -------------------------------------------------------------------------------
 
 fn thousands(n: usize) -> String {
@@ -2268,6 +2561,7 @@ fn results_json(
                 "latency": LATENCY_ROUNDS,
                 "p4_p5": bench.settings.scaled(TRANSFER_ROUNDS),
                 "p8": bench.settings.scaled(P8_ROUNDS),
+                "p9": bench.settings.scaled(P9_ROUNDS),
                 "p6_raw": 2 * P6_RAW_ROUNDS_EACH_SIDE,
             },
             "p6_stuck_transfers": bench.settings.scaled(P6_TRANSFERS),

@@ -1,10 +1,12 @@
 //! `ClientBuilder`: the one way to configure a [`Client`](crate::Client).
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::couch::{Auth, Client};
 use crate::error::{Error, Result};
+use crate::observe::Observer;
 
 /// The server URL used when none is given (CouchDB's default port on loopback).
 pub const DEFAULT_URL: &str = "http://127.0.0.1:5984";
@@ -60,6 +62,7 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     request_timeout: Duration,
     retry: RetryPolicy,
+    observer: Option<Arc<dyn Observer>>,
     error: Option<Error>,
 }
 
@@ -74,6 +77,7 @@ impl fmt::Debug for ClientBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("retry", &self.retry)
+            .field("observer", &self.observer.is_some())
             .finish()
     }
 }
@@ -89,6 +93,7 @@ impl Default for ClientBuilder {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
+            observer: None,
             error: None,
         }
     }
@@ -144,6 +149,14 @@ impl ClientBuilder {
     /// How transient failures are retried.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
+        self
+    }
+
+    /// Tells `observer` about every HTTP request the client sends (latency, status, retries)
+    /// and every conflict inside a `_bulk_docs` reply: the hook a service's metrics hang on.
+    /// Clients made from this one with [`Client::with_database`] keep it.
+    pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
+        self.observer = Some(observer);
         self
     }
 
@@ -214,6 +227,7 @@ impl ClientBuilder {
             auth,
             self.retry,
             self.request_timeout,
+            self.observer,
         ))
     }
 }

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use reqwest::header::{HeaderValue, ACCEPT, CONTENT_TYPE, COOKIE, RETRY_AFTER, SET_COOKIE};
@@ -19,6 +19,7 @@ use serde_json::{json, Value};
 
 use crate::config::{ClientBuilder, RetryPolicy};
 use crate::error::{is_transient_status, scrub, Error, Result};
+use crate::observe::{Observer, RequestEvent};
 
 /// Everything but RFC 3986's unreserved characters is encoded in a path segment.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -45,6 +46,8 @@ struct Inner {
     request_timeout: Duration,
     /// HTTP requests sent (attempts, retries included).
     requests: AtomicU64,
+    /// Told about every attempt and every `_bulk_docs` conflict (metrics).
+    observer: Option<Arc<dyn Observer>>,
 }
 
 pub(crate) struct Auth {
@@ -323,6 +326,7 @@ impl Client {
         auth: Option<Auth>,
         retry: RetryPolicy,
         request_timeout: Duration,
+        observer: Option<Arc<dyn Observer>>,
     ) -> Client {
         Client {
             inner: Arc::new(Inner {
@@ -334,6 +338,7 @@ impl Client {
                 retry,
                 request_timeout,
                 requests: AtomicU64::new(0),
+                observer,
             }),
         }
     }
@@ -358,6 +363,7 @@ impl Client {
             auth,
             self.inner.retry,
             self.inner.request_timeout,
+            self.inner.observer.clone(),
         ))
     }
 
@@ -412,12 +418,24 @@ impl Client {
         let mut attempt: u32 = 0;
         let mut relogged = false;
         loop {
+            let started = Instant::now();
+            let observed = |status: Option<u16>| {
+                if let Some(observer) = &self.inner.observer {
+                    observer.request(&RequestEvent {
+                        method: method.as_str(),
+                        status,
+                        elapsed: started.elapsed(),
+                        attempt,
+                    });
+                }
+            };
             let response = self
                 .attempt(&method, path, query, body.as_deref(), timeout)
                 .await;
             let retries_left = retry == Retry::Safe && attempt < policy.retries_max;
             match response {
                 Err(e) => {
+                    observed(None);
                     let timeout = e.is_timeout();
                     let err = Error::transport(timeout)
                         .with_source(scrub(e))
@@ -436,6 +454,7 @@ impl Client {
                                 .with_source(scrub(e))
                                 .with_request(method.as_str(), path)
                         });
+                        observed(body.is_ok().then_some(status.as_u16()));
                         match body {
                             Ok(body) => {
                                 return Ok(Reply {
@@ -453,6 +472,7 @@ impl Client {
                         }
                     }
                     if status == StatusCode::UNAUTHORIZED && !relogged && self.uses_cookie() {
+                        observed(Some(status.as_u16()));
                         // The session expired: log in again once, then repeat the request.
                         relogged = true;
                         self.clear_session();
@@ -460,6 +480,7 @@ impl Client {
                     }
                     let retry_after = retry_after(response.headers());
                     let bytes = response.bytes().await.unwrap_or_default();
+                    observed(Some(status.as_u16()));
                     let err = self
                         .lockout(status_error(status, &bytes))
                         .with_request(method.as_str(), path);
@@ -754,6 +775,12 @@ impl Client {
                 docs.len()
             ))
             .with_request("POST", &path));
+        }
+        if let Some(observer) = &self.inner.observer {
+            let conflicts = results.iter().filter(|r| r.is_conflict()).count() as u64;
+            if conflicts > 0 {
+                observer.bulk_conflicts(conflicts);
+            }
         }
         Ok(in_request_order(&docs, results))
     }

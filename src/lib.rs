@@ -31,6 +31,7 @@ mod error;
 mod ledger;
 pub mod limits;
 mod money;
+mod observe;
 mod orders;
 mod state;
 mod sweeper;
@@ -46,6 +47,7 @@ pub use couch::{
 pub use error::{Error, Result};
 pub use ledger::{InitReport, Ledger, PauseFn, PauseHook};
 pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
+pub use observe::{Observer, RequestEvent};
 pub use orders::{
     Adjustment, BasketItem, CurrencyBalance, Delivered, Delivery, Entry, EntryKind, OrderBalance,
     OrderSummary, OutstandingPage, Payment, Purchase, RecordStatus, Recorded, Refund, Shipment,

@@ -6,27 +6,57 @@ use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 mod cli;
+#[cfg(feature = "serve")]
+mod serve;
 
 fn main() -> ExitCode {
     // clap prints usage errors itself and exits with 2 (0 for --help / --version).
     let (low, matches) = cli::args::parse();
-    init_logging();
-    match cli::run(low, &matches) {
+    init_logging(&low);
+    match run(low, &matches) {
         Ok(exit) => ExitCode::from(exit.code()),
         Err(err) => ExitCode::from(report(&err).code()),
     }
 }
 
-/// Logs go to stderr (stdout is the command's output), filtered by `RUST_LOG`, `warn` by
-/// default.
-fn init_logging() {
+/// `serve` goes to the service (src/serve/), every other command to the command line.
+fn run(low: cli::args::LowArgs, matches: &clap::ArgMatches) -> anyhow::Result<cli::Exit> {
+    #[cfg(feature = "serve")]
+    if let cli::args::Command::Serve(args) = &low.command {
+        let settings = cli::args::HiArgs::from_low(&low, matches)?;
+        return serve::run(settings, args.clone());
+    }
+    cli::run(low, matches)
+}
+
+/// Logs go to stderr (stdout is the command's output), filtered by `RUST_LOG`: `warn` by
+/// default, `info` for `serve` (one line per request), as JSON lines with `serve
+/// --log-format json`.
+fn init_logging(low: &cli::args::LowArgs) {
+    let (default, json) = logging_defaults(low);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let subscriber = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    #[cfg(feature = "serve")]
+    if json {
+        subscriber.json().flatten_event(true).init();
+        return;
+    }
+    let _ = json;
+    subscriber.with_ansi(std::io::stderr().is_terminal()).init();
+}
+
+/// The default level and whether lines are JSON: `warn` and text, but `info` for `serve`, and
+/// JSON with `serve --log-format json`.
+fn logging_defaults(low: &cli::args::LowArgs) -> (&'static str, bool) {
+    #[cfg(feature = "serve")]
+    if let cli::args::Command::Serve(args) = &low.command {
+        return ("info", args.log_format == cli::serve::LogFormat::Json);
+    }
+    let _ = low;
+    ("warn", false)
 }
 
 /// Prints `error: <what failed>: <cause>` on one line and says which exit code it means.

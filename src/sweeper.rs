@@ -522,6 +522,31 @@ impl Ledger {
         F: Future<Output = ()>,
         P: FnMut(&SweepOutcome),
     {
+        self.sweep_watch_each(options, shutdown, |pass| {
+            if let Ok(outcome) = pass {
+                on_pass(outcome);
+            }
+        })
+        .await
+    }
+
+    /// [`Ledger::sweep_watch`], calling `on_pass` after every pass with its outcome, or with
+    /// the error of a pass that failed (it is logged and retried after a back-off as well):
+    /// for a service's metrics of passes and failures.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::sweep_watch`].
+    pub async fn sweep_watch_each<F, P>(
+        &self,
+        options: SweepOptions,
+        shutdown: F,
+        mut on_pass: P,
+    ) -> Result<SweepOutcome>
+    where
+        F: Future<Output = ()>,
+        P: FnMut(std::result::Result<&SweepOutcome, &Error>),
+    {
         if options.limit == 0 || options.limit > SWEEP_LIMIT_MAX {
             return Err(Error::invalid(
                 "limit",
@@ -562,12 +587,13 @@ impl Ledger {
                     if outcome.advanced + outcome.cancelled + outcome.failed > 0 {
                         tracing::info!(?outcome, "sweep pass");
                     }
-                    on_pass(&outcome);
+                    on_pass(Ok(&outcome));
                     totals.add(outcome);
                     backoff = wait_min;
                 }
                 Err(e) => {
                     tracing::warn!("sweep pass failed, retrying in {backoff:?}: {e}");
+                    on_pass(Err(&e));
                     if stopping {
                         return Ok(totals);
                     }

@@ -20,3 +20,6 @@ mod design_functions;
 mod engine_bounds;
 // A cluster-like trio of replicating servers behind a round-robin proxy: conflicts, the ledger.
 mod cluster;
+// The HTTP service (`couch-ledger serve`) as a caller sees it: endpoints, auth, metrics, stop.
+#[cfg(feature = "serve")]
+mod serve;

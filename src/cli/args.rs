@@ -98,6 +98,14 @@ pub(crate) enum Command {
     /// Uses COUCHDB_URL or --url when given; otherwise the server at the default URL, or, when
     /// nothing answers there, a local pouchdb-server it starts and stops itself.
     Demo(super::demo::DemoArgs),
+
+    /// The ledger as an HTTP service: JSON in and out (amounts in minor units, the fields of
+    /// --json), one ledger per process so every caller shares its group commit, and the
+    /// sweeper running inside (unless --no-sweep). GET /openapi.json describes every endpoint;
+    /// /healthz, /readyz and /metrics (Prometheus) are for operators. SIGINT or SIGTERM stops
+    /// accepting, finishes the requests in flight and exits 0.
+    #[cfg(feature = "serve")]
+    Serve(super::serve::ServeArgs),
 }
 
 /// Parses the command line; on a usage error (or --help / --version) clap prints and exits.
@@ -200,6 +208,17 @@ impl HiArgs {
         db: &str,
         credentials: bool,
     ) -> couch_ledger::Result<Client> {
+        self.client_builder(url, db, credentials).build()
+    }
+
+    /// The builder [`HiArgs::client`] builds, for a caller that adds to it (the service adds
+    /// its metrics observer).
+    pub(crate) fn client_builder(
+        &self,
+        url: &str,
+        db: &str,
+        credentials: bool,
+    ) -> couch_ledger::ClientBuilder {
         let mut b = Client::builder().url(url).database(db);
         if credentials {
             if let Some(user) = &self.user {
@@ -211,7 +230,7 @@ impl HiArgs {
                 .request_timeout(t)
                 .connect_timeout(t.min(Duration::from_secs(5)));
         }
-        b.build()
+        b
     }
 
     /// The ledger on the configured server and database.

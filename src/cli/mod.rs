@@ -16,6 +16,8 @@ pub(crate) mod args;
 pub(crate) mod demo;
 pub(crate) mod orders;
 pub(crate) mod output;
+#[cfg(feature = "serve")]
+pub(crate) mod serve;
 pub(crate) mod transfers;
 
 use args::{Command, HiArgs, LowArgs};
@@ -107,6 +109,9 @@ async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
         Command::Orders(cmd) => orders::run(cmd, ctx).await,
         Command::Transfers(cmd) => transfers::run(cmd, ctx).await,
         Command::Demo(args) => demo::run(args, ctx).await,
+        // main.rs hands `serve` to the service (src/serve/) before it gets here.
+        #[cfg(feature = "serve")]
+        Command::Serve(_) => unreachable!("main.rs runs serve"),
     }
 }
 

@@ -1,0 +1,101 @@
+//! `/v1/accounts`: create, read one, list.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use couch_ledger::AccountSpec;
+
+use super::api::{AccountBody, AccountList, CreateAccount, ErrorBody, RecordedBody};
+use super::error::ApiError;
+use super::extract::{IdPath, JsonBody};
+use super::{amount, currency, record_status, AppState};
+
+/// Create an account. The same terms again answer 200 (`exists`); other terms, 409.
+#[utoipa::path(
+    post,
+    path = "/v1/accounts",
+    tag = "accounts",
+    request_body = CreateAccount,
+    responses(
+        (status = 201, description = "Created", body = RecordedBody),
+        (status = 200, description = "Exists with the same currency, opening and minimum", body = RecordedBody),
+        (status = 400, description = "Invalid input; nothing written", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 409, description = "Exists with other terms (`field` names the first)", body = ErrorBody),
+        (status = 503, description = "CouchDB unreachable (see Retry-After)", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub(crate) async fn create(
+    State(state): State<AppState>,
+    JsonBody(req): JsonBody<CreateAccount>,
+) -> Result<(StatusCode, Json<RecordedBody>), ApiError> {
+    let c = currency(&req.currency)?;
+    let spec = AccountSpec {
+        account_id: req.account_id.clone(),
+        currency: c,
+        opening: amount("opening", req.opening)?,
+        min_balance: req
+            .min_balance
+            .map(|m| amount("min_balance", m))
+            .transpose()?,
+    };
+    let r = state
+        .ledger
+        .create_account(spec)
+        .await
+        .map_err(|e| ApiError::from_ledger(&e, String::new))?;
+    let mut body = RecordedBody::from(&r);
+    body.account = Some(req.account_id);
+    Ok((record_status(r.status), Json(body)))
+}
+
+/// One account's balances and the transfers applied to it and not yet settled.
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{id}",
+    tag = "accounts",
+    params(("id" = String, Path, description = "The account id")),
+    responses(
+        (status = 200, description = "The account", body = AccountBody),
+        (status = 400, description = "A malformed id", body = ErrorBody),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 404, description = "No such account", body = ErrorBody),
+        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    IdPath(id): IdPath,
+) -> Result<Json<AccountBody>, ApiError> {
+    let view = state
+        .ledger
+        .account(&id)
+        .await
+        .map_err(|e| ApiError::from_ledger(&e, || format!("no account {id:?}")))?;
+    Ok(Json(AccountBody::from(&view)))
+}
+
+/// Every account with its balances.
+#[utoipa::path(
+    get,
+    path = "/v1/accounts",
+    tag = "accounts",
+    responses(
+        (status = 200, description = "The accounts", body = AccountList),
+        (status = 401, description = "No or a wrong API key", body = ErrorBody),
+        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub(crate) async fn list(State(state): State<AppState>) -> Result<Json<AccountList>, ApiError> {
+    let accounts = state
+        .ledger
+        .all_accounts()
+        .await
+        .map_err(|e| ApiError::from_ledger(&e, String::new))?;
+    Ok(Json(AccountList {
+        accounts: accounts.iter().map(AccountBody::from).collect(),
+    }))
+}

@@ -1,0 +1,355 @@
+//! `couch-ledger serve`: the ledger as an HTTP service (issue 13), a front end beside the
+//! command line and as thin: handlers parse, call the library, and map its errors to status
+//! codes (`error.rs`). One [`Ledger`] per process, so every caller shares its group-commit
+//! engine; the sweeper runs inside unless `--no-sweep`.
+//!
+//! | file | what |
+//! |---|---|
+//! | `mod.rs` | settings, the router and its OpenAPI document, start and graceful stop |
+//! | `api.rs` | request and response bodies and their schemas |
+//! | `accounts.rs`, `transfers.rs`, `orders.rs`, `ops.rs` | the handlers |
+//! | `error.rs`, `extract.rs` | errors as answers; extractors that refuse the same way |
+//! | `auth.rs`, `access.rs`, `metrics.rs` | API keys; the request log line; Prometheus metrics |
+//!
+//! Besides the library it imports only the command line's argument layer, which parses every
+//! command's flags: the validated connection settings (`cli::args::HiArgs`), `serve`'s flags
+//! (`cli::serve`), `Exit`, `UsageError` and `redact`. Nothing imports it but `main.rs`.
+
+use std::future::{Future, IntoFuture as _};
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::middleware::from_fn_with_state;
+use axum::response::IntoResponse;
+use axum::Router;
+use couch_ledger::limits::{STALE_AFTER_DEFAULT_MS, SWEEP_LIMIT_MAX};
+use couch_ledger::{Amount, Currency, Ledger, RecordStatus, SweepOptions};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::watch;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::cli::args::{parse_duration, HiArgs};
+use crate::cli::serve::{ServeArgs, API_KEYS_ENV};
+use crate::cli::{Exit, UsageError};
+
+mod access;
+mod accounts;
+mod api;
+mod auth;
+mod error;
+mod extract;
+mod metrics;
+mod ops;
+mod orders;
+mod transfers;
+
+use auth::ApiKeys;
+use error::ApiError;
+use metrics::Metrics;
+
+/// After SIGINT / SIGTERM, requests in flight get this long to finish (a transfer is bounded
+/// by its lease, 30 s); past it the process exits 1 rather than hang.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
+
+/// What every handler gets.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    ledger: Ledger,
+    metrics: Arc<Metrics>,
+    /// `/openapi.json`, generated from the router at start.
+    openapi: Arc<String>,
+}
+
+/// The transfer an answer is about, for the request's log line (a response extension).
+#[derive(Clone, Debug)]
+pub(crate) struct TransferId(pub(crate) String);
+
+/// The validated `serve` settings.
+struct Settings {
+    listen: SocketAddr,
+    keys: ApiKeys,
+    sweep: Option<SweepOptions>,
+    init: bool,
+}
+
+impl Settings {
+    fn from_args(args: &ServeArgs) -> Result<Settings, UsageError> {
+        let listen: SocketAddr = args.listen.parse().map_err(|_| {
+            UsageError::new(format!(
+                "--listen {:?}: expected IP:PORT, e.g. 127.0.0.1:8080 or 0.0.0.0:8080",
+                args.listen
+            ))
+        })?;
+        let env_keys = std::env::var(API_KEYS_ENV).ok();
+        let keys = ApiKeys::load(args.api_keys_file.as_deref(), env_keys.as_deref())?;
+        let stale_after = match &args.stale_after {
+            Some(text) => {
+                parse_duration(text).map_err(|e| UsageError::new(format!("--stale-after: {e}")))?
+            }
+            None => Duration::from_millis(STALE_AFTER_DEFAULT_MS),
+        };
+        if args.sweep_batch == 0 || args.sweep_batch > SWEEP_LIMIT_MAX {
+            return Err(UsageError::new(format!(
+                "--sweep-batch must be between 1 and {SWEEP_LIMIT_MAX}"
+            )));
+        }
+        Ok(Settings {
+            listen,
+            keys,
+            sweep: (!args.no_sweep).then_some(SweepOptions {
+                limit: args.sweep_batch,
+                stale_after,
+            }),
+            init: args.init,
+        })
+    }
+}
+
+/// Runs the service until SIGINT or SIGTERM.
+///
+/// # Errors
+///
+/// Bad settings (exit 2); the address cannot be bound, `--init` failed (exit 1).
+pub(crate) fn run(global: HiArgs, args: ServeArgs) -> anyhow::Result<Exit> {
+    let settings = Settings::from_args(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(serve(global, settings))
+}
+
+async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
+    // Installed first, so a signal at any moment stops us cleanly.
+    let signals = shutdown_signal().context("cannot install the signal handlers")?;
+    let metrics = Arc::new(Metrics::new());
+    let client = global
+        .client_builder(&global.url, &global.db, true)
+        .observer(metrics.clone())
+        .build()
+        .context("invalid server settings")?;
+    let ledger = Ledger::new(client);
+    if settings.init {
+        let report = ledger
+            .init()
+            .await
+            .with_context(|| format!("could not initialise database {:?}", global.db))?;
+        tracing::info!(database = %report.database, created = report.created, "initialised");
+    }
+    let listener = tokio::net::TcpListener::bind(settings.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", settings.listen))?;
+    let local = listener.local_addr().context("the listening address")?;
+    let auth = settings.keys.required();
+    let app = router(ledger.clone(), metrics.clone(), Arc::new(settings.keys));
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        signals.await;
+        tracing::info!("stopping: no new connections; finishing the requests in flight");
+        let _ = stop_tx.send(true);
+    });
+    let sweeper = settings.sweep.map(|options| {
+        let (ledger, metrics, stop) = (ledger.clone(), metrics.clone(), stopped(stop_rx.clone()));
+        tokio::spawn(async move {
+            ledger
+                .sweep_watch_each(options, stop, |pass| metrics.sweep_pass(pass))
+                .await
+        })
+    });
+
+    let url = format!("http://{local}");
+    tracing::info!(%url, database = %global.db, sweeper = sweeper.is_some(), auth, "serving");
+    let line = if global.json {
+        json!({"listening": url, "database": global.db}).to_string()
+    } else {
+        format!("listening on {url} (database {})", global.db)
+    };
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{line}").and_then(|()| stdout.flush())?;
+    }
+
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(stopped(stop_rx.clone()))
+        .into_future();
+    let grace = async {
+        stopped(stop_rx.clone()).await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        served = server => served.context("serving")?,
+        () = grace => {
+            tracing::error!("requests still running {SHUTDOWN_GRACE:?} after the stop signal");
+            return Ok(Exit::Operational);
+        }
+    }
+    if let Some(sweeper) = sweeper {
+        // It finishes the step it is on; bounded like the requests.
+        match tokio::time::timeout(SHUTDOWN_GRACE, sweeper).await {
+            Ok(Ok(Ok(totals))) => tracing::info!(?totals, "sweeper stopped"),
+            Ok(Ok(Err(e))) => tracing::error!("the sweeper stopped with an error: {e}"),
+            Ok(Err(e)) => tracing::error!("the sweeper task failed: {e}"),
+            Err(_) => {
+                tracing::error!("the sweeper did not stop within {SHUTDOWN_GRACE:?}");
+                return Ok(Exit::Operational);
+            }
+        }
+    }
+    tracing::info!("stopped");
+    Ok(Exit::Success)
+}
+
+/// Resolves once the stop signal was given.
+async fn stopped(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
+}
+
+/// Resolves on the first SIGINT or SIGTERM.
+fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+    })
+}
+
+// ---- the router and its document ------------------------------------------------------------
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "couch-ledger",
+        description = "A money ledger on CouchDB as an HTTP service: accounts and multi-phase \
+            transfers, the order ledger, and the operator's endpoints. JSON in and out; every \
+            amount is an integer in minor units (646 = 6.46 GBP), except in a purchase, which \
+            keeps Cloudant's decimal shape. Errors are a 4xx/5xx status with \
+            `{\"error\": code, \"message\": text}`; with API keys configured, every /v1 request \
+            needs `Authorization: Bearer <key>`."
+    ),
+    modifiers(&BearerAuth),
+    tags(
+        (name = "accounts", description = "Accounts that transfers move money between"),
+        (name = "transfers", description = "Two-phase transfers: idempotent by id"),
+        (name = "orders", description = "The immutable order ledger"),
+        (name = "operations", description = "Health, readiness, metrics, status, invariants"),
+    )
+)]
+struct ApiDoc;
+
+/// The `api_key` security scheme the `/v1` paths name.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// Every route, and the OpenAPI document made from the same list (so the two cannot drift).
+/// `/v1` answers only with one of `keys` when any is configured.
+fn routes(keys: Arc<ApiKeys>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let v1 = OpenApiRouter::new()
+        .routes(routes!(accounts::create, accounts::list))
+        .routes(routes!(accounts::get))
+        .routes(routes!(transfers::create))
+        .routes(routes!(transfers::get))
+        .routes(routes!(transfers::cancel))
+        .routes(routes!(transfers::reverse))
+        .routes(routes!(orders::list))
+        .routes(routes!(orders::get))
+        .routes(routes!(orders::purchase))
+        .routes(routes!(orders::payment))
+        .routes(routes!(orders::refund))
+        .routes(routes!(orders::adjustment))
+        .routes(routes!(orders::shipment))
+        .routes(routes!(orders::delivery))
+        .routes(routes!(orders::statement))
+        .routes(routes!(ops::status))
+        .routes(routes!(ops::verify))
+        .route_layer(from_fn_with_state(keys, auth::require_key));
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .merge(v1)
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(ops::openapi))
+        .split_for_parts()
+}
+
+/// The service: the routes, API keys in front of `/v1`, the request log and metrics around
+/// everything, JSON 404s.
+fn router(ledger: Ledger, metrics: Arc<Metrics>, keys: Arc<ApiKeys>) -> Router {
+    let (routes, doc) = routes(keys);
+    let openapi = doc
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes");
+    let state = AppState {
+        ledger,
+        metrics,
+        openapi: Arc::new(openapi),
+    };
+    routes
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(extract::BODY_BYTES_MAX))
+        .layer(from_fn_with_state(state.clone(), access::observe))
+        .with_state(state)
+}
+
+async fn not_found() -> impl IntoResponse {
+    ApiError::not_found("no such endpoint (GET /openapi.json lists them)")
+}
+
+// ---- shared by the handlers -----------------------------------------------------------------
+
+/// A currency code, in either case.
+fn currency(code: &str) -> Result<Currency, ApiError> {
+    Currency::from_code(&code.to_ascii_uppercase())
+        .map_err(|e| ApiError::from_ledger(&e, String::new))
+}
+
+/// Minor units from JSON (an integer: serde already refused `6.46` and `1e3`), in range.
+fn amount(field: &str, minor: i64) -> Result<Amount, ApiError> {
+    Amount::new(minor).map_err(|_| {
+        ApiError::invalid(
+            Some(field),
+            format!("{minor} is beyond ±(2^53 − 1) minor units"),
+        )
+    })
+}
+
+/// 201 for a document this call wrote, 200 for one found with the same content.
+fn record_status(status: RecordStatus) -> StatusCode {
+    match status {
+        RecordStatus::Created => StatusCode::CREATED,
+        RecordStatus::Exists => StatusCode::OK,
+    }
+}
+
+/// A JSON body parsed inside a handler (for one that must answer with an id even then).
+fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the request body is not what this endpoint takes: {e}"),
+        )
+    })
+}
