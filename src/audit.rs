@@ -657,7 +657,11 @@ impl Ledger {
                         .conflicts
                         .iter()
                         .map(|(id, revs)| {
-                            format!("{id} holds {} conflicting revisions ({})", revs.len(), revs.join(", "))
+                            format!(
+                                "{id} holds {} conflicting revisions ({})",
+                                revs.len(),
+                                revs.join(", ")
+                            )
                         })
                         .collect::<Vec<_>>(),
                 )

@@ -650,6 +650,9 @@ async fn verify_reports_a_conflicted_ledger_document() {
     assert!(!c.ok, "{report:#?}");
     assert_eq!(c.documents, vec!["account:B".to_owned()], "{c:?}");
     // The planted revision wins (the larger hash); the one the ledger wrote is named as lost.
-    assert!(c.detail.contains("holds 1 conflicting revisions (3-"), "{c:?}");
+    assert!(
+        c.detail.contains("holds 1 conflicting revisions (3-"),
+        "{c:?}"
+    );
     assert!(!report.ok);
 }
