@@ -162,9 +162,12 @@ pub struct LedgerStatus {
     pub states: StateCounts,
     /// Age of the oldest open transfer (by `last_modified`), seconds; `None` when none is open.
     pub oldest_open_age_s: Option<u64>,
-    /// Money in `pending` transfers (the `transactions/pending` view's `_sum`). The view has no
-    /// currency: with several currencies this adds their minor units together.
+    /// Money in `pending` transfers (the `transactions/pending` view's `_sum`), over every
+    /// currency: with several currencies this adds their minor units together. Kept for the
+    /// `--json` contract; [`LedgerStatus::in_flight_by_currency`] is the figure to read.
     pub in_flight: Amount,
+    /// Money in `pending` transfers per currency (`transactions/in_flight`, grouped).
+    pub in_flight_by_currency: std::collections::BTreeMap<String, Amount>,
     /// Pending markers held by accounts (transfers applied and not yet settled or undone).
     pub pending_markers: u64,
 }
@@ -662,11 +665,30 @@ impl Ledger {
             }
             None => Amount::ZERO,
         };
+        let grouped = ViewQuery {
+            group: Some(true),
+            ..ViewQuery::default()
+        };
+        let mut in_flight_by_currency = std::collections::BTreeMap::new();
+        for row in client
+            .view("transactions", "in_flight", &grouped)
+            .await?
+            .rows
+        {
+            let (Some(code), Some(minor)) = (row.key.as_str(), row.value.as_i64()) else {
+                return Err(Error::decode(format!(
+                    "transactions/in_flight row {} → {} is not a currency and an integer",
+                    row.key, row.value
+                )));
+            };
+            in_flight_by_currency.insert(code.to_owned(), Amount::new(minor)?);
+        }
         Ok(LedgerStatus {
             states,
             oldest_open_age_s: oldest
                 .map(|t| u64::try_from(now_ms().saturating_sub(t).max(0)).unwrap_or(0) / 1000),
             in_flight,
+            in_flight_by_currency,
             pending_markers: marker_count(self).await?,
         })
     }

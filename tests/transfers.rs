@@ -1065,3 +1065,44 @@ async fn a_committed_transfer_is_settled_then_reversed() {
     assert_eq!(balance(&l, "B").await, 0);
     assert_at_rest(&l).await;
 }
+
+/// Issue 12, item 7: money in flight is given per currency; the old `in_flight` figure added the
+/// minor units of every currency together.
+#[tokio::test]
+async fn money_in_flight_is_given_per_currency() {
+    let l = support::ledger("in_flight_currency").await;
+    let gbp = Currency::from_code("GBP").unwrap();
+    open(&l, "E1", 1_000, Some(0)).await;
+    open(&l, "E2", 0, Some(0)).await;
+    open_in(&l, "G1", gbp, 1_000, Some(0)).await;
+    open_in(&l, "G2", gbp, 0, Some(0)).await;
+    l.submit(request(Some("e"), "E1", "E2", 300), false)
+        .await
+        .unwrap();
+    let mut g = request(Some("g"), "G1", "G2", 45);
+    g.currency = gbp;
+    l.submit(g, false).await.unwrap();
+    // Begin both (initial → pending), nothing applied yet.
+    assert_eq!(l.step("e").await.unwrap().state, State::Pending);
+    assert_eq!(l.step("g").await.unwrap().state, State::Pending);
+    let s = l.status().await.unwrap();
+    let per: Vec<(String, i64)> = s
+        .in_flight_by_currency
+        .iter()
+        .map(|(c, a)| (c.clone(), a.minor()))
+        .collect();
+    assert_eq!(per, vec![("EUR".to_owned(), 300), ("GBP".to_owned(), 45)]);
+    assert_eq!(
+        s.in_flight.minor(),
+        345,
+        "the old figure, kept for the --json contract"
+    );
+    // Driven to the end (the same ids again, waiting: this worker holds their claims).
+    l.submit(request(Some("e"), "E1", "E2", 300), true)
+        .await
+        .unwrap();
+    let mut g = request(Some("g"), "G1", "G2", 45);
+    g.currency = gbp;
+    assert_eq!(l.submit(g, true).await.unwrap().state, State::Done);
+    assert!(l.status().await.unwrap().in_flight_by_currency.is_empty());
+}

@@ -646,10 +646,16 @@ async fn status(ctx: &mut Context) -> anyhow::Result<Exit> {
         Some(age) => format!("oldest open transfer: last written {age} s ago\n"),
         None => "no open transfer\n".to_owned(),
     });
-    text.push_str(&format!(
-        "money in flight (pending transfers): {} minor units\n",
-        s.in_flight.minor()
-    ));
+    if s.in_flight_by_currency.is_empty() {
+        text.push_str("money in flight (pending transfers): none\n");
+    }
+    for (code, amount) in &s.in_flight_by_currency {
+        let shown = match Currency::from_code(code) {
+            Ok(c) => money(c, *amount),
+            Err(_) => format!("{} minor units of {code}", amount.minor()),
+        };
+        text.push_str(&format!("money in flight (pending transfers): {shown}\n"));
+    }
     text.push_str(&format!(
         "pending markers on accounts: {}\n",
         s.pending_markers
@@ -658,6 +664,7 @@ async fn status(ctx: &mut Context) -> anyhow::Result<Exit> {
         "states": serde_json::to_value(s.states)?,
         "oldest_open_age_s": s.oldest_open_age_s,
         "in_flight": s.in_flight,
+        "in_flight_by_currency": s.in_flight_by_currency,
         "pending_markers": s.pending_markers,
     });
     ctx.out.print(&value, &text)?;

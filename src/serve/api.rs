@@ -551,6 +551,8 @@ pub(crate) struct StatusBody {
     pub(crate) oldest_open_age_s: Option<u64>,
     /// Money in pending transfers, minor units (over all currencies).
     pub(crate) in_flight: i64,
+    /// Money in pending transfers per currency, minor units.
+    pub(crate) in_flight_by_currency: std::collections::BTreeMap<String, i64>,
     /// Pending markers held by accounts.
     pub(crate) pending_markers: u64,
 }
@@ -568,6 +570,11 @@ impl From<&LedgerStatus> for StatusBody {
             },
             oldest_open_age_s: s.oldest_open_age_s,
             in_flight: s.in_flight.minor(),
+            in_flight_by_currency: s
+                .in_flight_by_currency
+                .iter()
+                .map(|(code, amount)| (code.clone(), amount.minor()))
+                .collect(),
             pending_markers: s.pending_markers,
         }
     }
