@@ -177,9 +177,11 @@ pub struct LedgerStatus {
 /// in a pass's batch: `{"ids": {"txn:…": "why"}}`.
 pub const SKIP_LIST: &str = "couch-ledger-sweeper-skip";
 
-/// At most this many malformed transfers are remembered (each pass then asks the view for
-/// that many rows more).
+/// At most this many malformed transfers are remembered.
 const SKIP_LIST_MAX: usize = 10_000;
+
+/// Pages of `by_state` one pass reads per state, past malformed transfers.
+const SKIP_PAGES_MAX: usize = 100;
 
 #[derive(Debug, Default)]
 struct SkipList {
@@ -228,27 +230,53 @@ impl Ledger {
         let mut out = SweepOutcome::default();
 
         // 1. Open transfers not modified since the cutoff, oldest first — past the malformed
-        //    ones found by earlier passes, which would otherwise fill every batch (they sort
-        //    oldest and never move). Asking for `limit` rows more than there are known
-        //    malformed ones is enough to reach `limit` others.
+        //    ones, which would otherwise fill every batch (they sort oldest and never move).
+        //    Those found by earlier passes are passed over by id; new ones are told by the
+        //    document the view row carries, remembered, and paged past within this pass, so one
+        //    pass reaches `limit` real candidates however many malformed ones stand before them.
         let mut skip = self.read_skip_list().await?;
         let mut queue: Vec<(i64, String)> = Vec::new();
         for state in OPEN_STATES {
-            let q = ViewQuery {
-                start_key: Some(json!([state.as_str()])),
-                end_key: Some(json!([state.as_str(), cutoff])),
-                reduce: Some(false),
-                limit: Some(limit + skip.ids.len() as u64),
-                ..ViewQuery::default()
-            };
-            for row in client.view("transactions", "by_state", &q).await?.rows {
-                match row.id {
-                    Some(id) if skip.ids.contains_key(&id) => out.skipped_malformed += 1,
-                    Some(id) => {
-                        let modified = row.key.get(1).and_then(Value::as_i64).unwrap_or(0);
-                        queue.push((modified, id));
+            let mut found: u64 = 0;
+            let mut after: Option<(Value, String)> = None;
+            for _ in 0..SKIP_PAGES_MAX {
+                let (start_key, start_key_doc_id, skip_rows) = match &after {
+                    Some((key, id)) => (key.clone(), Some(id.clone()), Some(1)),
+                    None => (json!([state.as_str()]), None, None),
+                };
+                let q = ViewQuery {
+                    start_key: Some(start_key),
+                    start_key_doc_id,
+                    skip: skip_rows,
+                    end_key: Some(json!([state.as_str(), cutoff])),
+                    reduce: Some(false),
+                    include_docs: Some(true),
+                    limit: Some(limit),
+                    ..ViewQuery::default()
+                };
+                let rows = client.view("transactions", "by_state", &q).await?.rows;
+                let full = rows.len() as u64 == limit;
+                for row in rows {
+                    let Some(id) = row.id else { continue };
+                    after = Some((row.key.clone(), id.clone()));
+                    if skip.ids.contains_key(&id) {
+                        out.skipped_malformed += 1;
+                        continue;
                     }
-                    None => {}
+                    if let Some(doc) = row.doc.filter(Value::is_object) {
+                        if let Err(e) = TxnDoc::from_value(doc) {
+                            out.skipped += 1;
+                            out.problem(format!("{id}: {e}"));
+                            skip.add(&id, &e.to_string());
+                            continue;
+                        }
+                    }
+                    let modified = row.key.get(1).and_then(Value::as_i64).unwrap_or(0);
+                    queue.push((modified, id));
+                    found += 1;
+                }
+                if !full || found >= limit {
+                    break;
                 }
             }
         }
