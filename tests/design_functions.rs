@@ -758,6 +758,12 @@ async fn create_member(roles: &[&str]) -> (String, String) {
     let name = format!("dd-writer-{:08x}", fastrand::u32(..));
     let password = format!("pw-{:016x}", fastrand::u64(..));
     let id = format!("org.couchdb.user:{name}");
+    let s = support::server();
+    let admin = s
+        .user
+        .as_deref()
+        .map(|u| (u, s.password.as_deref().unwrap_or("")));
+    support::ensure_users_db(&s.url, admin).await;
     let r = support::auth(support::raw().put(support::raw_url(&format!("_users/{id}"))))
         .json(
             &json!({"_id": id, "name": name, "password": password, "roles": roles, "type": "user"}),

@@ -203,21 +203,7 @@ pub async fn make_user(
         }
         r.send()
     };
-    // A CouchDB 3 node set up by hand may have no `_users` yet: create it (412 = it exists).
-    let mut probe = raw().get(format!("{base}/_users"));
-    if let Some((user, pass)) = admin {
-        probe = probe.basic_auth(user, Some(pass));
-    }
-    if probe.send().await.unwrap().status().as_u16() == 404 {
-        let status = put("_users".to_owned(), serde_json::json!({}))
-            .await
-            .unwrap()
-            .status();
-        assert!(
-            status.is_success() || status.as_u16() == 412,
-            "PUT /_users: {status}"
-        );
-    }
+    ensure_users_db(base, admin).await;
     let reply = put(
         format!("_users/org.couchdb.user:{name}"),
         serde_json::json!({"name": name, "password": password, "roles": [], "type": "user"}),
@@ -230,6 +216,31 @@ pub async fn make_user(
         reply.status()
     );
     (name, password)
+}
+
+/// Makes sure the server has a `_users` database: a CouchDB 3 node set up by hand may have none
+/// until someone creates it (412 = it exists).
+pub async fn ensure_users_db(base: &str, admin: Option<(&str, &str)>) {
+    let with_admin = |r: reqwest::RequestBuilder| match admin {
+        Some((user, pass)) => r.basic_auth(user, Some(pass)),
+        None => r,
+    };
+    let base = base.trim_end_matches('/');
+    let probe = with_admin(raw().get(format!("{base}/_users")))
+        .send()
+        .await
+        .unwrap();
+    if probe.status().as_u16() == 404 {
+        let status = with_admin(raw().put(format!("{base}/_users")))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        assert!(
+            status.is_success() || status.as_u16() == 412,
+            "PUT /_users: {status}"
+        );
+    }
 }
 
 /// [`make_user`] on the test server, as the suite's user.
