@@ -228,3 +228,122 @@ async fn a_413_is_too_large_and_not_retried() {
     assert!(!e.is_transient(), "{e}");
     server.verify().await;
 }
+
+/// A stand-in server that keeps documents in memory and answers 413 to any `_bulk_docs` of
+/// more than one document, as a server with a small request limit would to a batch of large
+/// accounts. (No real server here refuses by size on demand.)
+struct SmallRequests {
+    docs: std::sync::Mutex<std::collections::HashMap<String, Value>>,
+    refused: std::sync::atomic::AtomicUsize,
+}
+
+impl wiremock::Respond for SmallRequests {
+    fn respond(&self, request: &wiremock::Request) -> ResponseTemplate {
+        let mut docs = self.docs.lock().unwrap();
+        let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+        match request.url.path() {
+            "/db/_bulk_docs" => {
+                let batch = body["docs"].as_array().cloned().unwrap_or_default();
+                if batch.len() > 1 {
+                    self.refused
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return ResponseTemplate::new(413).set_body_json(
+                        json!({"error": "too_large", "reason": "the request entity is too large"}),
+                    );
+                }
+                let mut out = Vec::new();
+                for mut d in batch {
+                    let id = d["_id"].as_str().unwrap().to_owned();
+                    let n = docs.get(&id).map_or(0, |old| {
+                        old["_rev"]
+                            .as_str()
+                            .unwrap()
+                            .split('-')
+                            .next()
+                            .unwrap()
+                            .parse()
+                            .unwrap()
+                    });
+                    let rev = format!("{}-{:032x}", n + 1, fastrand::u128(..));
+                    d["_rev"] = json!(rev);
+                    docs.insert(id.clone(), d);
+                    out.push(json!({"ok": true, "id": id, "rev": rev}));
+                }
+                ResponseTemplate::new(201).set_body_json(out)
+            }
+            "/db/_all_docs" => {
+                let rows: Vec<Value> = body["keys"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|k| match docs.get(k.as_str().unwrap()) {
+                        Some(d) => {
+                            json!({"id": k, "key": k, "value": {"rev": d["_rev"]}, "doc": d})
+                        }
+                        None => json!({"key": k, "error": "not_found"}),
+                    })
+                    .collect();
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"total_rows": rows.len(), "rows": rows}))
+            }
+            other => {
+                let id = percent_decode(other.trim_start_matches("/db/"));
+                match docs.get(&id) {
+                    Some(d) => ResponseTemplate::new(200).set_body_json(d.clone()),
+                    None => ResponseTemplate::new(404)
+                        .set_body_json(json!({"error": "not_found", "reason": "missing"})),
+                }
+            }
+        }
+    }
+}
+
+fn percent_decode(s: &str) -> String {
+    s.replace("%3A", ":").replace("%3a", ":")
+}
+
+/// Issue 12, item 8: when the server refuses a write as too large (413), the engine splits it
+/// and sends the parts, instead of failing the transfer or resending the same request.
+#[tokio::test]
+async fn the_engine_splits_a_write_the_server_finds_too_large() {
+    let server = MockServer::start().await;
+    let stand_in = Arc::new(SmallRequests {
+        docs: Default::default(),
+        refused: Default::default(),
+    });
+    for (id, opening) in [("A", 1_000), ("B", 0)] {
+        stand_in.docs.lock().unwrap().insert(
+            format!("account:{id}"),
+            json!({"_id": format!("account:{id}"), "_rev": "1-a", "type": "account",
+                   "account_id": id, "currency": "EUR", "opening": opening, "balance": opening,
+                   "min_balance": 0, "pending": [], "settled": []}),
+        );
+    }
+    struct Shared(Arc<SmallRequests>);
+    impl wiremock::Respond for Shared {
+        fn respond(&self, r: &wiremock::Request) -> ResponseTemplate {
+            self.0.respond(r)
+        }
+    }
+    Mock::given(wiremock::matchers::any())
+        .respond_with(Shared(stand_in.clone()))
+        .mount(&server)
+        .await;
+    let client = Client::builder()
+        .url(server.uri())
+        .database("db")
+        .build()
+        .unwrap();
+    let l = Ledger::new(client);
+    let o = l.submit(request("big", "A", "B", 250), true).await.unwrap();
+    assert_eq!(o.state, State::Done, "{o:?}");
+    assert!(
+        stand_in.refused.load(std::sync::atomic::Ordering::Relaxed) >= 1,
+        "the two accounts were never sent together: nothing to split"
+    );
+    let docs = stand_in.docs.lock().unwrap();
+    assert_eq!(docs["account:A"]["balance"], 750);
+    assert_eq!(docs["account:B"]["balance"], 250);
+    assert_eq!(docs["txn:big"]["state"], "done");
+}
