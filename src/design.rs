@@ -243,7 +243,11 @@ mod tests {
         assert_eq!(docs[0].body["views"]["pending"]["reduce"], "_count");
         assert_eq!(docs[0].body["views"]["balances"]["reduce"], "_sum");
         assert_eq!(views(1), ["by_account", "ledger"]);
-        assert_eq!(views(2), ["by_account", "by_state", "committed", "pending"]);
+        assert_eq!(
+            views(2),
+            ["by_account", "by_state", "committed", "in_flight", "pending"]
+        );
+        assert_eq!(docs[2].body["views"]["in_flight"]["reduce"], "_sum");
         assert_eq!(docs[2].body["views"]["by_state"]["reduce"], "_count");
         assert!(docs[3].body["validate_doc_update"]
             .as_str()
