@@ -19,8 +19,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// `serve` goes to the service (src/serve/), every other command to the command line.
+/// `serve` goes to the service (src/serve/), `completions` needs no settings, every other
+/// command goes to the command line.
 fn run(low: cli::args::LowArgs, matches: &clap::ArgMatches) -> anyhow::Result<cli::Exit> {
+    if let cli::args::Command::Completions(args) = &low.command {
+        return cli::completions(args);
+    }
     #[cfg(feature = "serve")]
     if let cli::args::Command::Serve(args) = &low.command {
         let settings = cli::args::HiArgs::from_low(&low, matches)?;

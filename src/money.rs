@@ -98,88 +98,53 @@ impl<'de> Deserialize<'de> for Amount {
     }
 }
 
-/// An ISO-4217 currency this ledger knows, with its number of minor-unit digits.
+/// An ISO-4217 currency, with its number of minor-unit digits.
+///
+/// The codes and their minor units are ISO 4217's own list as the `iso_currency` crate keeps
+/// it (every active code, and superseded ones a ledger may still hold), not a table of ours.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Currency {
     code: &'static str,
     exponent: u8,
 }
 
-/// Active ISO-4217 codes and their minor-unit exponents. Codes not listed are refused rather
-/// than guessed at: a wrong exponent would misstate every amount by a power of ten.
-const CURRENCIES: &[(&str, u8)] = &[
-    ("AED", 2),
-    ("ARS", 2),
-    ("AUD", 2),
-    ("BGN", 2),
-    ("BHD", 3),
-    ("BRL", 2),
-    ("CAD", 2),
-    ("CHF", 2),
-    ("CLP", 0),
-    ("CNY", 2),
-    ("COP", 2),
-    ("CZK", 2),
-    ("DKK", 2),
-    ("EGP", 2),
-    ("EUR", 2),
-    ("GBP", 2),
-    ("HKD", 2),
-    ("HUF", 2),
-    ("IDR", 2),
-    ("ILS", 2),
-    ("INR", 2),
-    ("ISK", 0),
-    ("JOD", 3),
-    ("JPY", 0),
-    ("KES", 2),
-    ("KRW", 0),
-    ("KWD", 3),
-    ("MAD", 2),
-    ("MXN", 2),
-    ("MYR", 2),
-    ("NGN", 2),
-    ("NOK", 2),
-    ("NZD", 2),
-    ("OMR", 3),
-    ("PEN", 2),
-    ("PHP", 2),
-    ("PKR", 2),
-    ("PLN", 2),
-    ("QAR", 2),
-    ("RON", 2),
-    ("RSD", 2),
-    ("SAR", 2),
-    ("SEK", 2),
-    ("SGD", 2),
-    ("THB", 2),
-    ("TND", 3),
-    ("TRY", 2),
-    ("TWD", 2),
-    ("UAH", 2),
-    ("USD", 2),
-    ("UYU", 2),
-    ("VND", 0),
-    ("ZAR", 2),
-];
+/// The most minor-unit digits a currency may have. ISO 4217's largest is 4 (CLF, UYW); the
+/// bound keeps `10^exponent` far from overflowing an `i64` whatever the list says.
+const EXPONENT_MAX: u8 = 9;
 
 impl Currency {
     /// Looks up an ISO-4217 code (upper case, as written in documents).
     ///
+    /// Codes for which ISO 4217 defines no minor unit — precious metals (XAU, XAG, XPT, XPD),
+    /// SDR (XDR), the bond-market units (XBA…XBD), testing (XTS) and "no currency" (XXX) — are
+    /// refused rather than given a guessed exponent: a wrong one would misstate every amount by
+    /// a power of ten, and none of them is money a shop takes.
+    ///
     /// # Errors
     ///
-    /// An unknown code.
+    /// A code that is not in ISO 4217, or one with no minor unit.
     pub fn from_code(code: &str) -> Result<Currency> {
-        CURRENCIES
-            .iter()
-            .find(|(c, _)| *c == code)
-            .map(|&(code, exponent)| Currency { code, exponent })
+        let iso = iso_currency::Currency::from_code(code).ok_or_else(|| {
+            Error::invalid("currency", format!("{code:?} is not an ISO-4217 code"))
+        })?;
+        let exponent = iso
+            .exponent()
+            .and_then(|e| u8::try_from(e).ok())
+            .filter(|&e| e <= EXPONENT_MAX)
             .ok_or_else(|| {
                 Error::invalid(
                     "currency",
-                    format!("{code:?} is not an ISO-4217 code this ledger knows"),
+                    format!(
+                        "{code:?} ({}) has no minor unit in ISO 4217, so amounts in it cannot \
+                         be kept exactly",
+                        iso.name()
+                    ),
                 )
-            })
+            })?;
+        Ok(Currency {
+            code: iso.code(),
+            exponent,
+        })
     }
 
     /// The three-letter code.
@@ -370,6 +335,131 @@ mod tests {
     fn unknown_currency_is_refused() {
         assert!(Currency::from_code("XXX").is_err());
         assert!(Currency::from_code("gbp").is_err());
+    }
+
+    /// Every ISO-4217 code with its minor unit: a code, an amount as typed, and the minor
+    /// units it is (`None`: refused as invalid input).
+    #[test]
+    fn iso_4217_table() {
+        let cases: &[(&str, &str, Option<i64>)] = &[
+            // Refused by the old hand table; ISO 4217 codes with 2 decimals.
+            ("BDT", "1.23", Some(123)),
+            ("GHS", "10.5", Some(1050)),
+            ("BDT", "1.234", None),
+            // Three decimals.
+            ("BHD", "1.234", Some(1234)),
+            ("BHD", "1.2345", None),
+            ("KWD", "0.001", Some(1)),
+            // No minor unit.
+            ("JPY", "15", Some(15)),
+            ("JPY", "1.5", None),
+            ("JPY", "15.", None),
+            // Four (Chile's Unidad de Fomento).
+            ("CLF", "1.2345", Some(12345)),
+            // Two.
+            ("EUR", "6.46", Some(646)),
+            ("EUR", "6.465", None),
+        ];
+        for &(code, text, want) in cases {
+            let currency = Currency::from_code(code).unwrap_or_else(|e| panic!("{code}: {e}"));
+            assert_eq!(currency.code(), code);
+            match (currency.parse(text), want) {
+                (Ok(got), Some(want)) => assert_eq!(got.minor(), want, "{code} {text}"),
+                (Err(e), None) => assert!(e.is_invalid_input(), "{code} {text}: {e}"),
+                (got, want) => panic!("{code} {text}: got {got:?}, want {want:?}"),
+            }
+        }
+        // Exponents, and formatting back.
+        for (code, exponent, minor, shown) in [
+            ("BDT", 2, 123, "1.23"),
+            ("BHD", 3, 1234, "1.234"),
+            ("JPY", 0, 15, "15"),
+            ("EUR", 2, 646, "6.46"),
+        ] {
+            let c = Currency::from_code(code).unwrap();
+            assert_eq!(c.exponent(), exponent, "{code}");
+            assert_eq!(c.format(Amount::new(minor).unwrap()), shown, "{code}");
+        }
+        // Not ISO 4217, or not upper case as documents write it.
+        for code in ["ZZZ", "", "EU", "EURO", "eur", "Eur", " EUR"] {
+            let e = Currency::from_code(code).unwrap_err();
+            assert!(e.is_invalid_input(), "{code:?}: {e}");
+        }
+        // ISO codes with no minor unit (metals, SDR, testing, "no currency") are refused, not
+        // given a guessed exponent.
+        for code in ["XAU", "XAG", "XPT", "XPD", "XDR", "XTS", "XXX", "XBA"] {
+            let e = Currency::from_code(code).unwrap_err();
+            assert!(e.is_invalid_input(), "{code}: {e}");
+            assert!(e.to_string().contains("no minor unit"), "{code}: {e}");
+        }
+    }
+
+    /// Every code the ledger accepted before `iso_currency` still has the exponent it had, so
+    /// documents already written read back as the same amounts.
+    #[test]
+    fn codes_known_before_keep_their_exponent() {
+        let before: &[(&str, u8)] = &[
+            ("AED", 2),
+            ("ARS", 2),
+            ("AUD", 2),
+            ("BGN", 2),
+            ("BHD", 3),
+            ("BRL", 2),
+            ("CAD", 2),
+            ("CHF", 2),
+            ("CLP", 0),
+            ("CNY", 2),
+            ("COP", 2),
+            ("CZK", 2),
+            ("DKK", 2),
+            ("EGP", 2),
+            ("EUR", 2),
+            ("GBP", 2),
+            ("HKD", 2),
+            ("HUF", 2),
+            ("IDR", 2),
+            ("ILS", 2),
+            ("INR", 2),
+            ("ISK", 0),
+            ("JOD", 3),
+            ("JPY", 0),
+            ("KES", 2),
+            ("KRW", 0),
+            ("KWD", 3),
+            ("MAD", 2),
+            ("MXN", 2),
+            ("MYR", 2),
+            ("NGN", 2),
+            ("NOK", 2),
+            ("NZD", 2),
+            ("OMR", 3),
+            ("PEN", 2),
+            ("PHP", 2),
+            ("PKR", 2),
+            ("PLN", 2),
+            ("QAR", 2),
+            ("RON", 2),
+            ("RSD", 2),
+            ("SAR", 2),
+            ("SEK", 2),
+            ("SGD", 2),
+            ("THB", 2),
+            ("TND", 3),
+            ("TRY", 2),
+            ("TWD", 2),
+            ("UAH", 2),
+            ("USD", 2),
+            ("UYU", 2),
+            ("VND", 0),
+            ("ZAR", 2),
+        ];
+        for &(code, exponent) in before {
+            assert_eq!(
+                Currency::from_code(code).unwrap().exponent(),
+                exponent,
+                "{code}"
+            );
+        }
     }
 
     #[test]

@@ -23,3 +23,5 @@ mod cluster;
 // The HTTP service (`couch-ledger serve`) as a caller sees it: endpoints, auth, metrics, stop.
 #[cfg(feature = "serve")]
 mod serve;
+// Ecosystem fit (issue 14): every ISO-4217 currency, humantime durations, shell completions.
+mod ecosystem;

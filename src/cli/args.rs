@@ -65,7 +65,7 @@ pub(crate) struct GlobalArgs {
     #[arg(long, global = true)]
     json: bool,
 
-    /// Time allowed for one request to the server, e.g. 500ms, 30s, 5m [default: 60s].
+    /// Time allowed for one request to the server, e.g. 500ms, 30s, 5m, 1h30m [default: 60s].
     #[arg(long, global = true, value_name = "DUR")]
     timeout: Option<String>,
 }
@@ -79,6 +79,14 @@ pub(crate) struct InitArgs {
     /// purge or change _security (docs/SECURITY.md).
     #[arg(long, value_name = "ROLE")]
     pub(crate) member_role: Option<String>,
+}
+
+/// `completions`' argument.
+#[derive(clap::Args)]
+pub(crate) struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub(crate) shell: clap_complete::Shell,
 }
 
 /// The commands. Each group of commands lives in its own file and is flattened in here.
@@ -106,6 +114,13 @@ pub(crate) enum Command {
     /// accepting, finishes the requests in flight and exits 0.
     #[cfg(feature = "serve")]
     Serve(super::serve::ServeArgs),
+
+    /// Print a shell completion script on stdout, e.g.
+    /// `couch-ledger completions bash > ~/.local/share/bash-completion/completions/couch-ledger`,
+    /// `couch-ledger completions zsh > "${fpath[1]}/_couch-ledger"`,
+    /// `couch-ledger completions fish > ~/.config/fish/completions/couch-ledger.fish`.
+    /// Needs no server.
+    Completions(CompletionsArgs),
 }
 
 /// Parses the command line; on a usage error (or --help / --version) clap prints and exits.
@@ -256,37 +271,15 @@ pub(crate) fn redact_url(url: &str) -> String {
     }
 }
 
-/// A duration: an integer and a unit, `ms`, `s`, `m` or `h` (`0s`, `500ms`, `30s`, `5m`).
+/// A duration in `humantime`'s syntax: numbers with units, run together or spaced (`0s`,
+/// `500ms`, `30s`, `5m`, `1h30m`, `2h 15m`; units from `ns` to `y`).
 ///
 /// # Errors
 ///
-/// Anything else.
+/// Anything else: no unit (`5`), a negative or unknown one, a value too large.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{text:?} has no unit (write e.g. 500ms, 30s, 5m)"))?;
-    let (digits, unit) = text.split_at(split);
-    if digits.is_empty() {
-        return Err(format!("{text:?} must begin with a number (e.g. 30s)"));
-    }
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?}: the number is too large"))?;
-    let ms_per_unit: u64 = match unit {
-        "ms" => 1,
-        "s" => 1000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => {
-            return Err(format!(
-                "{text:?}: unknown unit {unit:?} (use ms, s, m or h)"
-            ))
-        }
-    };
-    let ms = n
-        .checked_mul(ms_per_unit)
-        .ok_or_else(|| format!("{text:?} is too long"))?;
-    Ok(Duration::from_millis(ms))
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration ({e}); write e.g. 500ms, 30s, 1h30m"))
 }
 
 /// A currency code from the command line, in either case (`gbp` is `GBP`).
@@ -313,21 +306,31 @@ mod tests {
 
     #[test]
     fn durations() {
-        assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
-        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        // Every form the README documents, and humantime's compound forms.
+        for (text, want) in [
+            ("0s", Duration::ZERO),
+            ("500ms", Duration::from_millis(500)),
+            ("30s", Duration::from_secs(30)),
+            ("5m", Duration::from_secs(300)),
+            ("1h", Duration::from_secs(3600)),
+            ("1h30m", Duration::from_secs(5400)),
+            ("1h 30m", Duration::from_secs(5400)),
+            ("250ms", Duration::from_millis(250)),
+        ] {
+            assert_eq!(parse_duration(text), Ok(want), "{text:?}");
+        }
         for bad in [
             "",
             "5",
             "s",
-            "1.5s",
             "-1s",
-            "5 m",
-            "5d",
-            "99999999999999999999s",
+            "5x",
+            "1h30",
+            "ms5",
+            "99999999999999999999999s",
         ] {
-            assert!(parse_duration(bad).is_err(), "{bad:?}");
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains("is not a duration"), "{bad:?}: {e}");
         }
     }
 

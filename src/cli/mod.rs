@@ -112,7 +112,34 @@ async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
         // main.rs hands `serve` to the service (src/serve/) before it gets here.
         #[cfg(feature = "serve")]
         Command::Serve(_) => unreachable!("main.rs runs serve"),
+        Command::Completions(_) => unreachable!("main.rs runs completions"),
     }
+}
+
+/// `completions SHELL`: the completion script on stdout. It needs no settings, no server and
+/// no runtime, so `main.rs` runs it before any of them.
+///
+/// # Errors
+///
+/// Stdout cannot be written (a closed pipe is not reported: see `main.rs`).
+pub(crate) fn completions(args: &args::CompletionsArgs) -> anyhow::Result<Exit> {
+    use clap::CommandFactory as _;
+    use std::io::Write as _;
+    // Into a buffer first: clap_complete panics when its writer fails, and `… | head` closing
+    // stdout is not a reason to panic.
+    let mut script = Vec::new();
+    clap_complete::generate(
+        args.shell,
+        &mut LowArgs::command(),
+        "couch-ledger",
+        &mut script,
+    );
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(&script)
+        .and_then(|()| stdout.flush())
+        .context("cannot write the completion script")?;
+    Ok(Exit::Success)
 }
 
 async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
