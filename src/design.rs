@@ -245,7 +245,13 @@ mod tests {
         assert_eq!(views(1), ["by_account", "ledger"]);
         assert_eq!(
             views(2),
-            ["by_account", "by_state", "committed", "in_flight", "pending"]
+            [
+                "by_account",
+                "by_state",
+                "committed",
+                "in_flight",
+                "pending"
+            ]
         );
         assert_eq!(docs[2].body["views"]["in_flight"]["reduce"], "_sum");
         assert_eq!(docs[2].body["views"]["by_state"]["reduce"], "_count");
