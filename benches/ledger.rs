@@ -1888,26 +1888,22 @@ fn process_usage(pid: u32) -> Option<(u64, f64)> {
 /// the child exits misses at most what it gained in this last interval.
 const RSS_POLL_MS: u64 = 10;
 
-/// Runs the release binary's `couch-ledger sweep --once --stale-after 0s --batch <transfers>
-/// --json` on the ledger, reading its `VmHWM` from `/proc` while it runs, and checks that it
-/// finished every transfer.
-async fn run_sweeper(bench: &Bench, ledger: &Ledger, transfers: usize) -> Result<SweeperRun> {
-    // Cargo builds the binary for a bench target, with the bench's (release) profile.
-    let exe = env!("CARGO_BIN_EXE_couch-ledger");
-    let mut command = tokio::process::Command::new(exe);
+/// The program, built by Cargo for a bench target with the bench's (release) profile.
+const PROGRAM: &str = env!("CARGO_BIN_EXE_couch-ledger");
+
+/// The program on the bench's server and database `db`, nothing else from the environment,
+/// stdout piped, killed if dropped. Credentials go through the environment, never on a command
+/// line others can read.
+fn program(bench: &Bench, db: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(PROGRAM);
     command
-        .args(["--url", &bench.server.url])
-        .args(["--db", ledger.client().database()])
-        .args(["--json", "sweep", "--once", "--stale-after", "0s"])
-        .args(["--batch", &transfers.to_string()])
+        .args(["--url", &bench.server.url, "--db", db])
         .env_remove("COUCHDB_URL")
         .env_remove("LEDGER_DB")
         .env_remove("RUST_LOG")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    // Credentials through the environment, never on a command line others can read.
     match &bench.server.credentials {
         Some((user, password)) => {
             command
@@ -1920,6 +1916,19 @@ async fn run_sweeper(bench: &Bench, ledger: &Ledger, transfers: usize) -> Result
                 .env_remove("COUCHDB_PASSWORD");
         }
     }
+    command
+}
+
+/// Runs the release binary's `couch-ledger sweep --once --stale-after 0s --batch <transfers>
+/// --json` on the ledger, reading its `VmHWM` from `/proc` while it runs, and checks that it
+/// finished every transfer.
+async fn run_sweeper(bench: &Bench, ledger: &Ledger, transfers: usize) -> Result<SweeperRun> {
+    let exe = PROGRAM;
+    let mut command = program(bench, ledger.client().database());
+    command
+        .args(["--json", "sweep", "--once", "--stale-after", "0s"])
+        .args(["--batch", &transfers.to_string()])
+        .stderr(std::process::Stdio::piped());
     let started = Instant::now();
     let child = command.spawn().with_context(|| format!("run {exe}"))?;
     let pid = child.id().context("the sweeper exited at once")?;
@@ -2214,32 +2223,13 @@ impl ServeProcess {
     /// waits for the line saying where it listens.
     async fn start(bench: &Bench, db: &str) -> Result<ServeProcess> {
         use tokio::io::AsyncBufReadExt as _;
-        let exe = env!("CARGO_BIN_EXE_couch-ledger");
-        let mut command = tokio::process::Command::new(exe);
+        let exe = PROGRAM;
+        let mut command = program(bench, db);
         command
-            .args(["--url", &bench.server.url, "--db", db, "--json", "serve"])
-            .args(["--listen", "127.0.0.1:0", "--no-sweep"])
-            .env_remove("COUCHDB_URL")
-            .env_remove("LEDGER_DB")
-            .env_remove("RUST_LOG")
+            .args(["--json", "serve", "--listen", "127.0.0.1:0", "--no-sweep"])
             .env_remove("COUCH_LEDGER_API_KEYS")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
             // Its request log is written (as in production) and thrown away.
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true);
-        match &bench.server.credentials {
-            Some((user, password)) => {
-                command
-                    .env("COUCHDB_USER", user)
-                    .env("COUCHDB_PASSWORD", password);
-            }
-            None => {
-                command
-                    .env_remove("COUCHDB_USER")
-                    .env_remove("COUCHDB_PASSWORD");
-            }
-        }
+            .stderr(std::process::Stdio::null());
         let mut child = command
             .spawn()
             .with_context(|| format!("run {exe} serve"))?;
