@@ -99,6 +99,11 @@ pub struct BulkResult {
     pub error: Option<String>,
     /// Why.
     pub reason: Option<String>,
+    /// Written, but a cluster did not reach its write quorum (`202 Accepted`, or `"accepted":
+    /// true` on this document): it may have landed on one copy only, and may be in conflict
+    /// with a rival write. Never take it as a plain success (docs/CLUSTER.md).
+    #[serde(default)]
+    pub accepted: bool,
 }
 
 impl BulkResult {
@@ -746,6 +751,20 @@ impl Client {
     ///
     /// The whole request failed, or the reply does not have one entry per document.
     pub async fn bulk_docs<T: Serialize>(&self, docs: &[T]) -> Result<Vec<BulkResult>> {
+        self.bulk_docs_with(docs, &WriteOptions::default()).await
+    }
+
+    /// [`Client::bulk_docs`] with CouchDB's write parameters (`w`: how many copies must take
+    /// each document before the server answers 201 rather than 202).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::bulk_docs`].
+    pub async fn bulk_docs_with<T: Serialize>(
+        &self,
+        docs: &[T],
+        options: &WriteOptions,
+    ) -> Result<Vec<BulkResult>> {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
@@ -764,10 +783,16 @@ impl Client {
             }
         }
         let path = format!("{}/_bulk_docs", self.db_path());
+        let mut query = Vec::new();
+        if let Some(w) = options.w {
+            query.push(("w", w.to_string()));
+        }
         let body = serde_json::to_vec(&json!({ "docs": docs })).expect("serializable");
-        let results: Vec<BulkResult> = self
-            .send_json(Method::POST, &path, &[], Some(body), retry)
+        let reply = self
+            .send(Method::POST, &path, &query, Some(body), retry)
             .await?;
+        let mut results: Vec<BulkResult> =
+            decode(&reply.body).map_err(|e| e.with_request("POST", &path))?;
         if results.len() != docs.len() {
             return Err(Error::decode(format!(
                 "_bulk_docs answered {} results for {} documents",
@@ -775,6 +800,13 @@ impl Client {
                 docs.len()
             ))
             .with_request("POST", &path));
+        }
+        if reply.status == StatusCode::ACCEPTED {
+            // The request as a whole did not reach the quorum; which documents did not is not
+            // said everywhere: every written one is uncertain.
+            for r in results.iter_mut().filter(|r| r.is_ok()) {
+                r.accepted = true;
+            }
         }
         if let Some(observer) = &self.inner.observer {
             let conflicts = results.iter().filter(|r| r.is_conflict()).count() as u64;
@@ -1033,6 +1065,144 @@ impl Client {
     }
 }
 
+/// Parameters of a write. Unset fields are not sent (the server's defaults apply).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// `w`: copies that must take the write before the server answers 201 (not 202).
+    pub w: Option<u32>,
+}
+
+/// A document read with its conflicts: the winning revision and the other leaves.
+#[derive(Debug, Clone)]
+pub struct Leaves {
+    /// The winning revision's body (with `_id` and `_rev`), `None` when there is no live one.
+    pub winner: Option<Value>,
+    /// The losing live leaves' bodies (each with its `_rev`), in no particular order.
+    pub losers: Vec<Value>,
+}
+
+impl Client {
+    /// `GET /db`'s `cluster.n`: how many copies of each document the server keeps (1 on a
+    /// single node and on servers that do not say).
+    ///
+    /// # Errors
+    ///
+    /// The database is missing, or the server failed.
+    pub async fn copies(&self) -> Result<u32> {
+        let info = self.database_info().await?;
+        Ok(info
+            .get("cluster")
+            .and_then(|c| c.get("n"))
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n > 0)
+            .unwrap_or(1))
+    }
+
+    /// `_all_docs` for these keys with the documents, each carrying `_conflicts` (the losing
+    /// leaves' revisions) when it has any.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::all_docs`].
+    pub async fn all_docs_with_conflicts(&self, keys: &[String]) -> Result<Vec<AllDocsRow>> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        for key in keys {
+            encode_doc_id(key)?;
+        }
+        let path = format!("{}/_all_docs", self.db_path());
+        let query = vec![
+            ("include_docs", "true".to_owned()),
+            ("conflicts", "true".to_owned()),
+        ];
+        let body = serde_json::to_vec(&json!({ "keys": keys })).expect("serializable");
+        #[derive(Deserialize)]
+        struct Reply {
+            rows: Vec<AllDocsRow>,
+        }
+        let reply: Reply = self
+            .send_json(Method::POST, &path, &query, Some(body), Retry::Safe)
+            .await?;
+        if reply.rows.len() != keys.len() {
+            return Err(Error::decode(format!(
+                "_all_docs answered {} rows for {} keys",
+                reply.rows.len(),
+                keys.len()
+            ))
+            .with_request("POST", &path));
+        }
+        Ok(reply.rows)
+    }
+
+    /// Reads these revisions of a document (`open_revs`): the live ones found, each with its
+    /// `_rev`; revisions missing or deleted are left out.
+    ///
+    /// # Errors
+    ///
+    /// The server failed, or the reply is not a list of revisions.
+    pub async fn revisions(&self, id: &str, revs: &[String]) -> Result<Vec<Value>> {
+        if revs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let path = self.doc_path(id)?;
+        let query = vec![(
+            "open_revs",
+            serde_json::to_string(revs).expect("serializable"),
+        )];
+        let rows: Vec<Value> = self
+            .send_json(Method::GET, &path, &query, None, Retry::Safe)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| row.get("ok").cloned())
+            .filter(|doc| doc.get("_deleted").and_then(Value::as_bool) != Some(true))
+            .collect())
+    }
+
+    /// A document with every live leaf of its revision tree: the winner and, when it holds a
+    /// conflict, the losers (two requests then, one otherwise). `None` when it does not exist.
+    ///
+    /// # Errors
+    ///
+    /// The server failed.
+    pub async fn leaves(&self, id: &str) -> Result<Option<Leaves>> {
+        let path = self.doc_path(id)?;
+        let winner: Option<Value> = match self
+            .send_json(
+                Method::GET,
+                &path,
+                &[("conflicts", "true".to_owned())],
+                None,
+                Retry::Safe,
+            )
+            .await
+        {
+            Ok(doc) => Some(doc),
+            Err(e) if e.is_not_found() && !is_missing_database(&e) => None,
+            Err(e) => return Err(e),
+        };
+        let Some(mut winner) = winner else {
+            return Ok(None);
+        };
+        let losers = take_conflicts(&mut winner);
+        let losers = self.revisions(id, &losers).await?;
+        Ok(Some(Leaves {
+            winner: Some(winner),
+            losers,
+        }))
+    }
+}
+
+/// Removes `_conflicts` from a document read with `conflicts=true`: the losing revisions.
+pub fn take_conflicts(doc: &mut Value) -> Vec<String> {
+    doc.as_object_mut()
+        .and_then(|m| m.remove("_conflicts"))
+        .and_then(|c| serde_json::from_value(c).ok())
+        .unwrap_or_default()
+}
+
 /// CouchDB answers `_bulk_docs` in request order; pouchdb-server answers validation refusals
 /// first. Put results back in request order by id, so callers can match by position on any
 /// server. When ids are missing or repeated, the server's order is all there is.
@@ -1224,6 +1394,7 @@ mod tests {
             rev: error.is_none().then(|| "1-x".into()),
             error: error.map(Into::into),
             reason: None,
+            accepted: false,
         };
         let shuffled = vec![r("b", Some("forbidden")), r("c", None), r("a", None)];
         let ordered = in_request_order(&docs, shuffled);

@@ -38,7 +38,8 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::accounts::{account_doc_id, marker_bytes, AccountDoc, Marker, Settled};
-use crate::couch::{BulkResult, Client};
+use crate::conflict::{facts_needed, merge_account, TxnFacts};
+use crate::couch::{take_conflicts, BulkResult, Client, WriteOptions};
 use crate::error::{Error, Result};
 use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
@@ -103,6 +104,62 @@ fn results_by_id(results: Vec<BulkResult>) -> HashMap<String, BulkResult> {
         .into_iter()
         .filter_map(|r| r.id.clone().map(|id| (id, r)))
         .collect()
+}
+
+// ---- cluster: write quorum and conflict counts -----------------------------------------------
+
+/// How many copies a ledger write must reach before the server may answer 201 (docs/CLUSTER.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WriteQuorum {
+    /// `w` = every copy (`cluster.n` of the database; nothing is sent on a single node): a 201
+    /// is then exclusive, so no rival revision of the same parent can exist or appear. With a
+    /// copy down every write answers 202 and is re-read before the protocol moves on.
+    #[default]
+    All,
+    /// The server's default (`w` = 2 of 3 on CouchDB and Cloudant): faster with a slow copy;
+    /// a rival write through another node may then land too, and the conflict is merged
+    /// afterwards (an overdraft it causes is reported by `verify` and `status`, not prevented).
+    ServerDefault,
+}
+
+/// The write options of every ledger write, learned once from the database.
+#[derive(Debug)]
+pub(crate) struct Quorum {
+    mode: WriteQuorum,
+    copies: tokio::sync::OnceCell<u32>,
+}
+
+impl Quorum {
+    pub(crate) fn new(mode: WriteQuorum) -> Quorum {
+        Quorum {
+            mode,
+            copies: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// `w` = the database's copies when there are several and the mode asks for all; nothing
+    /// otherwise, or while the database cannot be read (the server's default applies).
+    pub(crate) async fn write_options(&self, client: &Client) -> WriteOptions {
+        if self.mode == WriteQuorum::ServerDefault {
+            return WriteOptions::default();
+        }
+        match self.copies.get_or_try_init(|| client.copies()).await {
+            Ok(n) if *n > 1 => WriteOptions { w: Some(*n) },
+            Ok(_) => WriteOptions::default(),
+            Err(e) => {
+                tracing::debug!("could not read the database's copies: {e}");
+                WriteOptions::default()
+            }
+        }
+    }
+}
+
+/// Conflicts this process met and resolved, and writes a cluster only accepted (202).
+#[derive(Debug, Default)]
+pub(crate) struct ConflictTally {
+    pub(crate) met: AtomicU64,
+    pub(crate) resolved: AtomicU64,
+    pub(crate) uncertain: AtomicU64,
 }
 
 // ---- a queue with at most one driver ---------------------------------------------------------
@@ -199,6 +256,9 @@ pub(crate) enum OpKind {
     Settle,
     /// Reverse a pending marker's delta and record the transfer as finished here (cancel).
     Undo,
+    /// Change nothing: read the account fresh, so that a conflict it holds is merged and its
+    /// losing leaves deleted (the sweeper's conflict pass).
+    Resolve,
 }
 
 /// One queued op.
@@ -281,11 +341,18 @@ struct Slot {
     doc: Option<AccountDoc>,
     /// Read (or written) in this round: a decision that writes nothing may rely on it.
     fresh: bool,
+    /// The losing leaves of a conflict found by the read: deleted once `doc`, merged from
+    /// every leaf, is written (or found to need no write).
+    losers: Vec<String>,
+    /// `doc` is a merge that differs from the winning leaf: it must be written.
+    dirty: bool,
 }
 
 /// The account-op engine of one [`Ledger`](crate::Ledger).
 pub(crate) struct AccountEngine {
     client: Client,
+    quorum: Arc<Quorum>,
+    conflicts: Arc<ConflictTally>,
     queue: Queue<QueuedOp>,
     /// Last known doc + `_rev` per account id. Only the driver touches it; the lock is for
     /// `Sync`, held for no await.
@@ -304,9 +371,15 @@ impl fmt::Debug for AccountEngine {
 }
 
 impl AccountEngine {
-    pub(crate) fn new(client: Client) -> AccountEngine {
+    pub(crate) fn new(
+        client: Client,
+        quorum: Arc<Quorum>,
+        conflicts: Arc<ConflictTally>,
+    ) -> AccountEngine {
         AccountEngine {
             client,
+            quorum,
+            conflicts,
             queue: Queue::new(),
             cache: Mutex::new(HashMap::new()),
             links: AtomicU64::new(1),
@@ -401,6 +474,8 @@ impl AccountEngine {
                             Slot {
                                 doc: Some(doc.clone()),
                                 fresh: false,
+                                losers: Vec::new(),
+                                dirty: false,
                             },
                         )
                     })
@@ -429,13 +504,29 @@ impl AccountEngine {
                     Ok(read) => {
                         for (account, doc) in read {
                             match doc {
-                                Ok(doc) => {
+                                AccountRead::Found(found) => {
+                                    let Found { doc, losers, dirty } = *found;
                                     if let Some(d) = &doc {
-                                        self.remember(d);
+                                        if losers.is_empty() {
+                                            self.remember(d);
+                                        }
                                     }
-                                    slots.insert(account, Slot { doc, fresh: true });
+                                    slots.insert(
+                                        account,
+                                        Slot {
+                                            doc,
+                                            fresh: true,
+                                            losers,
+                                            dirty,
+                                        },
+                                    );
                                 }
-                                Err((raw, e)) => {
+                                AccountRead::Failed(e) => {
+                                    tracing::warn!(%account, "{e}");
+                                    answer_account(&mut ops, &account, |_| Err(duplicate(&e)));
+                                    open.remove(&account);
+                                }
+                                AccountRead::Unreadable(raw, e) => {
                                     // An apply is refused for good (the transfer is cancelled
                                     // naming the account); a settle or undo can only tell
                                     // from the raw markers whether there is work it cannot do.
@@ -476,8 +567,9 @@ impl AccountEngine {
             let mut work: HashMap<String, (Option<AccountDoc>, bool)> = HashMap::new();
             for a in &accounts {
                 if open.contains(a) {
-                    let doc = slots.get(a).and_then(|s| s.doc.clone());
-                    work.insert(a.clone(), (doc, false));
+                    let slot = slots.get(a);
+                    let doc = slot.and_then(|s| s.doc.clone());
+                    work.insert(a.clone(), (doc, slot.is_some_and(|s| s.dirty)));
                 }
             }
             let candidates: Vec<String> = {
@@ -557,6 +649,10 @@ impl AccountEngine {
                 if changed {
                     writes.push(doc.expect("a changed account exists"));
                 } else if slots.get(a).is_some_and(|s| s.fresh) {
+                    if let Some(slot) = slots.get_mut(a) {
+                        self.delete_losers(&account_doc_id(a), std::mem::take(&mut slot.losers))
+                            .await;
+                    }
                     answer_decided(&mut ops, &mut decided, a, &mut failed_links);
                     open.remove(a);
                 } else {
@@ -587,18 +683,33 @@ impl AccountEngine {
                         continue;
                     }
                 };
-                if r.is_ok() {
+                if r.is_ok() && !r.accepted {
                     doc.rev = r.rev.clone();
                     self.remember(&doc);
+                    let losers = slots
+                        .get_mut(&a)
+                        .map(|s| std::mem::take(&mut s.losers))
+                        .unwrap_or_default();
+                    self.delete_losers(&doc.id, losers).await;
                     slots.insert(
                         a.clone(),
                         Slot {
                             doc: Some(doc),
                             fresh: true,
+                            losers: Vec::new(),
+                            dirty: false,
                         },
                     );
                     answer_decided(&mut ops, &mut decided, &a, &mut failed_links);
                     open.remove(&a);
+                } else if r.is_ok() {
+                    // 202: on some copies only, maybe in conflict with a rival that reached the
+                    // others. Never taken as written: read again (with conflicts, merged) and
+                    // decide again — an op whose write did land finds its own marker.
+                    tracing::info!(account = %a, "account write accepted (202), not confirmed; re-reading");
+                    self.conflicts.uncertain.fetch_add(1, Ordering::Relaxed);
+                    slots.remove(&a);
+                    self.forget(&a);
                 } else if r.is_conflict() {
                     slots.remove(&a);
                     self.forget(&a);
@@ -646,7 +757,8 @@ impl AccountEngine {
         }
         while let Some(chunk) = chunks.pop_front() {
             let docs: Vec<&AccountDoc> = chunk.iter().map(|&i| &writes[i]).collect();
-            match self.client.bulk_docs(&docs).await {
+            let options = self.quorum.write_options(&self.client).await;
+            match self.client.bulk_docs_with(&docs, &options).await {
                 Ok(results) => {
                     let mut by_id = results_by_id(results);
                     for &i in &chunk {
@@ -715,28 +827,179 @@ impl AccountEngine {
         Ok(out)
     }
 
-    /// Reads accounts with `_all_docs?include_docs`: per account, its document, `None` when it
-    /// does not exist, or the raw document and the error when it is not a valid account.
+    /// Reads accounts with `_all_docs?include_docs&conflicts`: per account, its document
+    /// (`None` when it does not exist) — merged from every leaf when it holds a conflict, with
+    /// the losing revisions to delete — or the raw document and the error when it is not a
+    /// valid account, or the error that keeps a conflict from being merged now.
     async fn read(&self, accounts: &[String]) -> Result<Vec<(String, AccountRead)>> {
         let mut out = Vec::with_capacity(accounts.len());
         for chunk in accounts.chunks(READ_BATCH_KEYS_MAX) {
             let keys: Vec<String> = chunk.iter().map(|a| account_doc_id(a)).collect();
-            let rows = self.client.all_docs(&keys, true).await?;
+            let rows = self.client.all_docs_with_conflicts(&keys).await?;
             for (account, row) in chunk.iter().zip(rows) {
-                let doc = match row.doc {
-                    Some(Value::Object(m)) => {
-                        let raw = Value::Object(m);
-                        AccountDoc::from_value(raw.clone())
-                            .map(Some)
-                            .map_err(|e| (raw, e))
+                let read = match row.doc {
+                    Some(mut raw @ Value::Object(_)) => {
+                        let losers = take_conflicts(&mut raw);
+                        match AccountDoc::from_value(raw.clone()) {
+                            Err(e) => AccountRead::Unreadable(raw, e),
+                            Ok(doc) if losers.is_empty() => AccountRead::Found(Box::new(Found {
+                                doc: Some(doc),
+                                losers,
+                                dirty: false,
+                            })),
+                            Ok(doc) => self.merge(doc, losers).await?,
+                        }
                     }
                     // Missing (`error: not_found`) or deleted (`doc: null`).
-                    _ => Ok(None),
+                    _ => AccountRead::Found(Box::new(Found {
+                        doc: None,
+                        losers: Vec::new(),
+                        dirty: false,
+                    })),
                 };
-                out.push((account.clone(), doc));
+                out.push((account.clone(), read));
             }
         }
         Ok(out)
+    }
+
+    /// Merges a conflicted account's leaves ([`merge_account`]), reading the transfers the
+    /// leaves disagree on. A loser this program cannot read, or a transfer that is itself in
+    /// conflict, leaves the account as it is for now (an error for its ops: the sweeper
+    /// resolves the transfer first).
+    async fn merge(&self, winner: AccountDoc, losers: Vec<String>) -> Result<AccountRead> {
+        let id = winner.id.clone();
+        self.conflicts.met.fetch_add(1, Ordering::Relaxed);
+        let bodies = self.client.revisions(&id, &losers).await?;
+        let mut leaves = Vec::with_capacity(bodies.len());
+        let mut revs = Vec::with_capacity(bodies.len());
+        for mut body in bodies {
+            take_conflicts(&mut body);
+            let rev = body.get("_rev").and_then(Value::as_str).map(str::to_owned);
+            match (AccountDoc::from_value(body), rev) {
+                (Ok(doc), Some(rev)) => {
+                    leaves.push(doc);
+                    revs.push(rev);
+                }
+                (Err(e), _) => {
+                    return Ok(AccountRead::Failed(Error::invariant(format!(
+                        "{id} holds a conflict with a leaf that is not a valid account ({e}); \
+                         a person must resolve it"
+                    ))))
+                }
+                (Ok(_), None) => return Err(Error::decode(format!("a leaf of {id} has no _rev"))),
+            }
+        }
+        if leaves.is_empty() {
+            // The losers were deleted meanwhile: nothing to merge.
+            return Ok(AccountRead::Found(Box::new(Found {
+                doc: Some(winner),
+                losers: Vec::new(),
+                dirty: false,
+            })));
+        }
+        let needed = facts_needed(&winner, &leaves);
+        let mut facts = HashMap::new();
+        if !needed.is_empty() {
+            let keys: Vec<String> = needed.iter().map(|t| format!("txn:{t}")).collect();
+            let rows = self.client.all_docs_with_conflicts(&keys).await?;
+            for (txn, row) in needed.iter().zip(rows) {
+                let Some(doc) = row.doc.filter(Value::is_object) else {
+                    continue;
+                };
+                if doc.get("_conflicts").is_some() {
+                    return Ok(AccountRead::Failed(Error::status(
+                        409,
+                        Some("conflict".to_owned()),
+                        Some(format!(
+                            "{id} holds a conflict that depends on transfer {txn}, itself in \
+                             conflict; the sweeper resolves the transfer first"
+                        )),
+                    )));
+                }
+                let state = doc
+                    .get("state")
+                    .and_then(Value::as_str)
+                    .and_then(crate::state::State::parse);
+                let value = doc
+                    .get("value")
+                    .and_then(Value::as_i64)
+                    .and_then(|v| Amount::new(v).ok());
+                let side = if doc.get("source").and_then(Value::as_str) == Some(&winner.account_id)
+                {
+                    Some(true)
+                } else if doc.get("destination").and_then(Value::as_str) == Some(&winner.account_id)
+                {
+                    Some(false)
+                } else {
+                    None
+                };
+                if let (Some(state), Some(value), Some(debit)) = (state, value, side) {
+                    let delta = if debit { value.neg() } else { value };
+                    facts.insert(txn.clone(), TxnFacts { state, delta });
+                }
+            }
+        }
+        match merge_account(&winner, &leaves, &facts, now_ms()) {
+            Ok(merged) => {
+                let dirty = merged.balance != winner.balance
+                    || merged.pending != winner.pending
+                    || merged.settled != winner.settled;
+                tracing::info!(
+                    account = %winner.account_id,
+                    leaves = revs.len() + 1,
+                    dirty,
+                    "merging a conflicted account"
+                );
+                Ok(AccountRead::Found(Box::new(Found {
+                    doc: Some(merged),
+                    losers: revs,
+                    dirty,
+                })))
+            }
+            Err(b) => Ok(AccountRead::Failed(Error::status(
+                409,
+                Some("conflict".to_owned()),
+                Some(format!(
+                    "{id} holds a conflict that cannot be merged yet: transfer {}: {}",
+                    b.txn, b.why
+                )),
+            ))),
+        }
+    }
+
+    /// Deletes the losing leaves of a conflict whose merge now stands as the winner. A leaf
+    /// deleted already is fine; a refusal (only an admin may delete ledger revisions) leaves
+    /// the conflict for `verify` to report and an admin's sweeper to finish.
+    async fn delete_losers(&self, id: &str, losers: Vec<String>) {
+        if losers.is_empty() {
+            return;
+        }
+        let stubs: Vec<Value> = losers
+            .iter()
+            .map(|rev| serde_json::json!({"_id": id, "_rev": rev, "_deleted": true}))
+            .collect();
+        let options = self.quorum.write_options(&self.client).await;
+        match self.client.bulk_docs_with(&stubs, &options).await {
+            Ok(results) => {
+                let refused: Vec<&BulkResult> = results
+                    .iter()
+                    .filter(|r| !r.is_ok() && !r.is_conflict())
+                    .collect();
+                if refused.is_empty() {
+                    self.conflicts.resolved.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tracing::warn!(
+                        %id,
+                        "could not delete the losing leaves of a merged conflict: {:?}",
+                        refused.iter().map(|r| r.reason.clone()).collect::<Vec<_>>()
+                    );
+                }
+            }
+            Err(e) => {
+                tracing::warn!(%id, "could not delete the losing leaves of a merged conflict: {e}")
+            }
+        }
     }
 
     fn remember(&self, doc: &AccountDoc) {
@@ -759,7 +1022,20 @@ impl AccountEngine {
 }
 
 /// One account as [`AccountEngine::read`] found it.
-type AccountRead = std::result::Result<Option<AccountDoc>, (Value, Error)>;
+enum AccountRead {
+    Found(Box<Found>),
+    /// The document is there but not a valid account: the raw document and why.
+    Unreadable(Value, Error),
+    /// A conflict that cannot be merged now: the ops on this account fail with this error.
+    Failed(Error),
+}
+
+/// A readable account (or none), merged from its leaves when it held a conflict.
+struct Found {
+    doc: Option<AccountDoc>,
+    losers: Vec<String>,
+    dirty: bool,
+}
 
 /// What an op on an account whose document cannot be read comes to. An apply is a business
 /// refusal ([`OpResult::Unreadable`]): the transfer is cancelled, never stuck. A settle or undo
@@ -781,6 +1057,7 @@ fn unreadable_answer(raw: &Value, op: &AccountOp, e: &Error) -> Result<OpResult>
         OpKind::Settle | OpKind::Undo if holds("pending") => Err(duplicate(e)),
         OpKind::Settle | OpKind::Undo if holds("settled") => Ok(OpResult::Finished),
         OpKind::Settle | OpKind::Undo => Ok(OpResult::Absent),
+        OpKind::Resolve => Err(duplicate(e)),
     }
 }
 
@@ -832,6 +1109,7 @@ pub(crate) fn evaluate(
     let in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
     let in_settled = doc.settled.iter().any(|s| s.txn == op.txn);
     match &op.kind {
+        OpKind::Resolve => Ok(OpResult::Finished),
         OpKind::Apply {
             delta,
             currency,
@@ -990,6 +1268,9 @@ pub(crate) enum TxnWrite {
     Written(String),
     /// Stale `_rev`, or (for a create) the document exists.
     Conflict,
+    /// `202`: stored on some copies, maybe beside a rival revision. The writer reads the
+    /// document again (with its conflicts) and follows what it finds.
+    Uncertain,
 }
 
 struct QueuedTxn {
@@ -1001,6 +1282,7 @@ struct QueuedTxn {
 /// Batches concurrent transfer-document writes into one `_bulk_docs`.
 pub(crate) struct TxnWriter {
     client: Client,
+    quorum: Arc<Quorum>,
     queue: Queue<QueuedTxn>,
     rounds: AtomicU64,
 }
@@ -1014,9 +1296,10 @@ impl fmt::Debug for TxnWriter {
 }
 
 impl TxnWriter {
-    pub(crate) fn new(client: Client) -> TxnWriter {
+    pub(crate) fn new(client: Client, quorum: Arc<Quorum>) -> TxnWriter {
         TxnWriter {
             client,
+            quorum,
             queue: Queue::new(),
             rounds: AtomicU64::new(0),
         }
@@ -1068,7 +1351,8 @@ impl TxnWriter {
             self.queue.push_front(later);
         }
         let docs: Vec<&Value> = now.iter().map(|q| &q.doc).collect();
-        match self.client.bulk_docs(&docs).await {
+        let options = self.quorum.write_options(&self.client).await;
+        match self.client.bulk_docs_with(&docs, &options).await {
             Err(e) => {
                 for q in now {
                     let _ = q.reply.send(Err(duplicate(&e)));
@@ -1082,7 +1366,9 @@ impl TxnWriter {
                         let _ = q.reply.send(Err(e));
                         continue;
                     };
-                    let answer = if r.is_ok() {
+                    let answer = if r.is_ok() && r.accepted {
+                        Ok(TxnWrite::Uncertain)
+                    } else if r.is_ok() {
                         Ok(TxnWrite::Written(r.rev.clone().unwrap_or_default()))
                     } else if r.is_conflict() {
                         Ok(TxnWrite::Conflict)

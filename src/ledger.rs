@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::couch::Client;
 use crate::design::{self, Installed};
-use crate::engine::{AccountEngine, TxnWriter};
+use crate::engine::{AccountEngine, ConflictTally, Quorum, TxnWriter, WriteQuorum};
 use crate::error::{Error, Result};
 use crate::limits::LEASE_MS;
 
@@ -34,6 +34,23 @@ pub(crate) struct LedgerInner {
     pub(crate) txns: Arc<TxnWriter>,
     /// Test hook awaited before every protocol write (see [`Ledger::with_pause_hook`]).
     pub(crate) pause: Option<PauseHook>,
+    /// `w` of every ledger write (docs/CLUSTER.md).
+    pub(crate) quorum: Arc<Quorum>,
+    pub(crate) write_quorum: WriteQuorum,
+    /// Conflicts met and resolved by this ledger (engine and sweeper).
+    pub(crate) conflicts: Arc<ConflictTally>,
+}
+
+/// Conflicts a [`Ledger`] met on ledger documents and resolved, since it was made
+/// ([`Ledger::conflict_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ConflictCounts {
+    /// Conflicted documents read (an account merged, a transfer's leaves chosen between).
+    pub met: u64,
+    /// Of those, resolved: the losing leaves deleted.
+    pub resolved: u64,
+    /// Writes a cluster only accepted (202), read again before moving on.
+    pub uncertain_writes: u64,
 }
 
 /// A test hook: awaited with the name of the protocol phase (`begin`, `apply`, `commit`,
@@ -71,6 +88,7 @@ impl Ledger {
             uuid::Uuid::now_v7().to_string(),
             Duration::from_millis(LEASE_MS),
             None,
+            WriteQuorum::default(),
         )
     }
 
@@ -79,16 +97,51 @@ impl Ledger {
         worker_id: String,
         lease: Duration,
         pause: Option<PauseHook>,
+        write_quorum: WriteQuorum,
     ) -> Ledger {
+        let quorum = Arc::new(Quorum::new(write_quorum));
+        let conflicts = Arc::new(ConflictTally::default());
         Ledger {
             inner: Arc::new(LedgerInner {
-                accounts: Arc::new(AccountEngine::new(client.clone())),
-                txns: Arc::new(TxnWriter::new(client.clone())),
+                accounts: Arc::new(AccountEngine::new(
+                    client.clone(),
+                    Arc::clone(&quorum),
+                    Arc::clone(&conflicts),
+                )),
+                txns: Arc::new(TxnWriter::new(client.clone(), Arc::clone(&quorum))),
                 client,
                 worker_id,
                 lease,
                 pause,
+                quorum,
+                write_quorum,
+                conflicts,
             }),
+        }
+    }
+
+    /// The same ledger with another write quorum ([`WriteQuorum::All`] by default: on a cluster
+    /// every ledger write must reach every copy before it counts; see docs/CLUSTER.md). No
+    /// difference on a single node. Configure before sharing: clones made earlier keep theirs.
+    pub fn with_write_quorum(self, write_quorum: WriteQuorum) -> Ledger {
+        Ledger::assemble(
+            self.inner.client.clone(),
+            self.inner.worker_id.clone(),
+            self.inner.lease,
+            self.inner.pause.clone(),
+            write_quorum,
+        )
+    }
+
+    /// Conflicts on ledger documents this ledger met and resolved so far, and the writes a
+    /// cluster only accepted (202).
+    pub fn conflict_counts(&self) -> ConflictCounts {
+        use std::sync::atomic::Ordering::Relaxed;
+        let c = &self.inner.conflicts;
+        ConflictCounts {
+            met: c.met.load(Relaxed),
+            resolved: c.resolved.load(Relaxed),
+            uncertain_writes: c.uncertain.load(Relaxed),
         }
     }
 
@@ -113,6 +166,7 @@ impl Ledger {
             self.inner.worker_id.clone(),
             lease,
             self.inner.pause.clone(),
+            self.inner.write_quorum,
         ))
     }
 
@@ -124,6 +178,7 @@ impl Ledger {
             self.inner.worker_id.clone(),
             self.inner.lease,
             Some(hook),
+            self.inner.write_quorum,
         )
     }
 

@@ -23,6 +23,7 @@
 mod accounts;
 mod audit;
 mod config;
+mod conflict;
 mod couch;
 pub mod design;
 pub mod devserver;
@@ -41,11 +42,12 @@ pub use accounts::{AccountSpec, AccountView, PendingEntry};
 pub use audit::{Check, VerifyOptions, VerifyReport};
 pub use config::{ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_URL};
 pub use couch::{
-    AllDocsRow, BulkResult, ChangeRow, ChangesQuery, ChangesResponse, ChangesStream, Client,
-    ViewQuery, ViewResponse, ViewRow, Written,
+    take_conflicts, AllDocsRow, BulkResult, ChangeRow, ChangesQuery, ChangesResponse,
+    ChangesStream, Client, Leaves, ViewQuery, ViewResponse, ViewRow, WriteOptions, Written,
 };
+pub use engine::WriteQuorum;
 pub use error::{Error, Result};
-pub use ledger::{InitReport, Ledger, PauseFn, PauseHook};
+pub use ledger::{ConflictCounts, InitReport, Ledger, PauseFn, PauseHook};
 pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent};
 pub use orders::{

@@ -82,6 +82,13 @@ pub struct SweepOutcome {
     /// Malformed transfers passed over without a read: found by an earlier pass (they are
     /// reported then, in `skipped` and `problems`) and remembered in `_local/`[`SKIP_LIST`].
     pub skipped_malformed: u64,
+    /// Ledger documents found holding a conflict (the `transactions/conflicts` view) and left
+    /// with one leaf: accounts merged, transfers resolved (docs/CLUSTER.md).
+    pub conflicts_resolved: u64,
+    /// Conflicted ledger documents left as they are, each named in `problems`: write-once
+    /// documents with two different bodies (a person decides), or what could not be resolved
+    /// now (a later pass tries again).
+    pub conflicts_unresolved: u64,
     /// What could not be handled, one line each (at most [`PROBLEMS_MAX`]).
     pub problems: Vec<String>,
 }
@@ -102,6 +109,8 @@ impl SweepOutcome {
         self.remaining = other.remaining;
         self.repaired_markers += other.repaired_markers;
         self.skipped_malformed += other.skipped_malformed;
+        self.conflicts_resolved += other.conflicts_resolved;
+        self.conflicts_unresolved = other.conflicts_unresolved;
         for p in other.problems {
             self.problem(p);
         }
@@ -170,6 +179,13 @@ pub struct LedgerStatus {
     pub in_flight_by_currency: std::collections::BTreeMap<String, Amount>,
     /// Pending markers held by accounts (transfers applied and not yet settled or undone).
     pub pending_markers: u64,
+    /// Ledger documents holding a conflict (`transactions/conflicts`): 0 on one node; on a
+    /// cluster, conflicts the sweeper has not resolved yet (docs/CLUSTER.md).
+    pub conflicts: u64,
+    /// Accounts below their minimum balance (`accounts/overdrawn`): 0 on one node; on a
+    /// cluster with [`WriteQuorum::ServerDefault`](crate::WriteQuorum), what merged concurrent
+    /// debits can leave.
+    pub overdrawn: u64,
 }
 
 /// The `_local` document where the sweeper remembers malformed transfers (written by a tool
@@ -228,6 +244,9 @@ impl Ledger {
         let cutoff = now.saturating_sub(stale_ms);
         let limit = options.limit as u64;
         let mut out = SweepOutcome::default();
+
+        // 0. Conflicted ledger documents first, so that what follows reads resolved ones.
+        self.resolve_conflicts(limit, &mut out).await?;
 
         // 1. Open transfers not modified since the cutoff, oldest first — past the malformed
         //    ones, which would otherwise fill every batch (they sort oldest and never move).
@@ -449,6 +468,68 @@ impl Ledger {
         }
         out.remaining = counts.open();
         Ok(out)
+    }
+
+    /// Resolves up to `limit` conflicted ledger documents the `transactions/conflicts` view
+    /// lists: transfers first (an account's merge may depend on its transfer's outcome), then
+    /// accounts, merged by the engine. A write-once document with two bodies is reported.
+    async fn resolve_conflicts(&self, limit: u64, out: &mut SweepOutcome) -> Result<()> {
+        let q = ViewQuery {
+            reduce: Some(false),
+            limit: Some(limit),
+            ..ViewQuery::default()
+        };
+        let rows = self
+            .inner
+            .client
+            .view("transactions", "conflicts", &q)
+            .await?
+            .rows;
+        let mut accounts: Vec<AccountOp> = Vec::new();
+        for row in rows {
+            let Some(id) = row.id else { continue };
+            let kind = row.key.get(0).and_then(Value::as_str).unwrap_or("?");
+            match kind {
+                "transaction" => {
+                    let txn = id.strip_prefix("txn:").unwrap_or(&id);
+                    match self.read_txn(txn).await {
+                        Ok(_) => out.conflicts_resolved += 1,
+                        Err(e) => {
+                            out.conflicts_unresolved += 1;
+                            out.problem(format!("{id}: {e}"));
+                        }
+                    }
+                }
+                "account" => accounts.push(AccountOp {
+                    account: id.strip_prefix("account:").unwrap_or(&id).to_owned(),
+                    txn: String::new(),
+                    kind: OpKind::Resolve,
+                    link: None,
+                }),
+                _ => {
+                    out.conflicts_unresolved += 1;
+                    out.problem(format!(
+                        "{id}: a write-once {kind} holds {} other bodies under its id; never \
+                         picked by the program — a person decides which is true and deletes \
+                         the others",
+                        row.value
+                    ));
+                }
+            }
+        }
+        if !accounts.is_empty() {
+            let answers = self.inner.accounts.run(accounts.clone()).await;
+            for (answer, op) in answers.into_iter().zip(&accounts) {
+                match answer {
+                    Ok(_) => out.conflicts_resolved += 1,
+                    Err(e) => {
+                        out.conflicts_unresolved += 1;
+                        out.problem(format!("account:{}: {e}", op.account));
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Takes one candidate over and drives it.
@@ -718,7 +799,25 @@ impl Ledger {
             in_flight,
             in_flight_by_currency,
             pending_markers: marker_count(self).await?,
+            conflicts: view_count(self, "transactions", "conflicts").await?,
+            overdrawn: view_count(self, "accounts", "overdrawn").await?,
         })
+    }
+}
+
+/// The `_count` of a whole view.
+async fn view_count(ledger: &Ledger, ddoc: &str, view: &str) -> Result<u64> {
+    let rows = ledger
+        .inner
+        .client
+        .view(ddoc, view, &ViewQuery::default())
+        .await?
+        .rows;
+    match rows.first() {
+        None => Ok(0),
+        Some(row) => row.value.as_u64().ok_or_else(|| {
+            Error::decode(format!("{ddoc}/{view} count {} is not a number", row.value))
+        }),
     }
 }
 

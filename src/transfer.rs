@@ -28,12 +28,14 @@
 //! and stops (leaving the transfer to the sweeper) once it passed. That only avoids wasted
 //! work: two workers on one transfer still produce one effect.
 
+use std::collections::HashSet;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::accounts::validate_id;
+use crate::conflict::{choose_transfer_leaf, Evidence};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
@@ -395,6 +397,16 @@ impl Ledger {
         match self.inner.txns.write(doc.id.clone(), value).await {
             Ok(crate::engine::TxnWrite::Written(rev)) => Ok(Some(rev)),
             Ok(crate::engine::TxnWrite::Conflict) => Ok(None),
+            // 202: maybe landed, maybe beside a rival. Like a conflict, the caller reads the
+            // document again — with its conflicts, resolved — and follows what it finds.
+            Ok(crate::engine::TxnWrite::Uncertain) => {
+                tracing::info!(txn = %doc.txn_id, "transfer write accepted (202), not confirmed; re-reading");
+                self.inner
+                    .conflicts
+                    .uncertain
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(None)
+            }
             Err(e)
                 if e.is_forbidden()
                     && self.changed_under_us(&doc.id, doc.rev.as_deref()).await? =>
@@ -422,10 +434,113 @@ impl Ledger {
         })
     }
 
-    /// Reads a transfer; a missing one is the server's 404.
+    /// Reads a transfer with its conflicts, resolved when it holds any
+    /// ([`Ledger::resolve_transfer`]); a missing one is a 404.
     pub(crate) async fn read_txn(&self, txn_id: &str) -> Result<TxnDoc> {
-        let value: Value = self.inner.client.get(&txn_doc_id(txn_id)).await?;
-        TxnDoc::from_value(value)
+        let id = txn_doc_id(txn_id);
+        let Some(leaves) = self.inner.client.leaves(&id).await? else {
+            return Err(Error::status(
+                404,
+                Some("not_found".to_owned()),
+                Some("missing".to_owned()),
+            )
+            .with_request("GET", &id));
+        };
+        let winner = leaves
+            .winner
+            .ok_or_else(|| Error::decode(format!("{id}: no live revision")))?;
+        if leaves.losers.is_empty() {
+            return TxnDoc::from_value(winner);
+        }
+        self.resolve_transfer(&id, winner, leaves.losers).await
+    }
+
+    /// Resolves a conflicted transfer document (docs/CLUSTER.md): every leaf must hold the same
+    /// terms (different terms under one id are never picked between: an error for a person);
+    /// the leaf kept is the one furthest along the state graph, and between the commit and the
+    /// cancel path the one the accounts acted on ([`choose_transfer_leaf`]). The other leaves
+    /// are deleted (a CAS each: a leaf that moved meanwhile stays, and the next read resolves
+    /// again).
+    pub(crate) async fn resolve_transfer(
+        &self,
+        id: &str,
+        winner: Value,
+        losers: Vec<Value>,
+    ) -> Result<TxnDoc> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.inner.conflicts.met.fetch_add(1, Relaxed);
+        let leaves: Vec<TxnDoc> = std::iter::once(winner)
+            .chain(losers)
+            .map(TxnDoc::from_value)
+            .collect::<Result<_>>()?;
+        for other in &leaves[1..] {
+            if let Some(field) = leaves[0].differing_term(other) {
+                return Err(Error::invariant(format!(
+                    "{id} holds a conflict between different terms ({field}): two transfers \
+                     under one id; a person must decide which happened"
+                )));
+            }
+        }
+        let states: Vec<State> = leaves.iter().map(|d| d.state).collect();
+        let mut evidence = Evidence::default();
+        let paths: HashSet<bool> = states
+            .iter()
+            .filter_map(|s| match s {
+                State::Committed | State::Done => Some(true),
+                State::Canceling | State::Cancelled => Some(false),
+                _ => None,
+            })
+            .collect();
+        if paths.len() > 1 {
+            let d = &leaves[0];
+            for account in [&d.source, &d.destination] {
+                let aid = crate::accounts::account_doc_id(account);
+                if let Some(found) = self.inner.client.leaves(&aid).await? {
+                    for mut leaf in found.winner.into_iter().chain(found.losers) {
+                        crate::couch::take_conflicts(&mut leaf);
+                        if let Ok(doc) = crate::accounts::AccountDoc::from_value(leaf) {
+                            evidence.add(&doc, &d.txn_id);
+                        }
+                    }
+                }
+            }
+        }
+        let keep = choose_transfer_leaf(&states, evidence).ok_or_else(|| {
+            Error::invariant(format!(
+                "{id} holds a conflict between the commit and the cancel path, and its accounts \
+                 show both a settle and an undo; a person must decide"
+            ))
+        })?;
+        tracing::warn!(
+            %id,
+            leaves = leaves.len(),
+            kept = %states[keep],
+            "resolving a conflicted transfer"
+        );
+        let stubs: Vec<Value> = leaves
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != keep)
+            .filter_map(|(_, d)| d.rev.clone())
+            .map(|rev| serde_json::json!({"_id": id, "_rev": rev, "_deleted": true}))
+            .collect();
+        let options = self.inner.quorum.write_options(&self.inner.client).await;
+        let results = self.inner.client.bulk_docs_with(&stubs, &options).await?;
+        if let Some(refused) = results.iter().find(|r| !r.is_ok() && !r.is_conflict()) {
+            return Err(Error::status(
+                403,
+                refused.error.clone(),
+                Some(format!(
+                    "{id} holds a conflict this user may not resolve (deleting a losing leaf \
+                     needs an admin): {}",
+                    refused.reason.clone().unwrap_or_default()
+                )),
+            ));
+        }
+        if results.iter().all(|r| r.is_ok()) {
+            self.inner.conflicts.resolved.fetch_add(1, Relaxed);
+        }
+        Ok(leaves.into_iter().nth(keep).expect("kept leaf"))
     }
 
     /// Checks the lease, then lets a test hold the worker right before it writes.

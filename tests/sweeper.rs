@@ -651,3 +651,124 @@ async fn verify_reports_a_conflicted_ledger_document() {
     );
     assert!(!report.ok);
 }
+
+/// A conflicted account as two nodes of a cluster leave it: one leaf holds transfer c2 settled,
+/// its sibling never saw c2. Whichever leaf wins, the sweeper merges them so that c2 counts
+/// exactly once, writes the merge, deletes the loser, and every invariant holds.
+#[tokio::test]
+async fn the_sweeper_merges_a_conflicted_account_counting_each_transfer_once() {
+    for (name, hash) in [("wins", "f"), ("loses", "0")] {
+        let l = support::ledger(&format!("merge_account_{name}")).await;
+        open(&l, "A", 1_000, Some(0)).await;
+        open(&l, "B", 0, Some(0)).await;
+        l.submit(request("c1", "A", "B", 100), true).await.unwrap();
+        l.submit(request("c2", "A", "B", 30), true).await.unwrap();
+        let db = l.client().database().to_owned();
+        // The sibling: B as a node that never applied c2 would hold it.
+        support::plant_sibling(&db, "account:B", &hash.repeat(32), |doc| {
+            doc["balance"] = json!(100);
+            doc["pending"] = json!([]);
+            let settled: Vec<Value> = doc["settled"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| s["txn"] != "c2")
+                .cloned()
+                .collect();
+            doc["settled"] = json!(settled);
+        })
+        .await;
+        let before = l.verify().await.unwrap();
+        assert!(
+            !before.check("conflicts").unwrap().ok,
+            "{name}: {before:#?}"
+        );
+        assert_eq!(l.status().await.unwrap().conflicts, 1, "{name}");
+
+        let out = l.sweep_once(now_sweep(10)).await.unwrap();
+        assert_eq!(
+            (out.conflicts_resolved, out.conflicts_unresolved),
+            (1, 0),
+            "{name}: {out:?}"
+        );
+        let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+        assert!(report.ok, "{name}: {report:#?}");
+        assert_eq!(l.account("B").await.unwrap().balance, amount(130), "{name}");
+        assert_eq!(l.account("A").await.unwrap().balance, amount(870), "{name}");
+        let leaves: Value = get_raw(&db, "account:B?conflicts=true").await;
+        assert!(leaves.get("_conflicts").is_none(), "{name}: {leaves}");
+        assert_eq!(l.status().await.unwrap().conflicts, 0, "{name}");
+        let counts = l.conflict_counts();
+        assert!(
+            counts.met >= 1 && counts.resolved >= 1,
+            "{name}: {counts:?}"
+        );
+    }
+}
+
+/// A transfer document whose two leaves are `committed` and `done` (a retried `done` write
+/// through another node): the sweeper keeps `done` and deletes the other leaf.
+#[tokio::test]
+async fn the_sweeper_resolves_a_conflicted_transfer_to_its_furthest_leaf() {
+    let l = support::ledger("resolve_transfer").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t1", "A", "B", 100), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    // A sibling of `done` that says `committed`, winning by its hash.
+    support::plant_sibling(&db, "txn:t1", &"f".repeat(32), |doc| {
+        doc["state"] = json!("committed");
+    })
+    .await;
+    assert_eq!(l.status().await.unwrap().conflicts, 1);
+    // Reading it resolves it: the transfer is done.
+    assert_eq!(l.transfer("t1").await.unwrap().state, State::Done);
+    let out = l.sweep_once(now_sweep(10)).await.unwrap();
+    assert_eq!(out.conflicts_unresolved, 0, "{out:?}");
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+    let doc: Value = get_raw(&db, "txn:t1?conflicts=true").await;
+    assert_eq!(doc["state"], "done", "{doc}");
+    assert!(doc.get("_conflicts").is_none(), "{doc}");
+}
+
+/// A payment with two different bodies under one id is never resolved by picking one: the
+/// sweeper reports it and leaves it, `verify` fails on it.
+#[tokio::test]
+async fn a_write_once_document_with_two_bodies_is_reported_never_picked() {
+    let l = support::ledger("write_once_conflict").await;
+    let payment = json!({
+        "type": "payment", "order_id": "o1", "account_id": "c1", "currency": "EUR",
+        "value": 500, "method": null, "payment_reference": "p1",
+    });
+    l.client().put("payment:o1:p1", &payment).await.unwrap();
+    let db = l.client().database().to_owned();
+    support::plant_sibling(&db, "payment:o1:p1", &"f".repeat(32), |doc| {
+        doc["value"] = json!(5000);
+    })
+    .await;
+    let out = l.sweep_once(now_sweep(10)).await.unwrap();
+    assert_eq!(out.conflicts_unresolved, 1, "{out:?}");
+    assert!(
+        out.problems
+            .iter()
+            .any(|p| p.contains("payment:o1:p1") && p.contains("person")),
+        "{out:?}"
+    );
+    let report = l.verify().await.unwrap();
+    assert!(!report.check("conflicts").unwrap().ok, "{report:#?}");
+    let doc: Value = get_raw(&db, "payment:o1:p1?conflicts=true").await;
+    assert_eq!(doc["_conflicts"].as_array().map(Vec::len), Some(1), "{doc}");
+}
+
+/// A document as the server holds it, read around the library (`path` may carry a query).
+async fn get_raw(db: &str, path: &str) -> Value {
+    let path = path.replacen(':', "%3A", 1);
+    support::auth(support::raw().get(support::raw_url(&format!("{db}/{path}"))))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}

@@ -124,9 +124,14 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
 
   // ---- deletion -------------------------------------------------------------
+  // A conflict's losing leaf of an account or a transfer is deleted once its content is merged
+  // into the winner (docs/CLUSTER.md). This function cannot tell a losing leaf from the only
+  // one, so only a server admin may delete them; write-once documents never.
   if (newDoc._deleted) {
-    if (oldLive && (IMMUTABLE[oldType] === true || oldType === 'account' || oldType === 'transaction')) {
-      deny(oldType, "documents of type '" + oldType + "' may never be deleted (field '_deleted')");
+    var mutable = oldType === 'account' || oldType === 'transaction';
+    if (oldLive && (IMMUTABLE[oldType] === true || (mutable && !isAdmin))) {
+      deny(oldType, "documents of type '" + oldType + "' may never be deleted (field '_deleted')" +
+        (mutable ? "; only a server admin may delete the losing leaf of a conflict" : ""));
     }
     return;
   }

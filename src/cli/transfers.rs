@@ -543,16 +543,26 @@ fn sweep_json(s: &SweepOutcome) -> Value {
         "failed": s.failed,
         "remaining": s.remaining,
         "repaired_markers": s.repaired_markers,
+        "skipped_malformed": s.skipped_malformed,
+        "conflicts_resolved": s.conflicts_resolved,
+        "conflicts_unresolved": s.conflicts_unresolved,
         "problems": s.problems,
     })
 }
 
 fn sweep_words(s: &SweepOutcome) -> String {
-    format!(
+    let mut words = format!(
         "examined {}, advanced {} to done, cancelled {}, skipped {}, failed {}, repaired {} \
          markers; {} transfers still open",
         s.examined, s.advanced, s.cancelled, s.skipped, s.failed, s.repaired_markers, s.remaining
-    )
+    );
+    if s.conflicts_resolved + s.conflicts_unresolved > 0 {
+        words.push_str(&format!(
+            "; conflicts resolved {}, left {}",
+            s.conflicts_resolved, s.conflicts_unresolved
+        ));
+    }
+    words
 }
 
 async fn sweep(a: SweepArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
@@ -660,12 +670,18 @@ async fn status(ctx: &mut Context) -> anyhow::Result<Exit> {
         "pending markers on accounts: {}\n",
         s.pending_markers
     ));
+    text.push_str(&format!(
+        "ledger documents holding a conflict: {}\naccounts below their minimum balance: {}\n",
+        s.conflicts, s.overdrawn
+    ));
     let value = json!({
         "states": serde_json::to_value(s.states)?,
         "oldest_open_age_s": s.oldest_open_age_s,
         "in_flight": s.in_flight,
         "in_flight_by_currency": s.in_flight_by_currency,
         "pending_markers": s.pending_markers,
+        "conflicts": s.conflicts,
+        "overdrawn": s.overdrawn,
     });
     ctx.out.print(&value, &text)?;
     Ok(Exit::Success)

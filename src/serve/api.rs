@@ -555,6 +555,10 @@ pub(crate) struct StatusBody {
     pub(crate) in_flight_by_currency: std::collections::BTreeMap<String, i64>,
     /// Pending markers held by accounts.
     pub(crate) pending_markers: u64,
+    /// Ledger documents holding a conflict (0 on one node; see docs/CLUSTER.md).
+    pub(crate) conflicts: u64,
+    /// Accounts below their minimum balance (0 unless merged cluster conflicts overdrew one).
+    pub(crate) overdrawn: u64,
 }
 
 impl From<&LedgerStatus> for StatusBody {
@@ -576,6 +580,8 @@ impl From<&LedgerStatus> for StatusBody {
                 .map(|(code, amount)| (code.clone(), amount.minor()))
                 .collect(),
             pending_markers: s.pending_markers,
+            conflicts: s.conflicts,
+            overdrawn: s.overdrawn,
         }
     }
 }

@@ -1,0 +1,476 @@
+//! Conflicts on a cluster (docs/CLUSTER.md): how the leaves of a conflicted ledger document
+//! become one document again. Pure functions; the engine and the sweeper read and write.
+//!
+//! - An **account** is merged per transfer: its status on each leaf is one of absent, pending
+//!   (with the delta), settled or undone, ordered `absent < pending < settled` and
+//!   `pending < undone`. The merge takes, per transfer, the join over every leaf; `settled`
+//!   against `undone` (both outcomes acted on, which only a non-exclusive fork of the transfer
+//!   can cause) is decided by the transfer's own state. The balance is the winner's plus, per
+//!   transfer, the merged contribution minus the winner's, so every marker counts once.
+//! - A **transfer** keeps the leaf furthest along its state graph; two leaves on different paths
+//!   (`committed`/`done` against `canceling`/`cancelled`) are decided by what the accounts show.
+//! - A **write-once** document never merges: two different bodies under one id are a violation
+//!   for a person to decide.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::accounts::{AccountDoc, Marker, Settled};
+use crate::limits::SETTLED_AGE_MIN_MS;
+use crate::money::Amount;
+use crate::state::State;
+
+/// A transfer's status on one account leaf.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Status {
+    Absent,
+    Pending(Amount, Option<i64>),
+    Settled(i64),
+    Undone(i64),
+}
+
+impl Status {
+    fn of(doc: &AccountDoc, txn: &str) -> Status {
+        if let Some(m) = doc.pending.iter().find(|m| m.txn == txn) {
+            return Status::Pending(m.delta, m.at);
+        }
+        match doc.settled.iter().find(|s| s.txn == txn) {
+            Some(s) if s.undone => Status::Undone(s.at),
+            Some(s) => Status::Settled(s.at),
+            None => Status::Absent,
+        }
+    }
+}
+
+/// What the merge needs to know of a transfer, from its (resolved) document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TxnFacts {
+    pub(crate) state: State,
+    /// The transfer's delta on the account being merged (−value on its source, +value on its
+    /// destination).
+    pub(crate) delta: Amount,
+}
+
+/// Why an account cannot be merged yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Blocked {
+    pub(crate) txn: String,
+    pub(crate) why: String,
+}
+
+/// Every transfer named on any leaf, in a stable order (the winner's first).
+fn transfers(winner: &AccountDoc, losers: &[AccountDoc]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    std::iter::once(winner)
+        .chain(losers.iter())
+        .flat_map(|d| {
+            d.pending
+                .iter()
+                .map(|m| m.txn.clone())
+                .chain(d.settled.iter().map(|s| s.txn.clone()))
+                .collect::<Vec<_>>()
+        })
+        .filter(|t| seen.insert(t.clone()))
+        .collect()
+}
+
+/// The transfers whose documents the merge of these leaves must read: those the leaves disagree
+/// on where a settled or undone entry is involved (its delta, or which outcome holds).
+pub(crate) fn facts_needed(winner: &AccountDoc, losers: &[AccountDoc]) -> Vec<String> {
+    transfers(winner, losers)
+        .into_iter()
+        .filter(|t| {
+            let all: Vec<Status> = std::iter::once(winner)
+                .chain(losers.iter())
+                .map(|d| Status::of(d, t))
+                .collect();
+            let agree = all.windows(2).all(|w| same_kind(w[0], w[1]));
+            !agree
+                && all
+                    .iter()
+                    .any(|s| matches!(s, Status::Settled(_) | Status::Undone(_)))
+        })
+        .collect()
+}
+
+fn same_kind(a: Status, b: Status) -> bool {
+    match (a, b) {
+        (Status::Pending(x, _), Status::Pending(y, _)) => x == y,
+        _ => std::mem::discriminant(&a) == std::mem::discriminant(&b),
+    }
+}
+
+/// The merged account: the winner's document (and `_rev`, so the write is a CAS on it) with,
+/// per transfer, the join of every leaf's status, and the balance moved by the difference.
+/// `now` dates nothing; it only tells an old settled entry (which the winner may have pruned)
+/// from a young one.
+pub(crate) fn merge_account(
+    winner: &AccountDoc,
+    losers: &[AccountDoc],
+    facts: &HashMap<String, TxnFacts>,
+    now: i64,
+) -> Result<AccountDoc, Blocked> {
+    let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
+    let mut merged = winner.clone();
+    let mut pending: Vec<Marker> = Vec::new();
+    let mut settled: BTreeMap<usize, Settled> = BTreeMap::new();
+    let mut balance = winner.balance;
+    let blocked = |txn: &str, why: String| Blocked {
+        txn: txn.to_owned(),
+        why,
+    };
+    for (order, t) in transfers(winner, losers).into_iter().enumerate() {
+        let mine = Status::of(winner, &t);
+        let theirs: Vec<Status> = losers.iter().map(|d| Status::of(d, &t)).collect();
+        let fact = facts.get(&t);
+        // The join over all leaves.
+        let mut joined = mine;
+        for s in theirs.iter().copied() {
+            joined = match (joined, s) {
+                (Status::Absent, x) | (x, Status::Absent) => x,
+                (Status::Pending(a, at), Status::Pending(b, _)) => {
+                    if a != b {
+                        return Err(blocked(
+                            &t,
+                            format!(
+                                "two leaves hold different deltas ({} and {}) for one transfer",
+                                a.minor(),
+                                b.minor()
+                            ),
+                        ));
+                    }
+                    Status::Pending(a, at)
+                }
+                (Status::Pending(..), x @ (Status::Settled(_) | Status::Undone(_)))
+                | (x @ (Status::Settled(_) | Status::Undone(_)), Status::Pending(..)) => x,
+                (Status::Settled(a), Status::Settled(b)) => Status::Settled(a.min(b)),
+                (Status::Undone(a), Status::Undone(b)) => Status::Undone(a.min(b)),
+                (Status::Settled(a), Status::Undone(b))
+                | (Status::Undone(b), Status::Settled(a)) => match fact.map(|f| f.state) {
+                    Some(State::Committed | State::Done) => Status::Settled(a),
+                    Some(State::Canceling | State::Cancelled) => Status::Undone(b),
+                    other => {
+                        return Err(blocked(
+                            &t,
+                            format!(
+                                "one leaf settled it and another undid it, and the \
+                                     transfer reads {other:?}"
+                            ),
+                        ))
+                    }
+                },
+            };
+        }
+        // A settled entry the winner lacks may be one it pruned (only old entries of finished
+        // transfers are pruned): then its delta is in the winner's balance already.
+        if mine == Status::Absent {
+            if let Status::Settled(at) | Status::Undone(at) = joined {
+                let pruned = at <= now.saturating_sub(age_min)
+                    && fact.is_some_and(|f| f.state.is_terminal());
+                if pruned {
+                    continue;
+                }
+            }
+        }
+        let delta_of = |s: Status| -> Result<Amount, Blocked> {
+            match s {
+                Status::Pending(d, _) => Ok(d),
+                _ => theirs
+                    .iter()
+                    .chain(std::iter::once(&mine))
+                    .find_map(|x| match x {
+                        Status::Pending(d, _) => Some(*d),
+                        _ => None,
+                    })
+                    .or(fact.map(|f| f.delta))
+                    .ok_or_else(|| {
+                        blocked(
+                            &t,
+                            "its delta is on no leaf and its document was not read".into(),
+                        )
+                    }),
+            }
+        };
+        let contribution = |s: Status| -> Result<Amount, Blocked> {
+            match s {
+                Status::Absent | Status::Undone(_) => Ok(Amount::ZERO),
+                Status::Pending(d, _) => Ok(d),
+                Status::Settled(_) => delta_of(s),
+            }
+        };
+        // Only a change of status can change the balance (and need the delta).
+        let (before, after) = if same_kind(mine, joined) {
+            (Amount::ZERO, Amount::ZERO)
+        } else {
+            (contribution(mine)?, contribution(joined)?)
+        };
+        if before != after {
+            balance = after
+                .checked_sub(before)
+                .and_then(|d| balance.checked_add(d))
+                .map_err(|e| blocked(&t, format!("the merged balance is out of range: {e}")))?;
+        }
+        match joined {
+            Status::Absent => {}
+            Status::Pending(delta, at) => pending.push(Marker {
+                txn: t.clone(),
+                delta,
+                at,
+            }),
+            Status::Settled(at) => {
+                settled.insert(
+                    order,
+                    Settled {
+                        txn: t.clone(),
+                        at,
+                        undone: false,
+                    },
+                );
+            }
+            Status::Undone(at) => {
+                settled.insert(
+                    order,
+                    Settled {
+                        txn: t.clone(),
+                        at,
+                        undone: true,
+                    },
+                );
+            }
+        }
+    }
+    merged.balance = balance;
+    merged.pending = pending;
+    merged.settled = settled.into_values().collect();
+    Ok(merged)
+}
+
+/// Which path of the graph a state is on, and how far along it.
+fn rank(state: State) -> (Option<bool>, u8) {
+    match state {
+        State::Initial => (None, 0),
+        State::Pending => (None, 1),
+        State::Committed => (Some(true), 2),
+        State::Done => (Some(true), 3),
+        State::Canceling => (Some(false), 2),
+        // `initial → cancelled` is the cancel path too.
+        State::Cancelled => (Some(false), 3),
+    }
+}
+
+/// What the accounts of a transfer show of it, over every leaf of both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Evidence {
+    /// Some account leaf holds it settled (the commit path acted).
+    pub(crate) settled: bool,
+    /// Some account leaf holds it undone (the cancel path acted).
+    pub(crate) undone: bool,
+}
+
+impl Evidence {
+    pub(crate) fn add(&mut self, doc: &AccountDoc, txn: &str) {
+        match Status::of(doc, txn) {
+            Status::Settled(_) => self.settled = true,
+            Status::Undone(_) => self.undone = true,
+            _ => {}
+        }
+    }
+}
+
+/// Of a transfer's leaf states, the index of the one to keep: the furthest along the graph;
+/// between the commit and the cancel path, the one the accounts acted on — the commit path
+/// when they show a settle or nothing (a commit may have been reported to a caller), the cancel
+/// path when they show only undos. `None` when the accounts show both (a person must decide).
+pub(crate) fn choose_transfer_leaf(states: &[State], evidence: Evidence) -> Option<usize> {
+    let paths: Vec<bool> = states.iter().filter_map(|s| rank(*s).0).collect();
+    let forked = paths.iter().any(|p| *p) && paths.iter().any(|p| !*p);
+    let keep_commit = if forked {
+        match (evidence.settled, evidence.undone) {
+            (true, true) => return None,
+            (false, true) => false,
+            _ => true,
+        }
+    } else {
+        true
+    };
+    states
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !forked || rank(**s).0 == Some(keep_commit))
+        .max_by_key(|(_, s)| rank(**s).1)
+        .map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn account(balance: i64, pending: &[(&str, i64)], settled: &[(&str, bool)]) -> AccountDoc {
+        let pending: Vec<_> = pending
+            .iter()
+            .map(|(t, d)| json!({"txn": t, "delta": d, "at": 1000}))
+            .collect();
+        let settled: Vec<_> = settled
+            .iter()
+            .map(|(t, undone)| json!({"txn": t, "at": 2000, "undone": undone}))
+            .collect();
+        AccountDoc::from_value(json!({
+            "_id": "account:a", "_rev": "5-aa", "type": "account", "account_id": "a",
+            "currency": "EUR", "opening": 1000, "balance": balance, "min_balance": 0,
+            "pending": pending, "settled": settled,
+        }))
+        .expect("valid")
+    }
+
+    fn facts(list: &[(&str, State, i64)]) -> HashMap<String, TxnFacts> {
+        list.iter()
+            .map(|(t, state, d)| {
+                (
+                    (*t).to_owned(),
+                    TxnFacts {
+                        state: *state,
+                        delta: Amount::new(*d).expect("fits"),
+                    },
+                )
+            })
+            .collect()
+    }
+
+    const NOW: i64 = 10_000;
+
+    #[test]
+    fn two_branches_with_different_markers_count_both_once() {
+        // Fork at 1000; t1 (−100) on one branch, t2 (−50) on the other.
+        let w = account(900, &[("t1", -100)], &[]);
+        let l = account(950, &[("t2", -50)], &[]);
+        let m = merge_account(&w, &[l], &HashMap::new(), NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 850);
+        assert_eq!(m.pending.len(), 2);
+        assert_eq!(m.rev.as_deref(), Some("5-aa"));
+    }
+
+    #[test]
+    fn the_same_marker_on_both_branches_counts_once() {
+        let w = account(900, &[("t1", -100)], &[]);
+        let l = account(900, &[("t1", -100)], &[("t0", false)]);
+        let f = facts(&[("t0", State::Done, 0)]);
+        // t0 settled on the loser only, young, delta 0 for the test: balance unchanged.
+        let m = merge_account(&w, &[l], &f, NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 900);
+        assert_eq!(m.pending.len(), 1);
+        assert_eq!(m.settled.len(), 1);
+    }
+
+    #[test]
+    fn settled_on_one_leaf_pending_on_the_other_is_settled_once() {
+        let w = account(900, &[("t1", -100)], &[]);
+        let l = account(900, &[], &[("t1", false)]);
+        let m = merge_account(&w, std::slice::from_ref(&l), &HashMap::new(), NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 900);
+        assert!(m.pending.is_empty());
+        assert_eq!(m.settled.len(), 1);
+        // And the other way round, with the transfer's document to give the delta.
+        let f = facts(&[("t1", State::Done, -100)]);
+        let m = merge_account(&l, &[w], &f, NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 900);
+    }
+
+    #[test]
+    fn a_branch_without_the_transfer_gains_it_from_the_other() {
+        let w = account(1000, &[], &[]);
+        let l = account(900, &[], &[("t1", false)]);
+        let f = facts(&[("t1", State::Done, -100)]);
+        let m = merge_account(&w, &[l], &f, NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 900);
+        // Without the transfer's document the delta is unknown: blocked, never guessed.
+        let w = account(1000, &[], &[]);
+        let l = account(900, &[], &[("t1", false)]);
+        assert!(merge_account(&w, &[l], &HashMap::new(), NOW).is_err());
+    }
+
+    #[test]
+    fn undone_beats_pending_and_settled_against_undone_follows_the_transfer() {
+        let w = account(900, &[("t1", -100)], &[]);
+        let l = account(1000, &[], &[("t1", true)]);
+        let m = merge_account(&w, &[l], &HashMap::new(), NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 1000);
+        assert!(m.settled[0].undone);
+
+        let w = account(900, &[], &[("t1", false)]);
+        let l = account(1000, &[], &[("t1", true)]);
+        let done = facts(&[("t1", State::Done, -100)]);
+        assert_eq!(
+            merge_account(&w, std::slice::from_ref(&l), &done, NOW)
+                .expect("merges")
+                .balance
+                .minor(),
+            900
+        );
+        let cancelled = facts(&[("t1", State::Cancelled, -100)]);
+        assert_eq!(
+            merge_account(&w, std::slice::from_ref(&l), &cancelled, NOW)
+                .expect("merges")
+                .balance
+                .minor(),
+            1000
+        );
+        let pending = facts(&[("t1", State::Pending, -100)]);
+        assert!(merge_account(&w, &[l], &pending, NOW).is_err());
+    }
+
+    #[test]
+    fn an_old_settled_entry_the_winner_lacks_was_pruned_there() {
+        let w = account(900, &[], &[]);
+        let mut l = account(900, &[], &[("t1", false)]);
+        l.settled[0].at = NOW - i64::try_from(SETTLED_AGE_MIN_MS).expect("fits") - 1;
+        let f = facts(&[("t1", State::Done, -100)]);
+        let m = merge_account(&w, &[l], &f, NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 900);
+        assert!(m.settled.is_empty());
+    }
+
+    #[test]
+    fn an_entry_settled_on_every_leaf_needs_no_delta() {
+        let w = account(900, &[], &[("t1", false)]);
+        let l = account(900, &[], &[("t1", false), ("t2", true)]);
+        let m = merge_account(&w, &[l], &HashMap::new(), NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 900);
+        assert_eq!(m.settled.len(), 2);
+    }
+
+    #[test]
+    fn facts_are_read_only_where_leaves_disagree_on_an_outcome() {
+        let w = account(900, &[("t1", -100)], &[("t0", false)]);
+        let l = account(
+            850,
+            &[("t1", -100), ("t2", -50)],
+            &[("t0", false), ("t3", false)],
+        );
+        assert_eq!(facts_needed(&w, &[l]), vec!["t3".to_owned()]);
+    }
+
+    #[test]
+    fn the_transfer_leaf_kept_is_the_furthest_and_a_fork_follows_the_accounts() {
+        use State::*;
+        let none = Evidence::default();
+        assert_eq!(choose_transfer_leaf(&[Pending, Committed], none), Some(1));
+        assert_eq!(choose_transfer_leaf(&[Done, Committed], none), Some(0));
+        assert_eq!(choose_transfer_leaf(&[Initial, Cancelled], none), Some(1));
+        assert_eq!(choose_transfer_leaf(&[Canceling, Committed], none), Some(1));
+        let undone = Evidence {
+            settled: false,
+            undone: true,
+        };
+        assert_eq!(
+            choose_transfer_leaf(&[Canceling, Committed], undone),
+            Some(0)
+        );
+        assert_eq!(choose_transfer_leaf(&[Done, Cancelled], undone), Some(1));
+        let both = Evidence {
+            settled: true,
+            undone: true,
+        };
+        assert_eq!(choose_transfer_leaf(&[Done, Cancelled], both), None);
+        assert_eq!(choose_transfer_leaf(&[Done, Committed], both), Some(0));
+    }
+}
