@@ -32,8 +32,9 @@ use couch_ledger::{
     SweepOutcome, TransferRequest, VerifyOptions,
 };
 
-/// The stepping worker's lease: short, so the sweeper may take its transfers over soon.
-const STEP_LEASE: Duration = Duration::from_millis(1_500);
+/// The stepping worker's lease: short, so the sweeper may take its transfers over soon, and
+/// long enough (its drive stops 1/6 of it before the end) for one step on a busy machine.
+const STEP_LEASE: Duration = Duration::from_millis(3_000);
 
 /// Which way CouchDB's deterministic pick goes for a planted sibling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,9 +124,19 @@ impl World {
             .unwrap();
         assert_eq!(t.state, State::Initial);
         self.transfers.push(id.to_owned());
+        let mut state = State::Initial;
         for _ in 0..steps {
-            self.l.step(id).await.unwrap();
+            state = self.l.step(id).await.unwrap().state;
         }
+        let expected = [
+            State::Initial,
+            State::Pending,
+            State::Pending,
+            State::Committed,
+            State::Committed,
+            State::Done,
+        ][steps];
+        assert_eq!(state, expected, "{id} after {steps} steps");
     }
 
     async fn step(&self, id: &str) -> State {
@@ -509,6 +520,25 @@ async fn account_branches_settled_and_undone_follow_the_transfer() {
     assert_eq!(w.l.account("A").await.unwrap().balance.minor(), 900);
 }
 
+/// The first protocol step of an account: created twice through two nodes (the same terms,
+/// another `created_at`): two roots. Nothing applied on either; a transfer then runs on it.
+#[tokio::test]
+async fn an_account_created_twice_through_two_nodes() {
+    let mut w = World::new("cf_account_twice", &[("A", 1_000), ("B", 0)]).await;
+    let rev = w
+        .plant("account:A", Planted::Wins, |doc| {
+            doc["created_at"] = json!(doc["created_at"].as_i64().unwrap() + 5);
+        })
+        .await;
+    assert!(rev.starts_with("1-"), "{rev}");
+    assert_pick(&w, "account:A", &rev, Planted::Wins).await;
+    w.transfer("t1", "A", "B", 100, 2).await;
+    let passes = w.sweep().await;
+    let states = w.assert_whole(&passes).await;
+    assert_eq!(states["t1"], State::Done);
+    assert_eq!(w.l.account("A").await.unwrap().balance.minor(), 900);
+}
+
 // ---- transfer documents ----------------------------------------------------------------------
 
 /// A transfer document with two leaves: the ledger's and a planted one that `edit` makes from
@@ -535,6 +565,23 @@ fn to_state(state: &'static str) -> impl FnOnce(&mut Value) {
         doc["state"] = json!(state);
         doc["last_modified"] = json!(doc["last_modified"].as_i64().unwrap() + 1);
     }
+}
+
+/// `initial` against `initial`: the same transfer submitted through two nodes at once (the
+/// same terms, another `created_at`): one transfer, done, counted once.
+#[tokio::test]
+async fn txn_branches_submitted_twice() {
+    txn_branches(
+        "cf_txn_twice",
+        0,
+        Planted::Loses,
+        |doc| {
+            doc["created_at"] = json!(doc["created_at"].as_i64().unwrap() + 3);
+            doc["last_modified"] = doc["created_at"].clone();
+        },
+        State::Done,
+    )
+    .await;
 }
 
 /// `pending` (both accounts applied) against `committed`: committed is further; done.
