@@ -20,6 +20,8 @@ mod design_functions;
 mod engine_bounds;
 // A cluster-like trio of replicating servers behind a round-robin proxy: conflicts, the ledger.
 mod cluster;
+// Conflicts planted on every ledger document type at every protocol step, resolved by the sweeper.
+mod conflicts;
 // The HTTP service (`couch-ledger serve`) as a caller sees it: endpoints, auth, metrics, stop.
 #[cfg(feature = "serve")]
 mod serve;
