@@ -1331,7 +1331,10 @@ impl Ledger {
     }
 
     /// Creates a write-once document: PUT without `_rev`; when it exists the stored document is
-    /// compared with ours — the same is `Exists`, different is a mismatch naming the field.
+    /// compared with ours — the same is `Exists`, different is a mismatch naming the field. Every
+    /// leaf is compared (docs/CLUSTER.md): on a cluster two bodies under one id can both be
+    /// stored, and one of them differing from ours is a mismatch even when ours won. A write a
+    /// cluster only accepted (202) is read back the same way before it counts as created.
     async fn write_once(&self, id: &str, doc: Value) -> Result<Recorded> {
         let client = &self.inner.client;
         for _ in 0..WRITE_ATTEMPTS_MAX {
@@ -1339,8 +1342,10 @@ impl Ledger {
                 Ok(written) => {
                     debug_assert_eq!(written.id, id);
                     if written.accepted {
-                        // 202: stored on at least one node; a retry will find it.
-                        tracing::debug!(id, "write accepted without quorum");
+                        tracing::info!(id, "write accepted (202), not confirmed; re-reading");
+                        if let Some(field) = self.differing_leaf(id, &doc).await? {
+                            return Err(Error::mismatch(id, &field));
+                        }
                     }
                     return Ok(Recorded {
                         id: id.to_owned(),
@@ -1351,9 +1356,14 @@ impl Ledger {
                 // runs validate_doc_update first, whose write-once rule answers 403; a 403 for
                 // a document that does not exist is a real refusal.
                 Err(e) if e.is_conflict() || e.is_forbidden() => {
-                    match client.get_opt::<Value>(id).await? {
-                        Some(stored) => {
-                            return match first_difference(&doc, &stored) {
+                    match client.leaves(id).await? {
+                        Some(leaves) => {
+                            let difference = leaves
+                                .winner
+                                .iter()
+                                .chain(&leaves.losers)
+                                .find_map(|stored| first_difference(&doc, stored));
+                            return match difference {
                                 None => Ok(Recorded {
                                     id: id.to_owned(),
                                     status: RecordStatus::Exists,
@@ -1372,6 +1382,17 @@ impl Ledger {
         Err(Error::invariant(format!(
             "{id}: kept conflicting with a document that then disappeared"
         )))
+    }
+
+    /// The first field in which some leaf of `id` differs from `doc`, if any.
+    async fn differing_leaf(&self, id: &str, doc: &Value) -> Result<Option<String>> {
+        Ok(self.inner.client.leaves(id).await?.and_then(|leaves| {
+            leaves
+                .winner
+                .iter()
+                .chain(&leaves.losers)
+                .find_map(|stored| first_difference(doc, stored))
+        }))
     }
 }
 
