@@ -1136,6 +1136,27 @@ impl Client {
         Ok(reply.rows)
     }
 
+    /// `_all_docs` from `start` to `end` (inclusive): ids and winning revisions, no documents.
+    ///
+    /// # Errors
+    ///
+    /// The server failed.
+    pub async fn all_docs_range(&self, start: &str, end: &str) -> Result<Vec<AllDocsRow>> {
+        let path = format!("{}/_all_docs", self.db_path());
+        let query = vec![
+            ("startkey", Value::from(start).to_string()),
+            ("endkey", Value::from(end).to_string()),
+        ];
+        #[derive(Deserialize)]
+        struct Reply {
+            rows: Vec<AllDocsRow>,
+        }
+        let reply: Reply = self
+            .send_json(Method::GET, &path, &query, None, Retry::Safe)
+            .await?;
+        Ok(reply.rows)
+    }
+
     /// Reads these revisions of a document (`open_revs`): the live ones found, each with its
     /// `_rev`; revisions missing or deleted are left out.
     ///

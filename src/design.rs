@@ -239,7 +239,8 @@ mod tests {
                 .cloned()
                 .collect::<Vec<_>>()
         };
-        assert_eq!(views(0), ["balances", "pending"]);
+        assert_eq!(views(0), ["balances", "overdrawn", "pending"]);
+        assert_eq!(docs[0].body["views"]["overdrawn"]["reduce"], "_count");
         assert_eq!(docs[0].body["views"]["pending"]["reduce"], "_count");
         assert_eq!(docs[0].body["views"]["balances"]["reduce"], "_sum");
         assert_eq!(views(1), ["by_account", "ledger"]);
@@ -249,10 +250,12 @@ mod tests {
                 "by_account",
                 "by_state",
                 "committed",
+                "conflicts",
                 "in_flight",
                 "pending"
             ]
         );
+        assert_eq!(docs[2].body["views"]["conflicts"]["reduce"], "_count");
         assert_eq!(docs[2].body["views"]["in_flight"]["reduce"], "_sum");
         assert_eq!(docs[2].body["views"]["by_state"]["reduce"], "_count");
         assert!(docs[3].body["validate_doc_update"]

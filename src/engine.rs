@@ -108,17 +108,22 @@ fn results_by_id(results: Vec<BulkResult>) -> HashMap<String, BulkResult> {
 
 // ---- cluster: write quorum and conflict counts -----------------------------------------------
 
-/// How many copies a ledger write must reach before the server may answer 201 (docs/CLUSTER.md).
+/// How many copies an **account** write must reach before the server may answer 201
+/// (docs/CLUSTER.md). Transfer documents are always written with `w` = every copy: their fork
+/// decisions (commit or cancel) must be exclusive whatever this says.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WriteQuorum {
     /// `w` = every copy (`cluster.n` of the database; nothing is sent on a single node): a 201
-    /// is then exclusive, so no rival revision of the same parent can exist or appear. With a
-    /// copy down every write answers 202 and is re-read before the protocol moves on.
+    /// is then exclusive, so no rival revision of the same parent can exist or appear, and two
+    /// debits cannot both pass their funds check on one balance. With a copy down every write
+    /// answers 202 and is re-read before the protocol moves on.
     #[default]
     All,
-    /// The server's default (`w` = 2 of 3 on CouchDB and Cloudant): faster with a slow copy;
-    /// a rival write through another node may then land too, and the conflict is merged
-    /// afterwards (an overdraft it causes is reported by `verify` and `status`, not prevented).
+    /// The server's default (`w` = 2 of 3 on CouchDB and Cloudant) for account writes: faster
+    /// with a slow copy; a rival write through another node may then land too, and the
+    /// conflict is merged (each transfer counted once). An overdraft such a merge causes is
+    /// taken back from the debit whose worker has not committed yet, and reported by `verify`
+    /// and `status` while it lasts.
     ServerDefault,
 }
 
@@ -137,10 +142,11 @@ impl Quorum {
         }
     }
 
-    /// `w` = the database's copies when there are several and the mode asks for all; nothing
-    /// otherwise, or while the database cannot be read (the server's default applies).
-    pub(crate) async fn write_options(&self, client: &Client) -> WriteOptions {
-        if self.mode == WriteQuorum::ServerDefault {
+    /// `w` = the database's copies when there are several and the write must be exclusive (a
+    /// transfer document always, an account under [`WriteQuorum::All`]); nothing otherwise, or
+    /// while the database cannot be read (the server's default applies).
+    pub(crate) async fn write_options(&self, client: &Client, transfer: bool) -> WriteOptions {
+        if !transfer && self.mode == WriteQuorum::ServerDefault {
             return WriteOptions::default();
         }
         match self.copies.get_or_try_init(|| client.copies()).await {
@@ -299,6 +305,11 @@ pub(crate) enum OpResult {
     /// Apply: the account's document is there but not a valid account for this program
     /// (written by another tool, e.g. `balance: 100.0`).
     Unreadable,
+    /// Apply of a debit whose marker was found applied on an account that the merge of a
+    /// cluster conflict left below its minimum (two debits checked against one balance on two
+    /// copies): this op's delta was taken back in the same write, recorded undone, and the
+    /// transfer is cancelled for insufficient funds (docs/CLUSTER.md, overdraft).
+    Withdrawn,
 }
 
 impl OpResult {
@@ -310,6 +321,7 @@ impl OpResult {
                 | OpResult::CurrencyMismatch
                 | OpResult::Overflow
                 | OpResult::Unreadable
+                | OpResult::Withdrawn
         )
     }
 }
@@ -632,7 +644,7 @@ impl AccountEngine {
                             links_now.insert(link);
                         }
                     }
-                    if *r == OpResult::Applied {
+                    if matches!(r, OpResult::Applied | OpResult::Withdrawn) {
                         *changed = true;
                     }
                 }
@@ -757,7 +769,7 @@ impl AccountEngine {
         }
         while let Some(chunk) = chunks.pop_front() {
             let docs: Vec<&AccountDoc> = chunk.iter().map(|&i| &writes[i]).collect();
-            let options = self.quorum.write_options(&self.client).await;
+            let options = self.quorum.write_options(&self.client, false).await;
             match self.client.bulk_docs_with(&docs, &options).await {
                 Ok(results) => {
                     let mut by_id = results_by_id(results);
@@ -979,7 +991,7 @@ impl AccountEngine {
             .iter()
             .map(|rev| serde_json::json!({"_id": id, "_rev": rev, "_deleted": true}))
             .collect();
-        let options = self.quorum.write_options(&self.client).await;
+        let options = self.quorum.write_options(&self.client, false).await;
         match self.client.bulk_docs_with(&stubs, &options).await {
             Ok(results) => {
                 let refused: Vec<&BulkResult> = results
@@ -1116,7 +1128,32 @@ pub(crate) fn evaluate(
             check_funds,
             ..
         } => {
-            if in_pending.is_some() {
+            if let Some(pos) = in_pending {
+                // On one node a debit's own check keeps `available >= min_balance` for good;
+                // below it, a conflict merge added a rival debit. This op's issuer holds the
+                // transfer's lease and has not committed (it waits for this answer): its debit
+                // is the one to take back.
+                let merged_overdraft = *check_funds
+                    && delta.minor() < 0
+                    && doc
+                        .min_balance
+                        .is_some_and(|min| doc.available().is_ok_and(|a| a < min));
+                if merged_overdraft {
+                    let applied = doc.pending[pos].delta;
+                    doc.balance = doc.balance.checked_sub(applied)?;
+                    doc.pending.remove(pos);
+                    doc.settled.push(Settled {
+                        txn: op.txn.clone(),
+                        at: now,
+                        undone: true,
+                    });
+                    tracing::warn!(
+                        account = %doc.account_id,
+                        txn = %op.txn,
+                        "a merged conflict overdrew the account; taking this transfer's debit back"
+                    );
+                    return Ok(OpResult::Withdrawn);
+                }
                 return Ok(OpResult::AlreadyPending);
             }
             if in_settled {
@@ -1351,7 +1388,7 @@ impl TxnWriter {
             self.queue.push_front(later);
         }
         let docs: Vec<&Value> = now.iter().map(|q| &q.doc).collect();
-        let options = self.quorum.write_options(&self.client).await;
+        let options = self.quorum.write_options(&self.client, true).await;
         match self.client.bulk_docs_with(&docs, &options).await {
             Err(e) => {
                 for q in now {
@@ -1422,6 +1459,33 @@ mod tests {
             kind,
             link: None,
         }
+    }
+
+    #[test]
+    fn a_debit_found_on_an_account_a_merge_overdrew_is_taken_back() {
+        let none = HashSet::new();
+        // Two debits of 300 on a balance of 500, each checked on its own copy, merged.
+        let mut doc = account(500, Some(0));
+        evaluate(Some(&mut doc), &apply("t1", -300, true, None), 1, &none).unwrap();
+        doc.balance = Amount::new(-100).unwrap();
+        doc.pending.push(Marker {
+            txn: "t2".into(),
+            delta: Amount::new(-300).unwrap(),
+            at: Some(1),
+        });
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t2", -300, true, None), 2, &none).unwrap(),
+            OpResult::Withdrawn
+        );
+        assert_eq!(doc.balance.minor(), 200);
+        assert_eq!(doc.pending.len(), 1);
+        assert!(doc.settled.iter().any(|s| s.txn == "t2" && s.undone));
+        // Back above the minimum: the other debit's repeat is a plain skip.
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t1", -300, true, None), 3, &none).unwrap(),
+            OpResult::AlreadyPending
+        );
+        assert_eq!(doc.balance.minor(), 200);
     }
 
     #[test]

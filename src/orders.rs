@@ -1005,7 +1005,76 @@ impl Ledger {
                 },
             )
             .await?;
-        if reply.rows.is_empty() {
+        summarize(order_id, &reply.rows)
+    }
+
+    /// [`Ledger::order`] read from the order's documents instead of the `orders/ledger` view:
+    /// the ids under the order's prefixes in the primary index (`_all_docs`, one request per
+    /// kind of money entry), then every one of them by id with its conflicts. A view is built
+    /// from each copy's index and, on a cluster, may be answered by a copy that has not seen an
+    /// entry written through another node a moment ago; documents read by id are read from a
+    /// quorum of copies (docs/CLUSTER.md, "Views only find candidates"). A document holding a
+    /// conflict is an error naming it (never one body picked).
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::order`]; a conflicted entry (an invariant error naming it).
+    pub async fn order_fresh(&self, order_id: &str) -> Result<OrderSummary> {
+        check_id_part("order_id", order_id)?;
+        let client = &self.inner.client;
+        let mut ids = vec![purchase_id(order_id)];
+        for kind in ["adjustment", "payment", "refund"] {
+            let start = format!("{kind}:{order_id}:");
+            let end = format!("{start}\u{fff0}");
+            for row in client.all_docs_range(&start, &end).await? {
+                if let Some(id) = row.id {
+                    ids.push(id);
+                }
+            }
+        }
+        let mut rows = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(crate::limits::READ_BATCH_KEYS_MAX) {
+            for (id, row) in chunk
+                .iter()
+                .zip(client.all_docs_with_conflicts(chunk).await?)
+            {
+                let Some(doc) = row.doc.filter(Value::is_object) else {
+                    continue;
+                };
+                if let Some(losers) = doc.get("_conflicts") {
+                    return Err(Error::invariant(format!(
+                        "order {order_id:?}: {id} holds a conflict (other bodies {losers}); a \
+                         person must decide which is true"
+                    )));
+                }
+                let field = if id.starts_with("purchase:") {
+                    "total"
+                } else {
+                    "value"
+                };
+                let amount = exact_amount(&doc[field], &format!("{id} {field}"))?;
+                let signed = if id.starts_with("payment:") {
+                    amount.neg()
+                } else {
+                    amount
+                };
+                rows.push(crate::couch::ViewRow {
+                    id: Some(id.clone()),
+                    key: json!(order_id),
+                    value: json!(signed.minor()),
+                    doc: Some(doc),
+                });
+            }
+        }
+        summarize(order_id, &rows)
+    }
+}
+
+/// An order's summary from its `orders/ledger` rows (with their documents), each row checked
+/// against its document.
+fn summarize(order_id: &str, rows: &[crate::couch::ViewRow]) -> Result<OrderSummary> {
+    {
+        if rows.is_empty() {
             return Err(unknown_order(order_id));
         }
         let broken = |m: String| Error::invariant(format!("order {order_id:?}: {m}"));
@@ -1013,8 +1082,8 @@ impl Ledger {
         let mut total: Option<Amount> = None;
         let (mut adjusted, mut paid, mut refunded, mut row_sum) =
             (Amount::ZERO, Amount::ZERO, Amount::ZERO, Amount::ZERO);
-        let mut entries = Vec::with_capacity(reply.rows.len());
-        for row in &reply.rows {
+        let mut entries = Vec::with_capacity(rows.len());
+        for row in rows {
             let id = row
                 .id
                 .clone()
@@ -1114,7 +1183,9 @@ impl Ledger {
             entries,
         })
     }
+}
 
+impl Ledger {
     /// A customer's orders with their balances (settled ones too) and totals per currency,
     /// from `orders/by_account` (`group_level=2`) and the purchases' currencies.
     ///

@@ -362,7 +362,7 @@ fn judge(debit: OpResult, credit: OpResult) -> Verdict {
         Verdict::Cancel(Reason::CurrencyMismatch)
     } else if both.contains(&OpResult::Overflow) {
         Verdict::Cancel(Reason::BalanceOverflow)
-    } else if both.contains(&OpResult::Insufficient) {
+    } else if both.contains(&OpResult::Insufficient) || both.contains(&OpResult::Withdrawn) {
         Verdict::Cancel(Reason::InsufficientFunds)
     } else if both.contains(&OpResult::NotApplied) {
         Verdict::Retry
@@ -524,7 +524,11 @@ impl Ledger {
             .filter_map(|(_, d)| d.rev.clone())
             .map(|rev| serde_json::json!({"_id": id, "_rev": rev, "_deleted": true}))
             .collect();
-        let options = self.inner.quorum.write_options(&self.inner.client).await;
+        let options = self
+            .inner
+            .quorum
+            .write_options(&self.inner.client, true)
+            .await;
         let results = self.inner.client.bulk_docs_with(&stubs, &options).await?;
         if let Some(refused) = results.iter().find(|r| !r.is_ok() && !r.is_conflict()) {
             return Err(Error::status(

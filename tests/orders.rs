@@ -659,3 +659,35 @@ async fn the_view_balance_equals_the_sum_of_the_documents() {
     assert_eq!(sums["v2"], 0);
     assert_eq!(sums["v3"], 0);
 }
+
+/// `order_fresh` (`order show --fresh`) reads the order's documents by id, not the view: the
+/// same summary as `order`, and a conflicted entry is named, never one body picked.
+#[tokio::test]
+async fn an_order_read_fresh_from_its_documents_equals_the_view_and_names_a_conflict() {
+    let l = support::ledger("order_fresh").await;
+    l.record_purchase(&purchase("of1", "cust", 5_000, gbp()))
+        .await
+        .unwrap();
+    l.record_payment(&payment("of1", "p1", 1_200)).await.unwrap();
+    l.record_payment(&payment("of1", "p2", 300)).await.unwrap();
+    // Another order whose ids sort right after: never counted in of1's.
+    l.record_purchase(&purchase("of10", "cust", 700, gbp()))
+        .await
+        .unwrap();
+    l.record_payment(&payment("of10", "p1", 700)).await.unwrap();
+    let viewed = l.order("of1").await.unwrap();
+    let fresh = l.order_fresh("of1").await.unwrap();
+    assert_eq!(fresh, viewed);
+    assert_eq!(fresh.balance.minor(), 3_500);
+    assert_eq!(fresh.entries.len(), 3);
+    assert!(l.order_fresh("nosuch").await.unwrap_err().is_invalid_input());
+
+    let db = l.client().database().to_owned();
+    support::plant_sibling(&db, "payment:of1:p2", &"f".repeat(32), |doc| {
+        doc["value"] = json!(3_000);
+    })
+    .await;
+    let e = l.order_fresh("of1").await.unwrap_err();
+    assert!(e.to_string().contains("payment:of1:p2"), "{e}");
+    assert!(e.to_string().contains("conflict"), "{e}");
+}

@@ -64,6 +64,11 @@ pub(crate) enum OrderSub {
     Show {
         /// The order id.
         order: String,
+        /// Read the order's documents by id instead of the `orders/ledger` view: what a
+        /// caller just wrote is counted even on a cluster whose view copies lag
+        /// (docs/CLUSTER.md). A few more requests.
+        #[arg(long)]
+        fresh: bool,
     },
 }
 
@@ -268,8 +273,8 @@ pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<
             Ok(Exit::Success)
         }
         OrderCommand::Order {
-            command: OrderSub::Show { order },
-        } => show(&order, ctx).await,
+            command: OrderSub::Show { order, fresh },
+        } => show(&order, fresh, ctx).await,
         OrderCommand::Orders {
             command: OrdersSub::Outstanding(a),
         } => outstanding(a, ctx).await,
@@ -319,12 +324,14 @@ fn read_file(path: &std::path::Path) -> std::io::Result<String> {
     Ok(text)
 }
 
-async fn show(order: &str, ctx: &mut Context) -> anyhow::Result<Exit> {
-    let s = ctx
-        .ledger()?
-        .order(order)
-        .await
-        .context("could not read the order")?;
+async fn show(order: &str, fresh: bool, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let ledger = ctx.ledger()?;
+    let s = if fresh {
+        ledger.order_fresh(order).await
+    } else {
+        ledger.order(order).await
+    }
+    .context("could not read the order")?;
     let entries: Vec<Value> = s
         .entries
         .iter()

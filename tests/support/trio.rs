@@ -106,7 +106,14 @@ impl Trio {
             AtomicUsize::new(0),
             AtomicUsize::new(0),
         ]);
-        let proxy_task = tokio::spawn(round_robin(listener, upstreams, balance, forwarded.clone()));
+        let quorum = Arc::new(QuorumEmulation::new(&nodes));
+        let proxy_task = tokio::spawn(round_robin(
+            listener,
+            upstreams,
+            balance,
+            forwarded.clone(),
+            quorum,
+        ));
         Trio {
             nodes,
             proxy_addr,
@@ -430,6 +437,7 @@ async fn round_robin(
     upstreams: Vec<SocketAddr>,
     balance: Balance,
     forwarded: Arc<[AtomicUsize; 3]>,
+    quorum: Arc<QuorumEmulation>,
 ) {
     let next = Arc::new(AtomicUsize::new(0));
     let mut connections = tokio::task::JoinSet::new();
@@ -439,10 +447,11 @@ async fn round_robin(
         };
         while connections.try_join_next().is_some() {}
         let (upstreams, next, forwarded) = (upstreams.clone(), next.clone(), forwarded.clone());
+        let quorum = quorum.clone();
         connections.spawn(async move {
             let fixed = (balance == Balance::PerConnection)
                 .then(|| next.fetch_add(1, Ordering::Relaxed) % upstreams.len());
-            let _ = serve(client, upstreams, fixed, next, forwarded).await;
+            let _ = serve(client, upstreams, fixed, next, forwarded, quorum).await;
         });
     }
 }
@@ -455,6 +464,7 @@ async fn serve(
     fixed: Option<usize>,
     next: Arc<AtomicUsize>,
     forwarded: Arc<[AtomicUsize; 3]>,
+    quorum: Arc<QuorumEmulation>,
 ) -> std::io::Result<()> {
     let _ = client.set_nodelay(true);
     let (cr, mut cw) = client.into_split();
@@ -466,6 +476,10 @@ async fn serve(
         };
         let mut request = head.clone();
         copy_body(&mut cr, &head, false, &mut request, true).await?;
+        if let Some(reply) = quorum.answer(&head, &request[head.len()..]).await {
+            cw.write_all(&reply).await?;
+            continue;
+        }
         let i = fixed.unwrap_or_else(|| next.fetch_add(1, Ordering::Relaxed) % upstreams.len());
         forwarded[i].fetch_add(1, Ordering::Relaxed);
         // A kept-alive upstream connection the node closed while idle fails before any reply
@@ -515,6 +529,212 @@ async fn serve(
             return Ok(());
         }
     }
+}
+
+/// What a CouchDB cluster (n = 3) does that three replicating servers do not: a `_bulk_docs`
+/// with `?w=3` is answered 201 for a document only once **every** copy holds the revision, and
+/// two writes on the same parent cannot both get there (each copy takes one child of a leaf
+/// from interactive writers: SERVERS.md, docs/CLUSTER.md F1/F6). The emulation: each document
+/// has a leader node (by a hash of its id) that takes every `w = 3` write of it, so a stale
+/// `_rev` is a 409 there; a write that landed is confirmed once the other two nodes hold the
+/// revision (`_revs_diff`), within [`QUORUM_WAIT`], else it is answered `202 Accepted`, as a
+/// cluster does when fewer than `w` copies answered in time. `GET /db` says `cluster.n = 3` so
+/// that the ledger asks for `w = 3`. Writes without `w`, and every read, go round-robin.
+pub struct QuorumEmulation {
+    nodes: Vec<String>,
+    http: reqwest::Client,
+}
+
+/// How long a `w = 3` write waits for the other copies before it is answered 202.
+const QUORUM_WAIT: Duration = Duration::from_secs(3);
+
+impl QuorumEmulation {
+    fn new(nodes: &[DevServer]) -> QuorumEmulation {
+        QuorumEmulation {
+            nodes: nodes.iter().map(DevServer::url).collect(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// The whole HTTP reply for requests this emulation answers itself, `None` for the rest.
+    async fn answer(&self, head: &[u8], body: &[u8]) -> Option<Vec<u8>> {
+        let text = String::from_utf8_lossy(head);
+        let line = text.lines().next()?;
+        let mut parts = line.split(' ');
+        let (method, target) = (parts.next()?, parts.next()?);
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let auth = header(head, "authorization");
+        match (method, segments.as_slice()) {
+            ("GET", [db]) if !db.is_empty() && !db.starts_with('_') && query.is_empty() => {
+                let mut r = self.http.get(format!("{}/{db}", self.nodes[0]));
+                if let Some(a) = &auth {
+                    r = r.header("Authorization", a);
+                }
+                let reply = r.send().await.ok()?;
+                let status = reply.status().as_u16();
+                let mut info: Value = reply.json().await.ok()?;
+                if status == 200 {
+                    info["cluster"] = json!({"q": 1, "n": 3, "w": 2, "r": 2});
+                }
+                Some(http_reply(status, &info))
+            }
+            ("POST", [db, "_bulk_docs"]) if query.split('&').any(|kv| kv == "w=3") => {
+                Some(self.bulk_docs(db, body, auth.as_deref()).await)
+            }
+            _ => None,
+        }
+    }
+
+    fn leader(id: &str) -> usize {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in id.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        usize::try_from(h % 3).expect("small")
+    }
+
+    async fn bulk_docs(&self, db: &str, body: &[u8], auth: Option<&str>) -> Vec<u8> {
+        let Ok(request) = serde_json::from_slice::<Value>(body) else {
+            return http_reply(400, &json!({"error": "bad_request"}));
+        };
+        let docs = request["docs"].as_array().cloned().unwrap_or_default();
+        let mut groups: BTreeMap<usize, Vec<(usize, Value)>> = BTreeMap::new();
+        for (i, doc) in docs.iter().enumerate() {
+            let id = doc["_id"].as_str().unwrap_or("");
+            groups
+                .entry(Self::leader(id))
+                .or_default()
+                .push((i, doc.clone()));
+        }
+        let mut results: Vec<Value> = vec![Value::Null; docs.len()];
+        for (node, group) in groups {
+            let batch: Vec<&Value> = group.iter().map(|(_, d)| d).collect();
+            let mut r = self
+                .http
+                .post(format!("{}/{db}/_bulk_docs", self.nodes[node]))
+                .json(&json!({ "docs": batch }));
+            if let Some(a) = auth {
+                r = r.header("Authorization", a);
+            }
+            let Ok(reply) = r.send().await else {
+                return http_reply(503, &json!({"error": "unavailable"}));
+            };
+            let status = reply.status().as_u16();
+            let answer: Value = reply.json().await.unwrap_or(Value::Null);
+            let Some(rows) = answer.as_array() else {
+                return http_reply(status, &answer);
+            };
+            // Match by id: pouchdb-server may reorder its answers.
+            for row in rows {
+                let id = row["id"].as_str();
+                if let Some((i, _)) = group
+                    .iter()
+                    .find(|(i, d)| d["_id"].as_str() == id && results[*i].is_null())
+                {
+                    results[*i] = row.clone();
+                }
+            }
+        }
+        // Confirm the writes on every copy: one `_revs_diff` per node and poll.
+        let written: Vec<(usize, String, String)> = results
+            .iter()
+            .enumerate()
+            .filter(|(_, row)| row.get("error").is_none())
+            .filter_map(|(i, row)| {
+                Some((
+                    i,
+                    row["id"].as_str()?.to_owned(),
+                    row["rev"].as_str()?.to_owned(),
+                ))
+            })
+            .collect();
+        let missing = self.missing_somewhere(db, &written, auth).await;
+        for i in &missing {
+            results[*i]["accepted"] = json!(true);
+        }
+        http_reply(
+            if missing.is_empty() { 201 } else { 202 },
+            &Value::Array(results),
+        )
+    }
+
+    /// Of these writes, the indexes of those some node still lacks after [`QUORUM_WAIT`].
+    async fn missing_somewhere(
+        &self,
+        db: &str,
+        written: &[(usize, String, String)],
+        auth: Option<&str>,
+    ) -> Vec<usize> {
+        let deadline = Instant::now() + QUORUM_WAIT;
+        let mut missing: Vec<usize> = Vec::new();
+        for node in &self.nodes {
+            let mut left: Vec<&(usize, String, String)> = written.iter().collect();
+            loop {
+                let mut ask = serde_json::Map::new();
+                for (_, id, rev) in &left {
+                    ask.entry(id.clone())
+                        .or_insert_with(|| json!([]))
+                        .as_array_mut()
+                        .expect("array")
+                        .push(json!(rev));
+                }
+                let mut r = self
+                    .http
+                    .post(format!("{node}/{db}/_revs_diff"))
+                    .json(&Value::Object(ask));
+                if let Some(a) = auth {
+                    r = r.header("Authorization", a);
+                }
+                let answer: Option<Value> = match r.send().await {
+                    Ok(reply) => reply.json().await.ok(),
+                    Err(_) => None,
+                };
+                left.retain(|(_, id, rev)| {
+                    answer.as_ref().is_none_or(|a| {
+                        a.get(id.as_str()).is_some_and(|m| {
+                            m["missing"]
+                                .as_array()
+                                .is_some_and(|l| l.iter().any(|x| x.as_str() == Some(rev)))
+                        })
+                    })
+                });
+                if left.is_empty() {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    missing.extend(left.iter().map(|(i, _, _)| *i));
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+        }
+        missing.sort_unstable();
+        missing.dedup();
+        missing
+    }
+}
+
+/// A complete HTTP/1.1 reply with a JSON body.
+fn http_reply(status: u16, body: &Value) -> Vec<u8> {
+    let body = body.to_string();
+    let reason = match status {
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        400 => "Bad Request",
+        _ => "Status",
+    };
+    let mut out = format!(
+        "HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body.as_bytes());
+    out
 }
 
 /// Reads an HTTP head (through the blank line); `None` at a clean end of stream.
