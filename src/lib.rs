@@ -25,7 +25,6 @@ mod audit;
 mod config;
 mod couch;
 pub mod design;
-pub mod devserver;
 mod engine;
 mod error;
 mod ledger;

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{ensure, Context as _};
 use clap::Args;
 use couch_ledger::design::InstallStatus;
-use couch_ledger::devserver::{self, DevServer};
+use super::devserver::{self, DevServer};
 use couch_ledger::{
     AccountSpec, AccountView, Adjustment, Amount, Currency, Ledger, Payment, Purchase,
     RecordStatus, Refund, Shipment, State, SweepOptions, TransferRequest, TransitionError,

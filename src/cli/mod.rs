@@ -14,6 +14,7 @@ use serde_json::json;
 
 pub(crate) mod args;
 pub(crate) mod demo;
+pub(crate) mod devserver;
 pub(crate) mod orders;
 pub(crate) mod output;
 #[cfg(feature = "serve")]
