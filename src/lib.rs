@@ -27,6 +27,7 @@ mod couch;
 pub mod design;
 mod engine;
 mod error;
+mod iam;
 mod ledger;
 pub mod limits;
 mod money;
@@ -38,7 +39,9 @@ mod transfer;
 
 pub use accounts::{AccountSpec, AccountView, PendingEntry};
 pub use audit::{Check, VerifyOptions, VerifyReport};
-pub use config::{ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_URL};
+pub use config::{
+    ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_IAM_TOKEN_URL, DEFAULT_URL,
+};
 pub use couch::{
     AllDocsRow, BulkResult, ChangeRow, ChangesQuery, ChangesResponse, ChangesStream, Client,
     ViewQuery, ViewResponse, ViewRow, Written,

@@ -7,7 +7,6 @@
 //! scenario goes in `demo.rs` (see there).
 
 use std::fmt;
-use std::sync::Mutex;
 
 use anyhow::Context as _;
 use serde_json::json;
@@ -41,35 +40,6 @@ impl fmt::Display for UsageError {
 }
 
 impl std::error::Error for UsageError {}
-
-/// Secrets given to this process (passwords), so that the last line of defence — printing an
-/// error — can blank them out even if some layer let one slip into a message.
-static SECRETS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-/// Shorter secrets are not blanked: replacing every `a` in a message would garble it, and a
-/// password that short gives no protection anyway.
-const SECRET_LEN_MIN: usize = 3;
-
-pub(crate) fn remember_secret(secret: &str) {
-    if secret.len() >= SECRET_LEN_MIN {
-        SECRETS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(secret.to_owned());
-    }
-}
-
-/// `text` with every remembered secret replaced by `_`.
-pub(crate) fn redact(text: &str) -> String {
-    let secrets = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
-    let mut out = text.to_owned();
-    for s in secrets.iter() {
-        if out.contains(s.as_str()) {
-            out = out.replace(s.as_str(), "_");
-        }
-    }
-    out
-}
 
 /// What every command gets: the validated settings and stdout.
 pub(crate) struct Context {
