@@ -47,7 +47,7 @@ pub use couch::{
     ViewQuery, ViewResponse, ViewRow, Written,
 };
 pub use error::{Error, Result};
-pub use ledger::{InitReport, Ledger, PauseFn, PauseHook};
+pub use ledger::{InitReport, Ledger, PauseFn, PauseHook, Progress, ProgressFn, ProgressHook};
 pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent};
 pub use orders::{
