@@ -18,6 +18,40 @@
 //! println!("still owed: {} minor units", balance.minor());
 //! # Ok(()) }
 //! ```
+//!
+//! On IBM Cloudant with an IAM API key, a transfer between two accounts, and a sweeper pass
+//! that finishes whatever a crash left half-way:
+//!
+//! ```no_run
+//! # async fn cloudant() -> couch_ledger::Result<()> {
+//! use std::time::Duration;
+//! use couch_ledger::{Client, Ledger, SweepOptions, TransferRequest};
+//!
+//! let client = Client::builder()
+//!     .url("https://example.cloudant.com")
+//!     .database("shop_ledger")
+//!     .iam_api_key(std::env::var("CLOUDANT_APIKEY").unwrap_or_default())
+//!     .request_timeout(Duration::from_secs(30))
+//!     .build()?;
+//! let ledger = Ledger::new(client);
+//! let gbp = couch_ledger::Currency::from_code("GBP")?;
+//! let outcome = ledger
+//!     .submit(
+//!         TransferRequest {
+//!             id: Some("order-42".into()),
+//!             source: "alice".into(),
+//!             destination: "shop".into(),
+//!             amount: gbp.parse("100.00")?,
+//!             currency: gbp,
+//!         },
+//!         true,
+//!     )
+//!     .await?;
+//! println!("transfer {} is {:?}", outcome.id, outcome.state);
+//! let swept = ledger.sweep_once(SweepOptions::default()).await?;
+//! println!("{} stuck transfers finished", swept.advanced + swept.cancelled);
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 
 mod accounts;
