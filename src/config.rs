@@ -157,14 +157,15 @@ impl ClientBuilder {
         self
     }
 
-    /// HTTP basic authentication on every request.
+    /// HTTP basic authentication on every request. The password is kept as a
+    /// [`secrecy::SecretString`]: never in `Debug` output, zeroed when dropped.
     pub fn basic_auth(
         mut self,
         user: impl Into<String>,
-        password: impl Into<SecretString>,
+        password: impl Into<String>,
     ) -> Self {
         self.user = Some(user.into());
-        self.password = Some(password.into());
+        self.password = Some(SecretString::from(password.into()));
         self.cookie = false;
         self
     }
@@ -174,10 +175,10 @@ impl ClientBuilder {
     pub fn cookie_auth(
         mut self,
         user: impl Into<String>,
-        password: impl Into<SecretString>,
+        password: impl Into<String>,
     ) -> Self {
         self.user = Some(user.into());
-        self.password = Some(password.into());
+        self.password = Some(SecretString::from(password.into()));
         self.cookie = true;
         self
     }
@@ -186,8 +187,8 @@ impl ClientBuilder {
     /// token endpoint ([`ClientBuilder::iam_token_url`]) for a bearer token, sent as
     /// `Authorization: Bearer …`, refreshed before it expires, and fetched anew once when the
     /// server answers 401. Takes the place of any user and password (also those in the URL).
-    pub fn iam_api_key(mut self, key: impl Into<SecretString>) -> Self {
-        self.iam_api_key = Some(key.into());
+    pub fn iam_api_key(mut self, key: impl Into<String>) -> Self {
+        self.iam_api_key = Some(SecretString::from(key.into()));
         self
     }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use couch_ledger::{Amount, Client, Currency, Ledger, DEFAULT_DATABASE, DEFAULT_URL};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 
 use super::UsageError;
 
@@ -104,8 +104,9 @@ pub(crate) struct GlobalArgs {
 }
 
 /// One source of connection settings: the command line with its environment (clap merges the
-/// two, options first), or the configuration file. [`Layer::over`] stacks them.
-#[derive(Default)]
+/// two, options first), or the configuration file. [`Layer::over`] stacks them. `Debug` shows
+/// secrets as `[REDACTED]` (`SecretString`).
+#[derive(Default, Debug)]
 pub(crate) struct Layer {
     pub(crate) url: Option<String>,
     pub(crate) user: Option<String>,
@@ -368,11 +369,11 @@ impl HiArgs {
         let mut b = Client::builder().url(url).database(db);
         if credentials {
             if let Some(user) = &self.user {
-                let password = self.password.clone();
-                b = b.basic_auth(user, password.unwrap_or_else(|| SecretString::from("")));
+                let password = self.password.as_ref().map(ExposeSecret::expose_secret);
+                b = b.basic_auth(user, password.unwrap_or_default());
             }
             if let Some(key) = &self.iam_api_key {
-                b = b.iam_api_key(key.clone());
+                b = b.iam_api_key(key.expose_secret());
             }
             if let Some(token_url) = &self.iam_token_url {
                 b = b.iam_token_url(token_url);
@@ -479,7 +480,6 @@ mod tests {
 
     #[test]
     fn options_and_environment_override_the_file_which_overrides_defaults() {
-        use secrecy::ExposeSecret as _;
         let dir = std::env::temp_dir().join(format!("cl-config-{:08x}", fastrand::u32(..)));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("pw"), "from-file\n").unwrap();
