@@ -159,11 +159,7 @@ impl ClientBuilder {
 
     /// HTTP basic authentication on every request. The password is kept as a
     /// [`secrecy::SecretString`]: never in `Debug` output, zeroed when dropped.
-    pub fn basic_auth(
-        mut self,
-        user: impl Into<String>,
-        password: impl Into<String>,
-    ) -> Self {
+    pub fn basic_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
         self.password = Some(SecretString::from(password.into()));
         self.cookie = false;
@@ -172,11 +168,7 @@ impl ClientBuilder {
 
     /// Cookie authentication: log in once with `POST /_session`, send the `AuthSession` cookie,
     /// log in again when the server answers 401.
-    pub fn cookie_auth(
-        mut self,
-        user: impl Into<String>,
-        password: impl Into<String>,
-    ) -> Self {
+    pub fn cookie_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
         self.password = Some(SecretString::from(password.into()));
         self.cookie = true;

@@ -324,7 +324,16 @@ impl ClientBuilder {
     pub fn build(self) -> Result<Client> {
         let s = self.settings()?;
         let iam = s.iam.map(|iam| Arc::new(TokenSource::new(iam)));
-        Ok(Client::from_parts(s.http, s.base, s.database, s.auth, iam, s.retry, s.request_timeout, s.observer))
+        Ok(Client::from_parts(
+            s.http,
+            s.base,
+            s.database,
+            s.auth,
+            iam,
+            s.retry,
+            s.request_timeout,
+            s.observer,
+        ))
     }
 }
 
@@ -458,7 +467,14 @@ impl Client {
                 }
             };
             let response = self
-                .attempt(&method, path, query, body.as_deref(), timeout, bearer.as_ref())
+                .attempt(
+                    &method,
+                    path,
+                    query,
+                    body.as_deref(),
+                    timeout,
+                    bearer.as_ref(),
+                )
                 .await;
             let retries_left = retry == Retry::Safe && attempt < policy.retries_max;
             match response {
@@ -1245,7 +1261,6 @@ fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     Duration::from_millis(fastrand::u64(1..=ceiling))
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1311,7 +1326,10 @@ mod tests {
         let later = std::time::SystemTime::now() + Duration::from_secs(30);
         let wait = retry_after(&headers(&httpdate::fmt_http_date(later))).unwrap();
         // The date has whole seconds: 29 s and a fraction to 30 s.
-        assert!(wait > Duration::from_secs(28) && wait <= Duration::from_secs(30), "{wait:?}");
+        assert!(
+            wait > Duration::from_secs(28) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        );
         assert_eq!(
             retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")),
             Some(Duration::ZERO)

@@ -58,11 +58,7 @@ impl TokenSource {
     ///
     /// The endpoint refused the key (a 4xx: not transient), failed (5xx, 429, the network:
     /// transient), or answered something that is not a token.
-    pub(crate) async fn token(
-        &self,
-        http: &reqwest::Client,
-        stale: Option<u64>,
-    ) -> Result<Bearer> {
+    pub(crate) async fn token(&self, http: &reqwest::Client, stale: Option<u64>) -> Result<Bearer> {
         let mut current = self.current.lock().await;
         let generation = match current.as_ref() {
             Some(c) if stale == Some(c.bearer.generation) => c.bearer.generation + 1,
@@ -111,7 +107,10 @@ impl TokenSource {
         if !status.is_success() {
             let said = error_message(&bytes, self.api_key.expose_secret());
             let (error, reason) = if is_transient_status(status.as_u16()) {
-                ("iam_unavailable", format!("the IAM token endpoint failed{said}"))
+                (
+                    "iam_unavailable",
+                    format!("the IAM token endpoint failed{said}"),
+                )
             } else {
                 (
                     "iam_key_refused",
@@ -141,10 +140,10 @@ impl TokenSource {
                 Duration::from_secs(at.saturating_sub(now))
             }
             (None, None) => {
-                return Err(Error::decode(
-                    "IAM token reply without expires_in or expiration",
+                return Err(
+                    Error::decode("IAM token reply without expires_in or expiration")
+                        .with_request("POST", &path),
                 )
-                .with_request("POST", &path))
             }
         };
         if reply.access_token.is_empty() {

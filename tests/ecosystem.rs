@@ -321,7 +321,12 @@ async fn the_config_file_alone_reaches_the_database_and_options_and_environment_
     assert_eq!(r.json()["database"], in_file.as_str(), "{}", r.describe());
     assert!(database_exists(&in_file).await);
     // COUCH_LEDGER_CONFIG names it as well.
-    let r = run_with(&["--json", "status"], &[("COUCH_LEDGER_CONFIG", config)], None).await;
+    let r = run_with(
+        &["--json", "status"],
+        &[("COUCH_LEDGER_CONFIG", config)],
+        None,
+    )
+    .await;
     assert_eq!(r.code, 0, "{}", r.describe());
     // The environment overrides the file…
     let r = run_with(
@@ -513,7 +518,10 @@ async fn an_iam_key_is_exchanged_and_its_bearer_token_reaches_the_server() {
     assert_eq!(requests_to(&server, TOKEN_PATH).await.len(), 1);
     let sent = requests_to(&server, "/db/doc").await;
     assert_eq!(sent.len(), 3);
-    assert!(sent.iter().all(|h| h.as_deref() == Some("Bearer tok-1")), "{sent:?}");
+    assert!(
+        sent.iter().all(|h| h.as_deref() == Some("Bearer tok-1")),
+        "{sent:?}"
+    );
     // A client for another database shares the token.
     Mock::given(method("GET"))
         .and(path("/other"))
@@ -523,7 +531,10 @@ async fn an_iam_key_is_exchanged_and_its_bearer_token_reaches_the_server() {
         .mount(&server)
         .await;
     let other = c.with_database("other").unwrap();
-    let info = other.database_info().await.expect("the shared token is accepted");
+    let info = other
+        .database_info()
+        .await
+        .expect("the shared token is accepted");
     assert_eq!(info["db_name"], "other");
     assert_eq!(requests_to(&server, TOKEN_PATH).await.len(), 1);
     assert_eq!(
@@ -562,7 +573,10 @@ async fn a_short_lived_token_is_refreshed_before_it_expires() {
     );
     assert_eq!(requests_to(&server, TOKEN_PATH).await.len(), 2);
     // Never a request with an expired token: tok-1 only in its first 4 s.
-    assert!(refreshed_after < Duration::from_secs(4), "{refreshed_after:?}");
+    assert!(
+        refreshed_after < Duration::from_secs(4),
+        "{refreshed_after:?}"
+    );
 }
 
 #[tokio::test]
@@ -625,7 +639,11 @@ async fn a_refused_key_is_a_clear_error_never_retried_never_shown() {
     let c = iam_client(&server, IAM_KEY);
     let e = c.get::<Value>("doc").await.unwrap_err();
     assert!(e.is_transient() && e.status_code() == Some(503), "{e}");
-    assert_eq!(requests_to(&server, TOKEN_PATH).await.len(), 4, "retries_max + 1");
+    assert_eq!(
+        requests_to(&server, TOKEN_PATH).await.len(),
+        4,
+        "retries_max + 1"
+    );
 }
 
 /// A transfer document as the stand-in serves it for `transfer show t1`.
@@ -774,7 +792,9 @@ async fn a_sweep_pass_and_verify_tell_their_progress() {
     assert_eq!(swept.advanced, 12, "{swept:?}");
     let sweep: Vec<Progress> = seen.lock().unwrap().drain(..).collect();
     assert_eq!(sweep.len(), 12, "one report per drive: {sweep:?}");
-    assert!(sweep.iter().all(|p| p.task == "sweep" && p.total == Some(12)));
+    assert!(sweep
+        .iter()
+        .all(|p| p.task == "sweep" && p.total == Some(12)));
     let done: Vec<u64> = sweep.iter().map(|p| p.done).collect();
     assert_eq!(done, (1..=12).collect::<Vec<_>>());
     // verify reads every document: its count reaches at least the transfers and accounts.

@@ -73,12 +73,7 @@ pub(crate) struct GlobalArgs {
 
     /// A TOML file of settings: url, user, password_file, db, timeout (and iam_api_key_file,
     /// iam_token_url). Options and the environment override it.
-    #[arg(
-        long,
-        env = "COUCH_LEDGER_CONFIG",
-        global = true,
-        value_name = "PATH"
-    )]
+    #[arg(long, env = "COUCH_LEDGER_CONFIG", global = true, value_name = "PATH")]
     config: Option<PathBuf>,
 
     /// An IBM Cloud IAM API key (Cloudant): exchanged for bearer tokens, which replace the
@@ -174,7 +169,9 @@ pub(crate) fn read_config(path: &Path) -> Result<Layer, UsageError> {
                 file.display()
             ))
         })?;
-        Ok(Some(SecretString::from(text.trim_end_matches(['\n', '\r']))))
+        Ok(Some(SecretString::from(
+            text.trim_end_matches(['\n', '\r']),
+        )))
     };
     let timeout = match &file.timeout {
         Some(t) => Some(

@@ -105,7 +105,11 @@ pub fn testserver_dir() -> Result<PathBuf> {
 /// `$XDG_CACHE_HOME/couch-ledger`, else `$HOME/.cache/couch-ledger`, else the temporary
 /// directory's `couch-ledger-cache`.
 fn cache_root() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
     if let Some(xdg) = var("XDG_CACHE_HOME").filter(|p| p.is_absolute()) {
         return xdg.join("couch-ledger");
     }
@@ -123,7 +127,10 @@ fn embedded_hash() -> String {
         h.update((text.len() as u64).to_le_bytes());
         h.update(text.as_bytes());
     }
-    h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Installs the pinned pouchdb-server with `npm ci` unless it is installed. Safe to call from
@@ -177,9 +184,7 @@ pub fn ensure_installed() -> Result<PathBuf> {
         std::thread::sleep(Duration::from_millis(100));
     }
     if !entry.exists() {
-        return Err(err(
-            "npm ci finished but pouchdb-server is missing",
-        ));
+        return Err(err("npm ci finished but pouchdb-server is missing"));
     }
     Ok(dir)
 }
@@ -242,11 +247,7 @@ impl DevServer {
             .arg("--no-stdout-logs")
             .current_dir(&self.data_dir)
             .stdin(Stdio::piped())
-            .stdout(
-                output
-                    .try_clone()
-                    .map_err(|e| err(e.to_string()))?,
-            )
+            .stdout(output.try_clone().map_err(|e| err(e.to_string()))?)
             .stderr(output)
             .spawn()
             .map_err(|e| {

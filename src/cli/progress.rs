@@ -19,15 +19,14 @@ impl Bar {
             return Bar(None);
         }
         let bar = match total {
-            Some(total) => ProgressBar::with_draw_target(
-                Some(total),
-                ProgressDrawTarget::stderr_with_hz(10),
-            )
-            .with_style(
-                ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({eta} left)")
-                    .expect("a valid template")
-                    .progress_chars("=> "),
-            ),
+            Some(total) => {
+                ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr_with_hz(10))
+                    .with_style(
+                        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} ({eta} left)")
+                            .expect("a valid template")
+                            .progress_chars("=> "),
+                    )
+            }
             None => ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(10))
                 .with_style(
                     ProgressStyle::with_template("{spinner} {msg} {pos}")

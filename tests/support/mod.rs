@@ -15,8 +15,8 @@ pub mod trio;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use devserver::DevServer;
 use couch_ledger::{Client, Ledger};
+use devserver::DevServer;
 
 /// Where the tests' server is.
 pub struct TestServer {
