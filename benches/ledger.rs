@@ -43,7 +43,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, ensure, Context as _, Result};
-use couch_ledger::devserver::DevServer;
 use couch_ledger::{
     AccountSpec, Amount, Client, Currency, Ledger, State, TransferRequest, VerifyOptions,
 };
@@ -52,6 +51,11 @@ use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
+
+// The local server is the program's own helper (not part of the library), compiled in here.
+#[path = "../src/cli/devserver.rs"]
+mod devserver;
+use devserver::DevServer;
 
 // ---- sizes and goals ----------------------------------------------------------------------
 

@@ -251,6 +251,7 @@ impl Ledger {
         let client = &self.inner.client;
         let mut rows = Latest::default();
         let mut since: Option<Value> = None;
+        let mut read: u64 = 0;
         for _ in 0..PAGES_MAX {
             let q = ChangesQuery {
                 since: since.clone(),
@@ -264,6 +265,8 @@ impl Ledger {
             for row in page.results {
                 rows.keep(row);
             }
+            read += n;
+            self.report_progress("verify", read, None);
             since = Some(page.last_seq);
             if n < PAGE_ROWS_MAX {
                 return Ok(rows.scan());

@@ -1,10 +1,15 @@
 //! `ClientBuilder`: the one way to configure a [`Client`](crate::Client).
+//!
+//! The bottom floor with `error` and `observe`: it imports nothing of the HTTP layer.
+//! [`ClientBuilder::build`] is defined in `couch.rs`, which turns the validated [`Settings`]
+//! into a client, so the dependency runs one way (couch → config).
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::couch::{Auth, Client};
+use secrecy::SecretString;
+
 use crate::error::{Error, Result};
 use crate::observe::Observer;
 
@@ -12,6 +17,35 @@ use crate::observe::Observer;
 pub const DEFAULT_URL: &str = "http://127.0.0.1:5984";
 /// The database used when none is given.
 pub const DEFAULT_DATABASE: &str = "ledger";
+/// IBM Cloud's IAM token endpoint, where an API key is exchanged for a bearer token.
+pub const DEFAULT_IAM_TOKEN_URL: &str = "https://iam.cloud.ibm.com/identity/token";
+
+/// User and password for basic or cookie authentication.
+#[derive(Clone)]
+pub(crate) struct Auth {
+    pub(crate) user: String,
+    pub(crate) password: SecretString,
+    pub(crate) cookie: bool,
+}
+
+/// An IBM Cloud IAM API key and where to exchange it for bearer tokens.
+pub(crate) struct Iam {
+    pub(crate) api_key: SecretString,
+    pub(crate) token_url: url::Url,
+}
+
+/// What [`ClientBuilder`] validated, for `couch.rs` to build a client from.
+pub(crate) struct Settings {
+    pub(crate) http: reqwest::Client,
+    /// Server URL with a trailing slash and no credentials.
+    pub(crate) base: url::Url,
+    pub(crate) database: String,
+    pub(crate) auth: Option<Auth>,
+    pub(crate) iam: Option<Iam>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) request_timeout: Duration,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+}
 
 /// How transient failures are retried: capped exponential backoff with full jitter, honouring a
 /// server's `Retry-After` up to `retry_after_max`.
@@ -57,8 +91,10 @@ pub struct ClientBuilder {
     url: String,
     database: String,
     user: Option<String>,
-    password: Option<String>,
+    password: Option<SecretString>,
     cookie: bool,
+    iam_api_key: Option<SecretString>,
+    iam_token_url: String,
     connect_timeout: Duration,
     request_timeout: Duration,
     retry: RetryPolicy,
@@ -69,11 +105,13 @@ pub struct ClientBuilder {
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
-            .field("url", &crate::couch::redact_url(&self.url))
+            .field("url", &redact_url(&self.url))
             .field("database", &self.database)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "_"))
             .field("cookie", &self.cookie)
+            .field("iam_api_key", &self.iam_api_key.as_ref().map(|_| "_"))
+            .field("iam_token_url", &self.iam_token_url)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("retry", &self.retry)
@@ -90,6 +128,8 @@ impl Default for ClientBuilder {
             user: None,
             password: None,
             cookie: false,
+            iam_api_key: None,
+            iam_token_url: DEFAULT_IAM_TOKEN_URL.to_owned(),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
@@ -117,10 +157,11 @@ impl ClientBuilder {
         self
     }
 
-    /// HTTP basic authentication on every request.
+    /// HTTP basic authentication on every request. The password is kept as a
+    /// [`secrecy::SecretString`]: never in `Debug` output, zeroed when dropped.
     pub fn basic_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
-        self.password = Some(password.into());
+        self.password = Some(SecretString::from(password.into()));
         self.cookie = false;
         self
     }
@@ -129,8 +170,23 @@ impl ClientBuilder {
     /// log in again when the server answers 401.
     pub fn cookie_auth(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
         self.user = Some(user.into());
-        self.password = Some(password.into());
+        self.password = Some(SecretString::from(password.into()));
         self.cookie = true;
+        self
+    }
+
+    /// IBM Cloud IAM authentication (Cloudant's recommended kind): `key` is exchanged at the
+    /// token endpoint ([`ClientBuilder::iam_token_url`]) for a bearer token, sent as
+    /// `Authorization: Bearer …`, refreshed before it expires, and fetched anew once when the
+    /// server answers 401. Takes the place of any user and password (also those in the URL).
+    pub fn iam_api_key(mut self, key: impl Into<String>) -> Self {
+        self.iam_api_key = Some(SecretString::from(key.into()));
+        self
+    }
+
+    /// The IAM token endpoint [default: [`DEFAULT_IAM_TOKEN_URL`]].
+    pub fn iam_token_url(mut self, url: impl Into<String>) -> Self {
+        self.iam_token_url = url.into();
         self
     }
 
@@ -160,12 +216,8 @@ impl ClientBuilder {
         self
     }
 
-    /// Builds the client. No request is sent.
-    ///
-    /// # Errors
-    ///
-    /// An invalid URL or database name, a zero timeout, or a TLS backend that fails to start.
-    pub fn build(self) -> Result<Client> {
+    /// Validates the configuration (the work of [`ClientBuilder::build`]).
+    pub(crate) fn settings(self) -> Result<Settings> {
         if let Some(e) = self.error {
             return Err(e);
         }
@@ -186,7 +238,7 @@ impl ClientBuilder {
             };
             if user.is_none() {
                 user = Some(decode(url.username()));
-                password = Some(decode(url.password().unwrap_or("")));
+                password = Some(decode(url.password().unwrap_or("")).into());
             }
             // Credentials never stay in a URL: URLs end up in errors and logs.
             let _ = url.set_username("");
@@ -201,10 +253,25 @@ impl ClientBuilder {
         if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
             return Err(Error::config("timeouts must be longer than zero"));
         }
+        let iam = match self.iam_api_key {
+            Some(api_key) => {
+                let token_url = url::Url::parse(&self.iam_token_url)
+                    .map_err(|e| Error::config(format!("IAM token URL: {e}")))?;
+                if token_url.scheme() != "http" && token_url.scheme() != "https" {
+                    return Err(Error::config(
+                        "IAM token URL: the scheme must be http or https",
+                    ));
+                }
+                Some(Iam { api_key, token_url })
+            }
+            None => None,
+        };
         let auth = match (user, password) {
+            // IAM replaces a user and password.
+            _ if iam.is_some() => None,
             (Some(user), password) => Some(Auth {
                 user,
-                password: password.unwrap_or_default(),
+                password: password.unwrap_or_else(|| SecretString::from("")),
                 cookie: self.cookie,
             }),
             (None, _) => None,
@@ -220,15 +287,29 @@ impl ClientBuilder {
             .no_gzip()
             .build()
             .map_err(|e| Error::config("HTTP client").with_source(crate::error::scrub(e)))?;
-        Ok(Client::from_parts(
+        Ok(Settings {
             http,
-            url,
-            self.database,
+            base: url,
+            database: self.database,
             auth,
-            self.retry,
-            self.request_timeout,
-            self.observer,
-        ))
+            iam,
+            retry: self.retry,
+            request_timeout: self.request_timeout,
+            observer: self.observer,
+        })
+    }
+}
+
+/// The URL as text with any password replaced by `_`, for `Debug` output of configuration.
+pub(crate) fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                let _ = u.set_password(Some("_"));
+            }
+            u.to_string()
+        }
+        Err(_) => "<invalid URL>".to_owned(),
     }
 }
 

@@ -11,14 +11,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use reqwest::header::{HeaderValue, ACCEPT, CONTENT_TYPE, COOKIE, RETRY_AFTER, SET_COOKIE};
+use reqwest::header::{
+    HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, COOKIE, RETRY_AFTER, SET_COOKIE,
+};
 use reqwest::{Method, StatusCode};
+use secrecy::ExposeSecret as _;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::config::{ClientBuilder, RetryPolicy};
+use crate::config::{Auth, ClientBuilder, RetryPolicy};
 use crate::error::{is_transient_status, scrub, Error, Result};
+use crate::iam::{Bearer, TokenSource};
 use crate::observe::{Observer, RequestEvent};
 
 /// Everything but RFC 3986's unreserved characters is encoded in a path segment.
@@ -40,6 +44,8 @@ struct Inner {
     base: url::Url,
     database: String,
     auth: Option<Auth>,
+    /// IAM bearer tokens, shared by clients made with [`Client::with_database`].
+    iam: Option<Arc<TokenSource>>,
     /// `AuthSession=…` once logged in with cookie auth.
     session: Mutex<Option<String>>,
     retry: RetryPolicy,
@@ -50,12 +56,6 @@ struct Inner {
     observer: Option<Arc<dyn Observer>>,
 }
 
-pub(crate) struct Auth {
-    pub(crate) user: String,
-    pub(crate) password: String,
-    pub(crate) cookie: bool,
-}
-
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client")
@@ -63,6 +63,7 @@ impl fmt::Debug for Client {
             .field("database", &self.inner.database)
             .field("user", &self.inner.auth.as_ref().map(|a| a.user.as_str()))
             .field("password", &self.inner.auth.as_ref().map(|_| "_"))
+            .field("iam", &self.inner.iam.is_some())
             .finish()
     }
 }
@@ -318,17 +319,42 @@ struct Reply {
     body: Vec<u8>,
 }
 
+impl ClientBuilder {
+    /// Builds the client. No request is sent (an IAM key is exchanged on the first request).
+    ///
+    /// # Errors
+    ///
+    /// An invalid URL, token URL or database name, a zero timeout, or a TLS backend that
+    /// fails to start.
+    pub fn build(self) -> Result<Client> {
+        let s = self.settings()?;
+        let iam = s.iam.map(|iam| Arc::new(TokenSource::new(iam)));
+        Ok(Client::from_parts(
+            s.http,
+            s.base,
+            s.database,
+            s.auth,
+            iam,
+            s.retry,
+            s.request_timeout,
+            s.observer,
+        ))
+    }
+}
+
 impl Client {
     /// Starts configuring a client.
     pub fn builder() -> ClientBuilder {
         ClientBuilder::default()
     }
 
-    pub(crate) fn from_parts(
+    #[allow(clippy::too_many_arguments)]
+    fn from_parts(
         http: reqwest::Client,
         base: url::Url,
         database: String,
         auth: Option<Auth>,
+        iam: Option<Arc<TokenSource>>,
         retry: RetryPolicy,
         request_timeout: Duration,
         observer: Option<Arc<dyn Observer>>,
@@ -339,6 +365,7 @@ impl Client {
                 base,
                 database,
                 auth,
+                iam,
                 session: Mutex::new(None),
                 retry,
                 request_timeout,
@@ -356,16 +383,12 @@ impl Client {
     /// An invalid database name.
     pub fn with_database(&self, name: &str) -> Result<Client> {
         crate::config::validate_database_name(name)?;
-        let auth = self.inner.auth.as_ref().map(|a| Auth {
-            user: a.user.clone(),
-            password: a.password.clone(),
-            cookie: a.cookie,
-        });
         Ok(Client::from_parts(
             self.inner.http.clone(),
             self.inner.base.clone(),
             name.to_owned(),
-            auth,
+            self.inner.auth.clone(),
+            self.inner.iam.clone(),
             self.inner.retry,
             self.inner.request_timeout,
             self.inner.observer.clone(),
@@ -422,7 +445,21 @@ impl Client {
         let policy = self.inner.retry;
         let mut attempt: u32 = 0;
         let mut relogged = false;
+        // The IAM token a 401 refused, to be replaced before the next attempt.
+        let mut refused: Option<u64> = None;
         loop {
+            let bearer = match self.bearer(refused.take()).await {
+                Ok(bearer) => bearer,
+                // Nothing was sent to the server: a failing token endpoint is retried for any
+                // request, a refused key (not transient) is final.
+                Err(err) if err.is_transient() && attempt < policy.retries_max => {
+                    tracing::debug!(attempt, "IAM token endpoint failed, retrying: {err}");
+                    tokio::time::sleep(backoff(&policy, attempt)).await;
+                    attempt += 1;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
             let started = Instant::now();
             let observed = |status: Option<u16>| {
                 if let Some(observer) = &self.inner.observer {
@@ -435,7 +472,14 @@ impl Client {
                 }
             };
             let response = self
-                .attempt(&method, path, query, body.as_deref(), timeout)
+                .attempt(
+                    &method,
+                    path,
+                    query,
+                    body.as_deref(),
+                    timeout,
+                    bearer.as_ref(),
+                )
                 .await;
             let retries_left = retry == Retry::Safe && attempt < policy.retries_max;
             match response {
@@ -483,6 +527,15 @@ impl Client {
                         self.clear_session();
                         continue;
                     }
+                    if status == StatusCode::UNAUTHORIZED && !relogged {
+                        if let Some(b) = &bearer {
+                            observed(Some(status.as_u16()));
+                            // The token expired or was revoked early: a new one, once.
+                            relogged = true;
+                            refused = Some(b.generation);
+                            continue;
+                        }
+                    }
                     let retry_after = retry_after(response.headers());
                     let bytes = response.bytes().await.unwrap_or_default();
                     observed(Some(status.as_u16()));
@@ -511,6 +564,7 @@ impl Client {
         query: &[(&str, String)],
         body: Option<&[u8]>,
         timeout: Option<Duration>,
+        bearer: Option<&Bearer>,
     ) -> std::result::Result<reqwest::Response, reqwest::Error> {
         let mut url = self.inner.base.clone();
         // The path is already encoded segment by segment; set it verbatim.
@@ -535,10 +589,21 @@ impl Client {
                     // The login was refused: let the server judge the same credentials, so a
                     // wrong password is its 401 — never an anonymous request, which a server
                     // that lets anonymous users in would answer as if all were well.
-                    None => request = request.basic_auth(&auth.user, Some(&auth.password)),
+                    None => {
+                        request =
+                            request.basic_auth(&auth.user, Some(auth.password.expose_secret()))
+                    }
                 }
             } else {
-                request = request.basic_auth(&auth.user, Some(&auth.password));
+                request = request.basic_auth(&auth.user, Some(auth.password.expose_secret()));
+            }
+        }
+        if let Some(bearer) = bearer {
+            if let Ok(mut value) =
+                HeaderValue::from_str(&format!("Bearer {}", bearer.token.expose_secret()))
+            {
+                value.set_sensitive(true);
+                request = request.header(AUTHORIZATION, value);
             }
         }
         if let Some(body) = body {
@@ -559,6 +624,15 @@ impl Client {
             return err;
         }
         Error::locked(self.inner.auth.as_ref().map(|a| a.user.clone()))
+    }
+
+    /// The IAM token for the next attempt (`None` without IAM); with `stale`, that token was
+    /// refused and is replaced.
+    async fn bearer(&self, stale: Option<u64>) -> Result<Option<Bearer>> {
+        match &self.inner.iam {
+            Some(source) => source.token(&self.inner.http, stale).await.map(Some),
+            None => Ok(None),
+        }
     }
 
     fn uses_cookie(&self) -> bool {
@@ -589,7 +663,7 @@ impl Client {
             .post(url)
             .header(ACCEPT, "application/json")
             .header(CONTENT_TYPE, "application/json")
-            .body(json!({"name": auth.user, "password": auth.password}).to_string())
+            .body(json!({"name": auth.user, "password": auth.password.expose_secret()}).to_string())
             .send()
             .await?;
         if !response.status().is_success() {
@@ -977,8 +1051,16 @@ impl Client {
         } else {
             Method::GET
         };
+        let bearer = self.bearer(None).await?;
         let response = self
-            .attempt(&method, &path, &query, body.as_deref(), Some(max_duration))
+            .attempt(
+                &method,
+                &path,
+                &query,
+                body.as_deref(),
+                Some(max_duration),
+                bearer.as_ref(),
+            )
             .await
             .map_err(|e| {
                 Error::transport(e.is_timeout())
@@ -1347,10 +1429,18 @@ fn is_missing_database(e: &Error) -> bool {
         .is_some_and(|r| r.contains("Database does not exist") || r.contains("no_db_file"))
 }
 
-/// `Retry-After` in seconds (the HTTP-date form is ignored: the backoff applies instead).
+/// `Retry-After` as a number of seconds or as an HTTP date (RFC 9110 §10.2.3); a date in the
+/// past is no wait.
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
-    let value = headers.get(RETRY_AFTER)?.to_str().ok()?;
-    value.trim().parse::<u64>().ok().map(Duration::from_secs)
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 /// Full-jitter exponential backoff: a random wait in `[0, min(cap, base·2^attempt)]`, at least
@@ -1360,19 +1450,6 @@ fn backoff(policy: &RetryPolicy, attempt: u32) -> Duration {
     let exp = (policy.delay_base.as_millis() as u64).saturating_mul(1u64 << attempt.min(20));
     let ceiling = exp.min(cap).max(1);
     Duration::from_millis(fastrand::u64(1..=ceiling))
-}
-
-/// The URL as text with any user-info replaced, for `Debug` output of configuration.
-pub(crate) fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("_"));
-            }
-            u.to_string()
-        }
-        Err(_) => "<invalid URL>".to_owned(),
-    }
 }
 
 #[cfg(test)]
@@ -1426,7 +1503,30 @@ mod tests {
 
     #[test]
     fn redacted_url_has_no_password() {
-        let r = redact_url("http://u:secret@h:1/");
+        let r = crate::config::redact_url("http://u:secret@h:1/");
         assert!(!r.contains("secret"), "{r}");
+    }
+
+    #[test]
+    fn retry_after_in_seconds_or_as_a_date() {
+        let headers = |v: &str| {
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_str(v).unwrap());
+            h
+        };
+        assert_eq!(retry_after(&headers("7")), Some(Duration::from_secs(7)));
+        let later = std::time::SystemTime::now() + Duration::from_secs(30);
+        let wait = retry_after(&headers(&httpdate::fmt_http_date(later))).unwrap();
+        // The date has whole seconds: 29 s and a fraction to 30 s.
+        assert!(
+            wait > Duration::from_secs(28) && wait <= Duration::from_secs(30),
+            "{wait:?}"
+        );
+        assert_eq!(
+            retry_after(&headers("Wed, 21 Oct 2015 07:28:00 GMT")),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after(&headers("soon")), None);
+        assert_eq!(retry_after(&reqwest::header::HeaderMap::new()), None);
     }
 }

@@ -39,6 +39,34 @@ pub(crate) struct LedgerInner {
     pub(crate) write_quorum: WriteQuorum,
     /// Conflicts met and resolved by this ledger (engine and sweeper).
     pub(crate) conflicts: Arc<ConflictTally>,
+    /// Told how long work advances (see [`Ledger::with_progress`]).
+    pub(crate) progress: Option<ProgressHook>,
+}
+
+/// How far a long piece of work has got: a sweep pass driving its candidates, `verify`
+/// reading the database's documents. For a progress bar; nothing depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// `"sweep"` (candidate transfers handled) or `"verify"` (documents read).
+    pub task: &'static str,
+    /// Units done so far.
+    pub done: u64,
+    /// Units in all, when known.
+    pub total: Option<u64>,
+}
+
+/// The function told about [`Progress`]: called often, so it must be quick.
+pub type ProgressFn = dyn Fn(Progress) + Send + Sync;
+
+/// A [`ProgressFn`] shared by a ledger's clones.
+#[derive(Clone)]
+pub struct ProgressHook(pub Arc<ProgressFn>);
+
+impl fmt::Debug for ProgressHook {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProgressHook")
+    }
 }
 
 /// Conflicts a [`Ledger`] met on ledger documents and resolved, since it was made
@@ -88,6 +116,7 @@ impl Ledger {
             uuid::Uuid::now_v7().to_string(),
             Duration::from_millis(LEASE_MS),
             None,
+            None,
             WriteQuorum::default(),
         )
     }
@@ -97,6 +126,7 @@ impl Ledger {
         worker_id: String,
         lease: Duration,
         pause: Option<PauseHook>,
+        progress: Option<ProgressHook>,
         write_quorum: WriteQuorum,
     ) -> Ledger {
         let quorum = Arc::new(Quorum::new(write_quorum));
@@ -116,6 +146,7 @@ impl Ledger {
                 quorum,
                 write_quorum,
                 conflicts,
+                progress,
             }),
         }
     }
@@ -129,6 +160,7 @@ impl Ledger {
             self.inner.worker_id.clone(),
             self.inner.lease,
             self.inner.pause.clone(),
+            self.inner.progress.clone(),
             write_quorum,
         )
     }
@@ -166,6 +198,7 @@ impl Ledger {
             self.inner.worker_id.clone(),
             lease,
             self.inner.pause.clone(),
+            self.inner.progress.clone(),
             self.inner.write_quorum,
         ))
     }
@@ -178,8 +211,30 @@ impl Ledger {
             self.inner.worker_id.clone(),
             self.inner.lease,
             Some(hook),
+            self.inner.progress.clone(),
             self.inner.write_quorum,
         )
+    }
+
+    /// The same ledger telling `hook` how long work advances ([`Progress`]): a sweep pass
+    /// ([`Ledger::sweep_once`]) and [`Ledger::verify`]. Configure before sharing: clones made
+    /// earlier do not tell it.
+    pub fn with_progress(self, hook: ProgressHook) -> Ledger {
+        Ledger::assemble(
+            self.inner.client.clone(),
+            self.inner.worker_id.clone(),
+            self.inner.lease,
+            self.inner.pause.clone(),
+            Some(hook),
+            self.inner.write_quorum,
+        )
+    }
+
+    /// Tells the progress hook, if any.
+    pub(crate) fn report_progress(&self, task: &'static str, done: u64, total: Option<u64>) {
+        if let Some(hook) = &self.inner.progress {
+            (hook.0)(Progress { task, done, total });
+        }
     }
 
     /// Test support: rounds run by the account-op engine and the transfer writer so far (how

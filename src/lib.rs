@@ -18,6 +18,40 @@
 //! println!("still owed: {} minor units", balance.minor());
 //! # Ok(()) }
 //! ```
+//!
+//! On IBM Cloudant with an IAM API key, a transfer between two accounts, and a sweeper pass
+//! that finishes whatever a crash left half-way:
+//!
+//! ```no_run
+//! # async fn cloudant() -> couch_ledger::Result<()> {
+//! use std::time::Duration;
+//! use couch_ledger::{Client, Ledger, SweepOptions, TransferRequest};
+//!
+//! let client = Client::builder()
+//!     .url("https://example.cloudant.com")
+//!     .database("shop_ledger")
+//!     .iam_api_key(std::env::var("CLOUDANT_APIKEY").unwrap_or_default())
+//!     .request_timeout(Duration::from_secs(30))
+//!     .build()?;
+//! let ledger = Ledger::new(client);
+//! let gbp = couch_ledger::Currency::from_code("GBP")?;
+//! let outcome = ledger
+//!     .submit(
+//!         TransferRequest {
+//!             id: Some("order-42".into()),
+//!             source: "alice".into(),
+//!             destination: "shop".into(),
+//!             amount: gbp.parse("100.00")?,
+//!             currency: gbp,
+//!         },
+//!         true,
+//!     )
+//!     .await?;
+//! println!("transfer {} is {:?}", outcome.id, outcome.state);
+//! let swept = ledger.sweep_once(SweepOptions::default()).await?;
+//! println!("{} stuck transfers finished", swept.advanced + swept.cancelled);
+//! # Ok(()) }
+//! ```
 #![deny(missing_docs)]
 
 mod accounts;
@@ -26,9 +60,9 @@ mod config;
 mod conflict;
 mod couch;
 pub mod design;
-pub mod devserver;
 mod engine;
 mod error;
+mod iam;
 mod ledger;
 pub mod limits;
 mod money;
@@ -40,14 +74,18 @@ mod transfer;
 
 pub use accounts::{AccountSpec, AccountView, PendingEntry};
 pub use audit::{Check, VerifyOptions, VerifyReport};
-pub use config::{ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_URL};
+pub use config::{
+    ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_IAM_TOKEN_URL, DEFAULT_URL,
+};
 pub use couch::{
     take_conflicts, AllDocsRow, BulkResult, ChangeRow, ChangesQuery, ChangesResponse,
     ChangesStream, Client, Leaves, ViewQuery, ViewResponse, ViewRow, WriteOptions, Written,
 };
 pub use engine::WriteQuorum;
 pub use error::{Error, Result};
-pub use ledger::{ConflictCounts, InitReport, Ledger, PauseFn, PauseHook};
+pub use ledger::{
+    ConflictCounts, InitReport, Ledger, PauseFn, PauseHook, Progress, ProgressFn, ProgressHook,
+};
 pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent};
 pub use orders::{

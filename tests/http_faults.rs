@@ -166,6 +166,46 @@ async fn a_429_waits_for_retry_after() {
 }
 
 #[tokio::test]
+async fn a_retry_after_as_an_http_date_is_honoured() {
+    let server = MockServer::start().await;
+    // Two seconds ahead, in the date's whole seconds: a wait of more than one second.
+    let at = std::time::SystemTime::now() + Duration::from_secs(2);
+    Mock::given(method("GET"))
+        .and(path("/db/doc"))
+        .respond_with(Sequence::new(vec![
+            couch_error(503, "service_unavailable", "maintenance")
+                .insert_header("Retry-After", httpdate::fmt_http_date(at).as_str()),
+            doc_ok(),
+        ]))
+        .mount(&server)
+        .await;
+    let c = Client::builder()
+        .url(server.uri())
+        .database("db")
+        .request_timeout(Duration::from_secs(10))
+        .retry(RetryPolicy {
+            retry_after_max: Duration::from_secs(10),
+            ..fast(3)
+        })
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let doc: Value = tokio::time::timeout(Duration::from_secs(20), c.get("doc"))
+        .await
+        .expect("the wait for the date is bounded")
+        .expect("succeeds after the wait");
+    let elapsed = start.elapsed();
+    assert_eq!(doc["n"], 1);
+    assert_eq!(received(&server).await.len(), 2);
+    // The backoff alone is at most 10 ms: only the date explains a wait of a second.
+    assert!(
+        elapsed >= Duration::from_millis(900),
+        "waited only {elapsed:?}"
+    );
+    assert!(elapsed < Duration::from_secs(5), "waited {elapsed:?}");
+}
+
+#[tokio::test]
 async fn a_retry_after_beyond_the_policy_is_capped() {
     let server = MockServer::start().await;
     Mock::given(method("GET"))

@@ -668,7 +668,9 @@ async fn an_order_read_fresh_from_its_documents_equals_the_view_and_names_a_conf
     l.record_purchase(&purchase("of1", "cust", 5_000, gbp()))
         .await
         .unwrap();
-    l.record_payment(&payment("of1", "p1", 1_200)).await.unwrap();
+    l.record_payment(&payment("of1", "p1", 1_200))
+        .await
+        .unwrap();
     l.record_payment(&payment("of1", "p2", 300)).await.unwrap();
     // Another order whose ids sort right after: never counted in of1's.
     l.record_purchase(&purchase("of10", "cust", 700, gbp()))
@@ -680,7 +682,11 @@ async fn an_order_read_fresh_from_its_documents_equals_the_view_and_names_a_conf
     assert_eq!(fresh, viewed);
     assert_eq!(fresh.balance.minor(), 3_500);
     assert_eq!(fresh.entries.len(), 3);
-    assert!(l.order_fresh("nosuch").await.unwrap_err().is_invalid_input());
+    assert!(l
+        .order_fresh("nosuch")
+        .await
+        .unwrap_err()
+        .is_invalid_input());
 
     let db = l.client().database().to_owned();
     support::plant_sibling(&db, "payment:of1:p2", &"f".repeat(32), |doc| {

@@ -3669,8 +3669,8 @@ async fn r6_validation(tally: &Tally) -> u64 {
     refused
 }
 
-async fn start_dev_server() -> Option<couch_ledger::devserver::DevServer> {
-    tokio::task::spawn_blocking(couch_ledger::devserver::DevServer::start)
+async fn start_dev_server() -> Option<support::devserver::DevServer> {
+    tokio::task::spawn_blocking(support::devserver::DevServer::start)
         .await
         .unwrap()
         .map_err(|e| eprintln!("r6: no second server: {e}"))

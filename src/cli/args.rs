@@ -4,11 +4,13 @@
 //! before it sends anything, so that every bad input is reported as one `error:` line.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use couch_ledger::{Amount, Client, Currency, Ledger, DEFAULT_DATABASE, DEFAULT_URL};
+use secrecy::{ExposeSecret, SecretString};
 
 use super::UsageError;
 
@@ -68,6 +70,125 @@ pub(crate) struct GlobalArgs {
     /// Time allowed for one request to the server, e.g. 500ms, 30s, 5m, 1h30m [default: 60s].
     #[arg(long, global = true, value_name = "DUR")]
     timeout: Option<String>,
+
+    /// A TOML file of settings: url, user, password_file, db, timeout (and iam_api_key_file,
+    /// iam_token_url). Options and the environment override it.
+    #[arg(long, env = "COUCH_LEDGER_CONFIG", global = true, value_name = "PATH")]
+    config: Option<PathBuf>,
+
+    /// An IBM Cloud IAM API key (Cloudant): exchanged for bearer tokens, which replace the
+    /// user and password (never printed).
+    #[arg(
+        long,
+        env = "COUCH_LEDGER_IAM_API_KEY",
+        global = true,
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
+    iam_api_key: Option<String>,
+
+    /// Where the IAM API key is exchanged for tokens [default:
+    /// https://iam.cloud.ibm.com/identity/token].
+    #[arg(
+        long,
+        env = "COUCH_LEDGER_IAM_TOKEN_URL",
+        global = true,
+        value_name = "URL"
+    )]
+    iam_token_url: Option<String>,
+}
+
+/// One source of connection settings: the command line with its environment (clap merges the
+/// two, options first), or the configuration file. [`Layer::over`] stacks them. `Debug` shows
+/// secrets as `[REDACTED]` (`SecretString`).
+#[derive(Default, Debug)]
+pub(crate) struct Layer {
+    pub(crate) url: Option<String>,
+    pub(crate) user: Option<String>,
+    pub(crate) password: Option<SecretString>,
+    pub(crate) db: Option<String>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) iam_api_key: Option<SecretString>,
+    pub(crate) iam_token_url: Option<String>,
+}
+
+impl Layer {
+    /// Each setting of `self`, else the one of `under`.
+    pub(crate) fn over(self, under: Layer) -> Layer {
+        Layer {
+            url: self.url.or(under.url),
+            user: self.user.or(under.user),
+            password: self.password.or(under.password),
+            db: self.db.or(under.db),
+            timeout: self.timeout.or(under.timeout),
+            iam_api_key: self.iam_api_key.or(under.iam_api_key),
+            iam_token_url: self.iam_token_url.or(under.iam_token_url),
+        }
+    }
+}
+
+/// The configuration file's keys (`--config`, `COUCH_LEDGER_CONFIG`). Secrets are not in it
+/// but in files of their own, which can be readable by fewer people.
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    url: Option<String>,
+    user: Option<String>,
+    password_file: Option<PathBuf>,
+    db: Option<String>,
+    timeout: Option<String>,
+    iam_api_key_file: Option<PathBuf>,
+    iam_token_url: Option<String>,
+}
+
+/// Reads the configuration file at `path` as a [`Layer`]. Relative secret files are relative
+/// to the configuration file's directory.
+///
+/// # Errors
+///
+/// The file or a secret file cannot be read, is not TOML, has an unknown key or a bad
+/// duration. Messages never quote the file's lines (a secret may be in one by mistake).
+pub(crate) fn read_config(path: &Path) -> Result<Layer, UsageError> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| UsageError::new(format!("cannot read the config file {shown}: {e}")))?;
+    let file: ConfigFile = toml::from_str(&text).map_err(|e| {
+        let line = e
+            .span()
+            .map(|s| text[..s.start.min(text.len())].lines().count().max(1));
+        let at = line.map_or(String::new(), |l| format!(" (line {l})"));
+        UsageError::new(format!("config file {shown}{at}: {}", e.message().trim()))
+    })?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let secret = |file: &Option<PathBuf>, what: &str| -> Result<Option<SecretString>, UsageError> {
+        let Some(file) = file else { return Ok(None) };
+        let file = dir.join(file);
+        let text = std::fs::read_to_string(&file).map_err(|e| {
+            UsageError::new(format!(
+                "config file {shown}: cannot read {what} {}: {e}",
+                file.display()
+            ))
+        })?;
+        Ok(Some(SecretString::from(
+            text.trim_end_matches(['\n', '\r']),
+        )))
+    };
+    let timeout = match &file.timeout {
+        Some(t) => Some(
+            parse_duration(t)
+                .map_err(|e| UsageError::new(format!("config file {shown}: timeout: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(Layer {
+        url: file.url.filter(|s| !s.is_empty()),
+        user: file.user.filter(|s| !s.is_empty()),
+        password: secret(&file.password_file, "password_file")?,
+        db: file.db.filter(|s| !s.is_empty()),
+        timeout,
+        iam_api_key: secret(&file.iam_api_key_file, "iam_api_key_file")?,
+        iam_token_url: file.iam_token_url.filter(|s| !s.is_empty()),
+    })
 }
 
 /// `init`'s options.
@@ -134,10 +255,12 @@ pub(crate) fn parse() -> (LowArgs, ArgMatches) {
 pub(crate) struct HiArgs {
     /// Server URL, possibly with credentials (never print it as is: see [`HiArgs::shown_url`]).
     pub(crate) url: String,
-    /// The URL came from `--url` or `COUCHDB_URL`, not the default.
+    /// The URL came from `--url`, `COUCHDB_URL` or the config file, not the default.
     pub(crate) url_explicit: bool,
     pub(crate) user: Option<String>,
-    pub(crate) password: Option<String>,
+    pub(crate) password: Option<SecretString>,
+    pub(crate) iam_api_key: Option<SecretString>,
+    pub(crate) iam_token_url: Option<String>,
     pub(crate) db: String,
     /// `--db` was on the command line (not the environment or the default).
     pub(crate) db_on_command_line: bool,
@@ -151,6 +274,8 @@ impl fmt::Debug for HiArgs {
             .field("url", &self.shown_url())
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "_"))
+            .field("iam_api_key", &self.iam_api_key.as_ref().map(|_| "_"))
+            .field("iam_token_url", &self.iam_token_url)
             .field("db", &self.db)
             .field("json", &self.json)
             .field("timeout", &self.timeout)
@@ -159,51 +284,55 @@ impl fmt::Debug for HiArgs {
 }
 
 impl HiArgs {
-    /// Validates the global options.
+    /// Validates the global options and stacks them: options, then the environment, then
+    /// the configuration file, then the defaults.
     ///
     /// # Errors
     ///
-    /// A bad duration, a password without a user, an empty value.
+    /// A bad duration, a password without a user, an unreadable or invalid config file.
     pub(crate) fn from_low(low: &LowArgs, matches: &ArgMatches) -> Result<HiArgs, UsageError> {
         let g = &low.global;
         // An empty environment variable means "not set".
         let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.is_empty());
-        let url = non_empty(&g.url);
-        let user = non_empty(&g.user);
-        let password = g.password.clone();
-        if password.is_some() && user.is_none() {
-            return Err(UsageError::new(
-                "--password (COUCHDB_PASSWORD) needs --user (COUCHDB_USER)",
-            ));
-        }
-        if let Some(p) = &password {
-            super::remember_secret(p);
-        }
-        if let Some(u) = &url {
-            if let Ok(parsed) = url::Url::parse(u) {
-                if let Some(p) = parsed.password() {
-                    super::remember_secret(p);
-                    if let Ok(decoded) = percent_encoding::percent_decode_str(p).decode_utf8() {
-                        super::remember_secret(&decoded);
-                    }
-                }
-            }
-        }
         let timeout = match &g.timeout {
             Some(t) => {
                 Some(parse_duration(t).map_err(|e| UsageError::new(format!("--timeout: {e}")))?)
             }
             None => None,
         };
+        let given = Layer {
+            url: non_empty(&g.url),
+            user: non_empty(&g.user),
+            password: g.password.clone().map(SecretString::from),
+            db: non_empty(&g.db),
+            timeout,
+            iam_api_key: non_empty(&g.iam_api_key).map(SecretString::from),
+            iam_token_url: non_empty(&g.iam_token_url),
+        };
+        let file = match g.config.as_deref().filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) => read_config(path)?,
+            None => Layer::default(),
+        };
+        let password_given = given.password.is_some();
+        let settings = given.over(file);
+        if settings.password.is_some() && settings.user.is_none() {
+            return Err(UsageError::new(if password_given {
+                "--password (COUCHDB_PASSWORD) needs --user (COUCHDB_USER)"
+            } else {
+                "the config file's password_file needs a user (user, --user or COUCHDB_USER)"
+            }));
+        }
         Ok(HiArgs {
-            url_explicit: url.is_some(),
-            url: url.unwrap_or_else(|| DEFAULT_URL.to_owned()),
-            user,
-            password,
-            db: non_empty(&g.db).unwrap_or_else(|| DEFAULT_DATABASE.to_owned()),
+            url_explicit: settings.url.is_some(),
+            url: settings.url.unwrap_or_else(|| DEFAULT_URL.to_owned()),
+            user: settings.user,
+            password: settings.password,
+            iam_api_key: settings.iam_api_key,
+            iam_token_url: settings.iam_token_url,
+            db: settings.db.unwrap_or_else(|| DEFAULT_DATABASE.to_owned()),
             db_on_command_line: matches.value_source("db") == Some(ValueSource::CommandLine),
             json: g.json,
-            timeout,
+            timeout: settings.timeout,
         })
     }
 
@@ -237,7 +366,14 @@ impl HiArgs {
         let mut b = Client::builder().url(url).database(db);
         if credentials {
             if let Some(user) = &self.user {
-                b = b.basic_auth(user, self.password.clone().unwrap_or_default());
+                let password = self.password.as_ref().map(ExposeSecret::expose_secret);
+                b = b.basic_auth(user, password.unwrap_or_default());
+            }
+            if let Some(key) = &self.iam_api_key {
+                b = b.iam_api_key(key.expose_secret());
+            }
+            if let Some(token_url) = &self.iam_token_url {
+                b = b.iam_token_url(token_url);
             }
         }
         if let Some(t) = self.timeout {
@@ -337,6 +473,43 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         LowArgs::command().debug_assert();
+    }
+
+    #[test]
+    fn options_and_environment_override_the_file_which_overrides_defaults() {
+        let dir = std::env::temp_dir().join(format!("cl-config-{:08x}", fastrand::u32(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pw"), "from-file\n").unwrap();
+        let path = dir.join("ledger.toml");
+        std::fs::write(
+            &path,
+            "url = \"http://file:1\"\nuser = \"fileuser\"\npassword_file = \"pw\"\n\
+             db = \"filedb\"\ntimeout = \"1h30m\"\n",
+        )
+        .unwrap();
+        let file = read_config(&path).unwrap();
+        assert_eq!(file.password.as_ref().unwrap().expose_secret(), "from-file");
+        let given = Layer {
+            db: Some("given".into()),
+            ..Layer::default()
+        };
+        let merged = given.over(file);
+        assert_eq!(merged.db.as_deref(), Some("given"));
+        assert_eq!(merged.url.as_deref(), Some("http://file:1"));
+        assert_eq!(merged.user.as_deref(), Some("fileuser"));
+        assert_eq!(merged.timeout, Some(Duration::from_secs(5400)));
+        // Nothing anywhere: the defaults apply (in from_low), nothing is invented here.
+        let none = Layer::default().over(Layer::default());
+        assert!(none.url.is_none() && none.db.is_none() && none.timeout.is_none());
+        // A typo is refused, and the message does not quote the line (a secret may be in it).
+        std::fs::write(&path, "password = \"hunter2-xyz\"\n").unwrap();
+        let e = read_config(&path).unwrap_err().to_string();
+        assert!(e.contains("line 1") && e.contains("password"), "{e}");
+        assert!(!e.contains("hunter2-xyz"), "{e}");
+        std::fs::write(&path, "timeout = \"soon\"\n").unwrap();
+        let e = read_config(&path).unwrap_err().to_string();
+        assert!(e.contains("timeout"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -8,10 +8,10 @@
 use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use super::devserver::{self, DevServer};
 use anyhow::{ensure, Context as _};
 use clap::Args;
 use couch_ledger::design::InstallStatus;
-use couch_ledger::devserver::{self, DevServer};
 use couch_ledger::{
     AccountSpec, AccountView, Adjustment, Amount, Currency, Ledger, Payment, Purchase,
     RecordStatus, Refund, Shipment, State, SweepOptions, TransferRequest, TransitionError,

@@ -7,15 +7,18 @@
 //! scenario goes in `demo.rs` (see there).
 
 use std::fmt;
-use std::sync::Mutex;
 
 use anyhow::Context as _;
+use couch_ledger::design::InstallStatus;
+use couch_ledger::ViewQuery;
 use serde_json::json;
 
 pub(crate) mod args;
 pub(crate) mod demo;
+pub(crate) mod devserver;
 pub(crate) mod orders;
 pub(crate) mod output;
+pub(crate) mod progress;
 #[cfg(feature = "serve")]
 pub(crate) mod serve;
 pub(crate) mod transfers;
@@ -40,35 +43,6 @@ impl fmt::Display for UsageError {
 }
 
 impl std::error::Error for UsageError {}
-
-/// Secrets given to this process (passwords), so that the last line of defence — printing an
-/// error — can blank them out even if some layer let one slip into a message.
-static SECRETS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-/// Shorter secrets are not blanked: replacing every `a` in a message would garble it, and a
-/// password that short gives no protection anyway.
-const SECRET_LEN_MIN: usize = 3;
-
-pub(crate) fn remember_secret(secret: &str) {
-    if secret.len() >= SECRET_LEN_MIN {
-        SECRETS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(secret.to_owned());
-    }
-}
-
-/// `text` with every remembered secret replaced by `_`.
-pub(crate) fn redact(text: &str) -> String {
-    let secrets = SECRETS.lock().unwrap_or_else(|e| e.into_inner());
-    let mut out = text.to_owned();
-    for s in secrets.iter() {
-        if out.contains(s.as_str()) {
-            out = out.replace(s.as_str(), "_");
-        }
-    }
-    out
-}
 
 /// What every command gets: the validated settings and stdout.
 pub(crate) struct Context {
@@ -148,6 +122,13 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         .init()
         .await
         .with_context(|| format!("could not initialise database {:?}", ctx.settings.db))?;
+    if report
+        .design_docs
+        .iter()
+        .any(|d| d.status != InstallStatus::Unchanged)
+    {
+        build_views(&ledger, ctx.settings.json).await;
+    }
     let security = match &args.member_role {
         Some(role) => Some(ledger.restrict_to_role(role).await.with_context(|| {
             format!(
@@ -186,4 +167,31 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     }
     ctx.out.print(&value, &text)?;
     Ok(Exit::Success)
+}
+
+/// After new or changed design documents: asks one view of each for nothing, which makes the
+/// server build the document's views (CouchDB builds them together) — so the first real query
+/// does not wait, and a terminal shows a bar meanwhile. A view that takes longer than the
+/// request timeout keeps building on the server; that is said, and is not a failure.
+async fn build_views(ledger: &couch_ledger::Ledger, json: bool) {
+    let docs: Vec<(String, String)> = couch_ledger::design::design_docs()
+        .into_iter()
+        .filter_map(|d| {
+            let name = d.id.strip_prefix("_design/")?.to_owned();
+            let view = d.body.get("views")?.as_object()?.keys().next()?.clone();
+            Some((name, view))
+        })
+        .collect();
+    let bar = progress::Bar::new(json, "building views", Some(docs.len() as u64));
+    for (done, (ddoc, view)) in docs.iter().enumerate() {
+        let q = ViewQuery {
+            limit: Some(0),
+            ..ViewQuery::default()
+        };
+        if let Err(e) = ledger.client().view(ddoc, view, &q).await {
+            tracing::warn!("views of _design/{ddoc} not built yet (the server goes on): {e}");
+        }
+        bar.set(done as u64 + 1);
+    }
+    bar.finish();
 }

@@ -583,10 +583,13 @@ async fn sweep(a: SweepArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     };
     let ledger = ctx.ledger()?;
     if a.once {
-        let s = ledger
-            .sweep_once(options)
-            .await
-            .context("the sweep could not run")?;
+        let bar = super::progress::Bar::new(ctx.out.is_json(), "sweeping", Some(0));
+        let swept = match bar.hook() {
+            Some(hook) => ledger.with_progress(hook).sweep_once(options).await,
+            None => ledger.sweep_once(options).await,
+        };
+        bar.finish();
+        let s = swept.context("the sweep could not run")?;
         let mut text = format!("swept once: {}\n", sweep_words(&s));
         for p in &s.problems {
             text.push_str(&format!("  problem: {p}\n"));
@@ -693,11 +696,24 @@ async fn verify(a: VerifyArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     } else {
         VerifyOptions::default()
     };
-    let report = ctx
-        .ledger()?
-        .verify_with(options)
-        .await
-        .context("could not verify the ledger")?;
+    let mut ledger = ctx.ledger()?;
+    let mut bar = super::progress::Bar::new(ctx.out.is_json(), "reading documents", None);
+    if bar.is_on() {
+        // The bar's length: every document and deletion, which `_changes` lists once each.
+        let info = ledger.client().database_info().await.unwrap_or_default();
+        let count = |k: &str| info.get(k).and_then(serde_json::Value::as_u64);
+        if let Some(docs) = count("doc_count") {
+            bar.finish();
+            let total = docs + count("doc_del_count").unwrap_or(0);
+            bar = super::progress::Bar::new(false, "reading documents", Some(total));
+        }
+    }
+    if let Some(hook) = bar.hook() {
+        ledger = ledger.with_progress(hook);
+    }
+    let verified = ledger.verify_with(options).await;
+    bar.finish();
+    let report = verified.context("could not verify the ledger")?;
     let mut text = String::new();
     for c in &report.checks {
         text.push_str(&format!(

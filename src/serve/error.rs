@@ -70,7 +70,7 @@ impl ApiError {
 
     /// The library's error as an answer. `missing` is said for a 404 of the document itself.
     pub(crate) fn from_ledger(e: &couch_ledger::Error, missing: impl FnOnce() -> String) -> Self {
-        let message = crate::cli::redact(&e.to_string());
+        let message = e.to_string();
         let field = e.field().map(str::to_owned);
         let mut out = if e.is_mismatch() {
             ApiError::new(StatusCode::CONFLICT, "mismatch", message)

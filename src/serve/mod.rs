@@ -13,7 +13,7 @@
 //!
 //! Besides the library it imports only the command line's argument layer, which parses every
 //! command's flags: the validated connection settings (`cli::args::HiArgs`), `serve`'s flags
-//! (`cli::serve`), `Exit`, `UsageError` and `redact`. Nothing imports it but `main.rs`.
+//! (`cli::serve`), `Exit` and `UsageError`. Nothing imports it but `main.rs`.
 
 use std::future::{Future, IntoFuture as _};
 use std::io::Write as _;

@@ -6,14 +6,17 @@
 //! CouchDB from `docker compose up`.
 #![allow(dead_code)]
 
+// The local server is the program's own helper, compiled in here: not part of the library.
+#[path = "../../src/cli/devserver.rs"]
+pub mod devserver;
 pub mod proxy;
 pub mod trio;
 
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use couch_ledger::devserver::DevServer;
 use couch_ledger::{Client, Ledger};
+use devserver::DevServer;
 
 /// Where the tests' server is.
 pub struct TestServer {

@@ -1,20 +1,53 @@
 //! A local CouchDB-protocol server for the demo, the tests and the benchmarks.
 //!
-//! Starts `pouchdb-server` (pinned in `testserver/package.json` with its lock file, installed
-//! with `npm ci` the first time) on a free loopback port with a temporary data directory. The
+//! Starts `pouchdb-server` (pinned by `testserver/package.json` and its lock file, which are
+//! embedded in the program) on a free loopback port with a temporary data directory. The
 //! server runs in a Node process that exits when its standard input closes, so it never
 //! outlives the program that started it, even one killed with SIGKILL.
 //!
-//! This is a development tool, not a production server: point the library at Apache CouchDB
-//! (or Cloudant) with a URL for real money.
+//! The first start installs the server with `npm ci` into a per-user cache directory
+//! (`$XDG_CACHE_HOME/couch-ledger/testserver-<hash of the embedded files>`, else
+//! `~/.cache/…`), so a program built by `cargo install` runs the demo from any directory, and
+//! every checkout and worktree of the same version shares one install.
+//! `COUCH_LEDGER_TESTSERVER_DIR` names another directory holding an installed `testserver/`.
+//!
+//! This is a development tool, not a production server and not part of the library: the
+//! program (`src/cli`), the tests (`tests/support`) and the benchmark compile this file into
+//! themselves (`#[path]`), so it depends on nothing of the crate. Each uses part of it.
+#![allow(dead_code)]
 
+use std::fmt;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::error::{Error, Result};
+use sha2::{Digest as _, Sha256};
+
+/// The pinned server's files, embedded so the program needs no source tree.
+const PACKAGE_JSON: &str = include_str!("../../testserver/package.json");
+const PACKAGE_LOCK: &str = include_str!("../../testserver/package-lock.json");
+const SERVE_JS: &str = include_str!("../../testserver/serve.js");
+
+/// Why the local server could not be installed or started (never the user's input).
+#[derive(Debug)]
+pub struct DevError(String);
+
+impl fmt::Display for DevError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DevError {}
+
+/// This module's result.
+pub type Result<T, E = DevError> = std::result::Result<T, E>;
+
+fn err(message: impl Into<String>) -> DevError {
+    DevError(message.into())
+}
 
 /// How long a fresh server may take to answer its first request.
 const START_TIMEOUT_MS: u64 = 60_000;
@@ -39,12 +72,65 @@ impl std::fmt::Debug for DevServer {
     }
 }
 
-/// The directory holding `testserver/package.json`: `COUCH_LEDGER_TESTSERVER_DIR`, else the
-/// source tree this crate was built from.
-pub fn testserver_dir() -> PathBuf {
-    std::env::var_os("COUCH_LEDGER_TESTSERVER_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("testserver"))
+/// The directory of the installed server: `COUCH_LEDGER_TESTSERVER_DIR`, else the per-user
+/// cache directory for these embedded files (written there when missing).
+///
+/// # Errors
+///
+/// The cache directory cannot be written.
+pub fn testserver_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("COUCH_LEDGER_TESTSERVER_DIR").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir));
+    }
+    let dir = cache_root().join(format!("testserver-{}", embedded_hash()));
+    std::fs::create_dir_all(&dir).map_err(|e| err(format!("{}: {e}", dir.display())))?;
+    for (name, text) in [
+        ("package.json", PACKAGE_JSON),
+        ("package-lock.json", PACKAGE_LOCK),
+        ("serve.js", SERVE_JS),
+    ] {
+        let path = dir.join(name);
+        if std::fs::read_to_string(&path).ok().as_deref() == Some(text) {
+            continue;
+        }
+        // Write then rename, so a concurrent reader never sees half a file.
+        let partial = dir.join(format!(".{name}.{}", std::process::id()));
+        std::fs::write(&partial, text)
+            .and_then(|()| std::fs::rename(&partial, &path))
+            .map_err(|e| err(format!("cannot write {}: {e}", path.display())))?;
+    }
+    Ok(dir)
+}
+
+/// `$XDG_CACHE_HOME/couch-ledger`, else `$HOME/.cache/couch-ledger`, else the temporary
+/// directory's `couch-ledger-cache`.
+fn cache_root() -> PathBuf {
+    let var = |name: &str| {
+        std::env::var_os(name)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(xdg) = var("XDG_CACHE_HOME").filter(|p| p.is_absolute()) {
+        return xdg.join("couch-ledger");
+    }
+    if let Some(home) = var("HOME") {
+        return home.join(".cache").join("couch-ledger");
+    }
+    std::env::temp_dir().join("couch-ledger-cache")
+}
+
+/// The first 16 hex digits of the embedded files' SHA-256: another pinned version installs
+/// beside this one instead of over it.
+fn embedded_hash() -> String {
+    let mut h = Sha256::new();
+    for text in [PACKAGE_JSON, PACKAGE_LOCK, SERVE_JS] {
+        h.update((text.len() as u64).to_le_bytes());
+        h.update(text.as_bytes());
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Installs the pinned pouchdb-server with `npm ci` unless it is installed. Safe to call from
@@ -54,16 +140,16 @@ pub fn testserver_dir() -> PathBuf {
 ///
 /// npm is missing or the install failed.
 pub fn ensure_installed() -> Result<PathBuf> {
-    let dir = testserver_dir();
+    let dir = testserver_dir()?;
     let entry = dir.join("node_modules/pouchdb-server/lib/index.js");
     if entry.exists() {
         return Ok(dir);
     }
     let lock_path = dir.join(".install.lock");
     let lock = std::fs::File::create(&lock_path)
-        .map_err(|e| Error::config(format!("cannot write {}: {e}", lock_path.display())))?;
+        .map_err(|e| err(format!("cannot write {}: {e}", lock_path.display())))?;
     lock.lock()
-        .map_err(|e| Error::config(format!("cannot lock {}: {e}", lock_path.display())))?;
+        .map_err(|e| err(format!("cannot lock {}: {e}", lock_path.display())))?;
     if entry.exists() {
         return Ok(dir);
     }
@@ -79,28 +165,26 @@ pub fn ensure_installed() -> Result<PathBuf> {
         .stderr(Stdio::inherit())
         .spawn()
         .map_err(|e| {
-            Error::config(format!(
+            err(format!(
                 "cannot run npm ({e}): install Node.js and npm, or set COUCHDB_URL to a CouchDB"
             ))
         })?;
     let started = Instant::now();
     loop {
-        if let Some(status) = child.try_wait().map_err(|e| Error::config(e.to_string()))? {
+        if let Some(status) = child.try_wait().map_err(|e| err(e.to_string()))? {
             if !status.success() {
-                return Err(Error::config(format!("npm ci failed ({status})")));
+                return Err(err(format!("npm ci failed ({status})")));
             }
             break;
         }
         if started.elapsed() > Duration::from_millis(INSTALL_TIMEOUT_MS) {
             let _ = child.kill();
-            return Err(Error::config("npm ci did not finish in time"));
+            return Err(err("npm ci did not finish in time"));
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     if !entry.exists() {
-        return Err(Error::config(
-            "npm ci finished but pouchdb-server is missing",
-        ));
+        return Err(err("npm ci finished but pouchdb-server is missing"));
     }
     Ok(dir)
 }
@@ -121,7 +205,7 @@ impl DevServer {
             fastrand::u64(..)
         ));
         std::fs::create_dir_all(&data_dir)
-            .map_err(|e| Error::config(format!("{}: {e}", data_dir.display())))?;
+            .map_err(|e| err(format!("{}: {e}", data_dir.display())))?;
         let mut last_error = None;
         // A port found free may be taken before the server binds it: try a few.
         for _ in 0..3 {
@@ -150,9 +234,9 @@ impl DevServer {
         let log = self.data_dir.join("couchdb.log");
         let settings = serde_json::json!({"log": {"level": "error", "file": log}});
         std::fs::write(&config, settings.to_string())
-            .map_err(|e| Error::config(format!("{}: {e}", config.display())))?;
+            .map_err(|e| err(format!("{}: {e}", config.display())))?;
         let output = std::fs::File::create(self.data_dir.join("server.out"))
-            .map_err(|e| Error::config(e.to_string()))?;
+            .map_err(|e| err(e.to_string()))?;
         let mut child = Command::new("node")
             .arg(dir.join("serve.js"))
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
@@ -163,15 +247,11 @@ impl DevServer {
             .arg("--no-stdout-logs")
             .current_dir(&self.data_dir)
             .stdin(Stdio::piped())
-            .stdout(
-                output
-                    .try_clone()
-                    .map_err(|e| Error::config(e.to_string()))?,
-            )
+            .stdout(output.try_clone().map_err(|e| err(e.to_string()))?)
             .stderr(output)
             .spawn()
             .map_err(|e| {
-                Error::config(format!(
+                err(format!(
                     "cannot run node ({e}): install Node.js, or set COUCHDB_URL to a CouchDB"
                 ))
             })?;
@@ -190,7 +270,7 @@ impl DevServer {
                         .unwrap_or_default();
                     let tail: String = out.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
                     self.child = None;
-                    return Err(Error::config(format!(
+                    return Err(err(format!(
                         "pouchdb-server exited at start ({status}): {tail}"
                     )));
                 }
@@ -200,7 +280,7 @@ impl DevServer {
             }
             if started.elapsed() > Duration::from_millis(START_TIMEOUT_MS) {
                 self.stop();
-                return Err(Error::config("pouchdb-server did not answer in time"));
+                return Err(err("pouchdb-server did not answer in time"));
             }
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -232,7 +312,7 @@ impl DevServer {
     /// It did not come up in time.
     pub fn restart(&mut self) -> Result<()> {
         self.kill();
-        let dir = testserver_dir();
+        let dir = testserver_dir()?;
         // The old process's port may linger briefly; spawn retries until it binds.
         let started = Instant::now();
         loop {
@@ -286,10 +366,10 @@ fn remove_stale_data_dirs() {
 
 fn free_port() -> Result<u16> {
     let listener = TcpListener::bind(("127.0.0.1", 0))
-        .map_err(|e| Error::config(format!("no free loopback port: {e}")))?;
+        .map_err(|e| err(format!("no free loopback port: {e}")))?;
     Ok(listener
         .local_addr()
-        .map_err(|e| Error::config(e.to_string()))?
+        .map_err(|e| err(e.to_string()))?
         .port())
 }
 
