@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::accounts::{account_doc_id, AccountDoc, AccountView};
+use crate::account_doc::{account_doc_id, AccountDoc, AccountView};
 use crate::couch::{ChangesQuery, Client, ViewQuery, ViewRow};
 use crate::engine::now_ms;
 use crate::error::{Error, Result};

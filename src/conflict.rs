@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::accounts::{AccountDoc, Marker, Settled};
+use crate::account_doc::{AccountDoc, Marker, Settled};
 use crate::limits::SETTLED_AGE_MIN_MS;
 use crate::money::Amount;
 use crate::state::State;

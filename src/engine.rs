@@ -37,7 +37,7 @@ use std::time::Instant;
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::accounts::{account_doc_id, marker_bytes, AccountDoc, Marker, Settled};
+use crate::account_doc::{account_doc_id, marker_bytes, AccountDoc, Marker, Settled};
 use crate::conflict::{facts_needed, merge_account, TxnFacts};
 use crate::couch::{take_conflicts, BulkResult, Client, WriteOptions};
 use crate::error::{Error, Result};
@@ -662,7 +662,9 @@ impl AccountEngine {
                     writes.push(doc.expect("a changed account exists"));
                 } else if slots.get(a).is_some_and(|s| s.fresh) {
                     if let Some(slot) = slots.get_mut(a) {
-                        self.delete_losers(&account_doc_id(a), std::mem::take(&mut slot.losers))
+                        let winner = slot.doc.as_ref().and_then(|d| d.rev.clone());
+                        let losers = std::mem::take(&mut slot.losers);
+                        self.delete_losers(&account_doc_id(a), losers, winner.as_deref())
                             .await;
                     }
                     answer_decided(&mut ops, &mut decided, a, &mut failed_links);
@@ -702,7 +704,8 @@ impl AccountEngine {
                         .get_mut(&a)
                         .map(|s| std::mem::take(&mut s.losers))
                         .unwrap_or_default();
-                    self.delete_losers(&doc.id, losers).await;
+                    self.delete_losers(&doc.id, losers, doc.rev.as_deref())
+                        .await;
                     slots.insert(
                         a.clone(),
                         Slot {
@@ -983,13 +986,17 @@ impl AccountEngine {
     /// Deletes the losing leaves of a conflict whose merge now stands as the winner. A leaf
     /// deleted already is fine; a refusal (only an admin may delete ledger revisions) leaves
     /// the conflict for `verify` to report and an admin's sweeper to finish.
-    async fn delete_losers(&self, id: &str, losers: Vec<String>) {
+    async fn delete_losers(&self, id: &str, losers: Vec<String>, merged_into: Option<&str>) {
         if losers.is_empty() {
             return;
         }
         let stubs: Vec<Value> = losers
             .iter()
-            .map(|rev| serde_json::json!({"_id": id, "_rev": rev, "_deleted": true}))
+            .map(|rev| {
+                serde_json::json!({
+                    "_id": id, "_rev": rev, "_deleted": true, "merged_into": merged_into,
+                })
+            })
             .collect();
         let options = self.quorum.write_options(&self.client, false).await;
         match self.client.bulk_docs_with(&stubs, &options).await {

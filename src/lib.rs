@@ -54,6 +54,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod account_doc;
 mod accounts;
 mod audit;
 mod config;

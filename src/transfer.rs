@@ -494,11 +494,11 @@ impl Ledger {
         if paths.len() > 1 {
             let d = &leaves[0];
             for account in [&d.source, &d.destination] {
-                let aid = crate::accounts::account_doc_id(account);
+                let aid = crate::account_doc::account_doc_id(account);
                 if let Some(found) = self.inner.client.leaves(&aid).await? {
                     for mut leaf in found.winner.into_iter().chain(found.losers) {
                         crate::couch::take_conflicts(&mut leaf);
-                        if let Ok(doc) = crate::accounts::AccountDoc::from_value(leaf) {
+                        if let Ok(doc) = crate::account_doc::AccountDoc::from_value(leaf) {
                             evidence.add(&doc, &d.txn_id);
                         }
                     }
@@ -517,12 +517,17 @@ impl Ledger {
             kept = %states[keep],
             "resolving a conflicted transfer"
         );
+        let kept = leaves[keep].rev.clone();
         let stubs: Vec<Value> = leaves
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != keep)
             .filter_map(|(_, d)| d.rev.clone())
-            .map(|rev| serde_json::json!({"_id": id, "_rev": rev, "_deleted": true}))
+            .map(|rev| {
+                serde_json::json!({
+                    "_id": id, "_rev": rev, "_deleted": true, "merged_into": kept,
+                })
+            })
             .collect();
         let options = self
             .inner
@@ -580,6 +585,13 @@ impl Ledger {
         new.claim = (!next.is_terminal()).then_some(claim);
         match self.write_txn(&new).await? {
             Some(rev) => {
+                tracing::debug!(
+                    txn = %d.doc.txn_id,
+                    from = %d.doc.state,
+                    to = %next,
+                    %rev,
+                    "transfer document written"
+                );
                 new.rev = Some(rev);
                 d.doc = new;
                 d.deadline = deadline;
@@ -622,6 +634,15 @@ impl Ledger {
         let mut answers = self.inner.accounts.run(ops).await.into_iter();
         let first = answers.next().expect("two answers")?;
         let second = answers.next().expect("two answers")?;
+        tracing::debug!(
+            txn = %d.doc.txn_id,
+            phase,
+            source = %d.doc.source,
+            source_result = ?first,
+            destination = %d.doc.destination,
+            destination_result = ?second,
+            "account step"
+        );
         Ok([first, second])
     }
 
@@ -629,7 +650,10 @@ impl Ledger {
     ///
     /// A lease that runs out is not an error: the transfer is left as it is, for the sweeper.
     pub(crate) async fn drive(&self, mut d: Drive) -> Result<DriveEnd> {
-        match self.drive_phases(&mut d).await {
+        use tracing::Instrument;
+        let span = tracing::info_span!("transfer", txn = %d.doc.txn_id);
+        let result = self.drive_phases(&mut d).instrument(span).await;
+        match result {
             Ok(()) => Ok(DriveEnd {
                 doc: d.doc,
                 lease_lost: false,

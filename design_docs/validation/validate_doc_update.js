@@ -125,13 +125,16 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   // ---- deletion -------------------------------------------------------------
   // A conflict's losing leaf of an account or a transfer is deleted once its content is merged
-  // into the winner (docs/CLUSTER.md). This function cannot tell a losing leaf from the only
-  // one, so only a server admin may delete them; write-once documents never.
+  // into the winner (docs/CLUSTER.md): a deletion naming the revision it was merged into
+  // (`merged_into`). This function cannot tell a losing leaf from the only one, so only a
+  // server admin may write one; a plain deletion is refused to everyone, write-once documents
+  // are never deleted.
   if (newDoc._deleted) {
     var mutable = oldType === 'account' || oldType === 'transaction';
-    if (oldLive && (IMMUTABLE[oldType] === true || (mutable && !isAdmin))) {
+    var merge = mutable && isAdmin && typeof newDoc.merged_into === 'string';
+    if (oldLive && (IMMUTABLE[oldType] === true || (mutable && !merge))) {
       deny(oldType, "documents of type '" + oldType + "' may never be deleted (field '_deleted')" +
-        (mutable ? "; only a server admin may delete the losing leaf of a conflict" : ""));
+        (mutable ? "; only a server admin may delete the losing leaf of a conflict, naming the revision it was merged into ('merged_into')" : ""));
     }
     return;
   }
