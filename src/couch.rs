@@ -903,18 +903,27 @@ impl Client {
         for key in keys {
             encode_doc_id(key)?;
         }
-        let path = format!("{}/_all_docs", self.db_path());
         let mut query = Vec::new();
         if include_docs {
             query.push(("include_docs", "true".to_owned()));
         }
+        self.all_docs_keys(keys, &query).await
+    }
+
+    /// `POST _all_docs` with `keys` (checked by the caller) and `query`: one row per key.
+    async fn all_docs_keys(
+        &self,
+        keys: &[String],
+        query: &[(&str, String)],
+    ) -> Result<Vec<AllDocsRow>> {
+        let path = format!("{}/_all_docs", self.db_path());
         let body = serde_json::to_vec(&json!({ "keys": keys })).expect("serializable");
         #[derive(Deserialize)]
         struct Reply {
             rows: Vec<AllDocsRow>,
         }
         let reply: Reply = self
-            .send_json(Method::POST, &path, &query, Some(body), Retry::Safe)
+            .send_json(Method::POST, &path, query, Some(body), Retry::Safe)
             .await?;
         if reply.rows.len() != keys.len() {
             return Err(Error::decode(format!(
@@ -1194,28 +1203,11 @@ impl Client {
         for key in keys {
             encode_doc_id(key)?;
         }
-        let path = format!("{}/_all_docs", self.db_path());
-        let query = vec![
+        let query = [
             ("include_docs", "true".to_owned()),
             ("conflicts", "true".to_owned()),
         ];
-        let body = serde_json::to_vec(&json!({ "keys": keys })).expect("serializable");
-        #[derive(Deserialize)]
-        struct Reply {
-            rows: Vec<AllDocsRow>,
-        }
-        let reply: Reply = self
-            .send_json(Method::POST, &path, &query, Some(body), Retry::Safe)
-            .await?;
-        if reply.rows.len() != keys.len() {
-            return Err(Error::decode(format!(
-                "_all_docs answered {} rows for {} keys",
-                reply.rows.len(),
-                keys.len()
-            ))
-            .with_request("POST", &path));
-        }
-        Ok(reply.rows)
+        self.all_docs_keys(keys, &query).await
     }
 
     /// `_all_docs` from `start` to `end` (inclusive): ids and winning revisions, no documents.

@@ -302,7 +302,10 @@ impl Ledger {
         let design_docs = design::install(&self.inner.client).await?;
         // Learn the database's copies now (the `w` of ledger writes on a cluster), not in the
         // first transfer.
-        self.inner.quorum.write_options(&self.inner.client, true).await;
+        self.inner
+            .quorum
+            .write_options(&self.inner.client, true)
+            .await;
         Ok(InitReport {
             database: self.inner.client.database().to_owned(),
             created,
