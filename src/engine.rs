@@ -664,8 +664,10 @@ impl AccountEngine {
                     if let Some(slot) = slots.get_mut(a) {
                         let winner = slot.doc.as_ref().and_then(|d| d.rev.clone());
                         let losers = std::mem::take(&mut slot.losers);
-                        self.delete_losers(&account_doc_id(a), losers, winner.as_deref())
+                        let refused = self
+                            .delete_losers(&account_doc_id(a), losers, winner.as_deref())
                             .await;
+                        fail_resolves(&mut ops, a, refused);
                     }
                     answer_decided(&mut ops, &mut decided, a, &mut failed_links);
                     open.remove(a);
@@ -704,8 +706,10 @@ impl AccountEngine {
                         .get_mut(&a)
                         .map(|s| std::mem::take(&mut s.losers))
                         .unwrap_or_default();
-                    self.delete_losers(&doc.id, losers, doc.rev.as_deref())
+                    let refused = self
+                        .delete_losers(&doc.id, losers, doc.rev.as_deref())
                         .await;
+                    fail_resolves(&mut ops, &a, refused);
                     slots.insert(
                         a.clone(),
                         Slot {
@@ -986,9 +990,14 @@ impl AccountEngine {
     /// Deletes the losing leaves of a conflict whose merge now stands as the winner. A leaf
     /// deleted already is fine; a refusal (only an admin may delete ledger revisions) leaves
     /// the conflict for `verify` to report and an admin's sweeper to finish.
-    async fn delete_losers(&self, id: &str, losers: Vec<String>, merged_into: Option<&str>) {
+    async fn delete_losers(
+        &self,
+        id: &str,
+        losers: Vec<String>,
+        merged_into: Option<&str>,
+    ) -> Option<Error> {
         if losers.is_empty() {
-            return;
+            return None;
         }
         let stubs: Vec<Value> = losers
             .iter()
@@ -1007,16 +1016,26 @@ impl AccountEngine {
                     .collect();
                 if refused.is_empty() {
                     self.conflicts.resolved.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    tracing::warn!(
-                        %id,
-                        "could not delete the losing leaves of a merged conflict: {:?}",
-                        refused.iter().map(|r| r.reason.clone()).collect::<Vec<_>>()
-                    );
+                    return None;
                 }
+                let reasons: Vec<String> = refused
+                    .iter()
+                    .map(|r| r.reason.clone().unwrap_or_default())
+                    .collect();
+                tracing::warn!(%id, "could not delete the losing leaves of a merged conflict: {reasons:?}");
+                Some(Error::status(
+                    403,
+                    Some("forbidden".to_owned()),
+                    Some(format!(
+                        "{id} is merged, but its losing leaves could not be deleted (an admin's \
+                         sweeper can): {}",
+                        reasons.join("; ")
+                    )),
+                ))
             }
             Err(e) => {
-                tracing::warn!(%id, "could not delete the losing leaves of a merged conflict: {e}")
+                tracing::warn!(%id, "could not delete the losing leaves of a merged conflict: {e}");
+                Some(e)
             }
         }
     }
@@ -1077,6 +1096,17 @@ fn unreadable_answer(raw: &Value, op: &AccountOp, e: &Error) -> Result<OpResult>
         OpKind::Settle | OpKind::Undo if holds("settled") => Ok(OpResult::Finished),
         OpKind::Settle | OpKind::Undo => Ok(OpResult::Absent),
         OpKind::Resolve => Err(duplicate(e)),
+    }
+}
+
+/// A conflict pass's ops on `account` ([`OpKind::Resolve`]) fail with `refused` when the losing
+/// leaves could not be deleted: the conflict is still there. Other ops stand (their write landed).
+fn fail_resolves(ops: &mut [OpSlot], account: &str, refused: Option<Error>) {
+    let Some(e) = refused else { return };
+    for o in ops.iter_mut() {
+        if o.reply.is_some() && o.op.account == account && o.op.kind == OpKind::Resolve {
+            o.answer(Err(duplicate(&e)));
+        }
     }
 }
 

@@ -772,3 +772,62 @@ async fn get_raw(db: &str, path: &str) -> Value {
         .await
         .unwrap()
 }
+
+/// Deleting a conflict's losing leaf needs an admin (the validation cannot tell a losing leaf
+/// from the only one). A sweeper running as a member merges the account but reports the
+/// conflict as left, and `verify` keeps failing; an admin's sweeper then finishes it.
+#[tokio::test]
+async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
+    let l = support::ledger("member_conflict").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("c1", "A", "B", 100), true).await.unwrap();
+    l.submit(request("c2", "A", "B", 30), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    support::plant_sibling(&db, "account:B", &"f".repeat(32), |doc| {
+        doc["balance"] = json!(100);
+        let settled: Vec<Value> = doc["settled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["txn"] != "c2")
+            .cloned()
+            .collect();
+        doc["settled"] = json!(settled);
+    })
+    .await;
+    let (name, password) = support::test_user("member_conflict").await;
+    let member = Ledger::new(
+        couch_ledger::Client::builder()
+            .url(support::server().url.clone())
+            .database(&db)
+            .basic_auth(name, password)
+            .build()
+            .unwrap(),
+    );
+    let out = member.sweep_once(now_sweep(10)).await.unwrap();
+    assert_eq!(
+        (out.conflicts_resolved, out.conflicts_unresolved),
+        (0, 1),
+        "{out:?}"
+    );
+    assert!(
+        out.problems
+            .iter()
+            .any(|p| p.contains("account:B") && p.contains("admin")),
+        "{out:?}"
+    );
+    assert!(!l.verify().await.unwrap().check("conflicts").unwrap().ok);
+    // The merge itself is an ordinary update: c2 already counts once.
+    assert_eq!(l.account("B").await.unwrap().balance, amount(130));
+
+    let out = l.sweep_once(now_sweep(10)).await.unwrap();
+    assert_eq!(
+        (out.conflicts_resolved, out.conflicts_unresolved),
+        (1, 0),
+        "{out:?}"
+    );
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+    assert_eq!(l.account("B").await.unwrap().balance, amount(130));
+}
