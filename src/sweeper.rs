@@ -593,9 +593,23 @@ impl Ledger {
     async fn read_docs(&self, ids: &[String]) -> Result<HashMap<String, Option<Value>>> {
         let mut out = HashMap::with_capacity(ids.len());
         for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
-            let rows = self.inner.client.all_docs(chunk, true).await?;
+            let rows = self.inner.client.all_docs_with_conflicts(chunk).await?;
             for (id, row) in chunk.iter().zip(rows) {
-                out.insert(id.clone(), row.doc.filter(Value::is_object));
+                let mut doc = row.doc.filter(Value::is_object);
+                // A conflicted transfer is resolved before anything is decided on it (the view
+                // of conflicts may not list it yet); one that cannot be is left as read, and
+                // its drive's own reads meet the conflict again.
+                if doc.as_ref().is_some_and(|d| d.get("_conflicts").is_some()) {
+                    let txn = id.strip_prefix("txn:").unwrap_or(id);
+                    match self.read_txn(txn).await {
+                        Ok(resolved) => doc = serde_json::to_value(&resolved).ok(),
+                        Err(e) => tracing::warn!(%id, "a conflicted transfer stays as read: {e}"),
+                    }
+                }
+                if let Some(d) = doc.as_mut().and_then(Value::as_object_mut) {
+                    d.remove("_conflicts");
+                }
+                out.insert(id.clone(), doc);
             }
         }
         Ok(out)
