@@ -561,6 +561,7 @@ async fn independent_check(
     let mut states: HashMap<String, State> = HashMap::new();
     let asked = book.asked.lock().unwrap().clone();
     let cancels = book.cancels.lock().unwrap().clone();
+    let mut later_attempts: Vec<(String, String)> = Vec::new();
     for t in &transfers {
         let id = t["txn_id"].as_str().unwrap_or_default().to_owned();
         let Some(state) = t["state"].as_str().and_then(State::parse) else {
@@ -580,7 +581,19 @@ async fn independent_check(
             *moved.entry(src.clone()).or_default() -= i128::from(value);
             *moved.entry(dst.clone()).or_default() += i128::from(value);
         }
-        match asked.get(&id) {
+        // A reversal that was cancelled is tried again under `rev2-X`, `rev3-X`… (issue 12): each
+        // with the terms of the reversal asked for, and only after the one before it was
+        // cancelled (checked below, once every state is known).
+        let retried = retried_reversal(&id);
+        if let Some((_, previous)) = &retried {
+            later_attempts.push((id.clone(), previous.clone()));
+        }
+        let asked_terms = asked.get(&id).or_else(|| {
+            retried
+                .as_ref()
+                .and_then(|(first, _)| asked.get(first.as_str()))
+        });
+        match asked_terms {
             None => tally.violation(format!("{part}: txn:{id} exists but was never asked for")),
             Some(terms) => {
                 let found = Terms {
@@ -609,6 +622,15 @@ async fn independent_check(
             if reason == "cancelled_by_user" && !cancels.contains(&id) {
                 tally.violation(format!("{part}: txn:{id} cancelled by a user nobody was"));
             }
+        }
+    }
+    // A later attempt at a reversal only after the one before it was cancelled.
+    for (id, previous) in &later_attempts {
+        if states.get(previous) != Some(&State::Cancelled) {
+            tally.violation(format!(
+                "{part}: txn:{id} exists, but the attempt before it, {previous}, is {:?}",
+                states.get(previous)
+            ));
         }
     }
     // Reversals only of committed or done transfers.
@@ -758,6 +780,22 @@ fn spawn_overdraft_monitor(
         }
         samples
     })
+}
+
+/// For `rev{n}-X` (n ≥ 2, a reversal tried again after the one before it was cancelled): the
+/// first attempt's id `rev-X` (whose terms were asked for) and the previous attempt's id.
+fn retried_reversal(id: &str) -> Option<(String, String)> {
+    let (head, original) = id.split_once('-')?;
+    let n: u32 = head.strip_prefix("rev")?.parse().ok()?;
+    if n < 2 {
+        return None;
+    }
+    let previous = if n == 2 {
+        format!("rev-{original}")
+    } else {
+        format!("rev{}-{original}", n - 1)
+    };
+    Some((format!("rev-{original}"), previous))
 }
 
 /// While set (during `r1_trio`), the ledgers made here write accounts with the server's default
