@@ -664,20 +664,7 @@ async fn the_sweeper_merges_a_conflicted_account_counting_each_transfer_once() {
         l.submit(request("c1", "A", "B", 100), true).await.unwrap();
         l.submit(request("c2", "A", "B", 30), true).await.unwrap();
         let db = l.client().database().to_owned();
-        // The sibling: B as a node that never applied c2 would hold it.
-        support::plant_sibling(&db, "account:B", &hash.repeat(32), |doc| {
-            doc["balance"] = json!(100);
-            doc["pending"] = json!([]);
-            let settled: Vec<Value> = doc["settled"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|s| s["txn"] != "c2")
-                .cloned()
-                .collect();
-            doc["settled"] = json!(settled);
-        })
-        .await;
+        plant_b_without_c2(&db, &hash.repeat(32)).await;
         let before = l.verify().await.unwrap();
         assert!(
             !before.check("conflicts").unwrap().ok,
@@ -784,18 +771,7 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
     l.submit(request("c1", "A", "B", 100), true).await.unwrap();
     l.submit(request("c2", "A", "B", 30), true).await.unwrap();
     let db = l.client().database().to_owned();
-    support::plant_sibling(&db, "account:B", &"f".repeat(32), |doc| {
-        doc["balance"] = json!(100);
-        let settled: Vec<Value> = doc["settled"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["txn"] != "c2")
-            .cloned()
-            .collect();
-        doc["settled"] = json!(settled);
-    })
-    .await;
+    plant_b_without_c2(&db, &"f".repeat(32)).await;
     let (name, password) = support::test_user("member_conflict").await;
     let member = Ledger::new(
         couch_ledger::Client::builder()
@@ -830,4 +806,22 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
     let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
     assert!(report.ok, "{report:#?}");
     assert_eq!(l.account("B").await.unwrap().balance, amount(130));
+}
+
+/// Plants a sibling of account B's current revision as a node that never applied transfer c2
+/// (100 from c1 only) would hold it; `hash` decides whether it wins.
+async fn plant_b_without_c2(db: &str, hash: &str) {
+    support::plant_sibling(db, "account:B", hash, |doc| {
+        doc["balance"] = json!(100);
+        doc["pending"] = json!([]);
+        let settled: Vec<Value> = doc["settled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["txn"] != "c2")
+            .cloned()
+            .collect();
+        doc["settled"] = json!(settled);
+    })
+    .await;
 }
