@@ -67,7 +67,7 @@ impl Ledger {
             created_at: Some(crate::engine::now_ms()),
             extra: Map::new(),
         };
-        let client = &self.inner.client;
+        let client = &self.inner.hot;
         match client.put(&id, &doc).await {
             Ok(_) => {
                 return Ok(Recorded {
@@ -107,7 +107,7 @@ impl Ledger {
     /// account (amounts out of range, wrong shape); the server failed.
     pub async fn account(&self, account_id: &str) -> Result<AccountView> {
         validate_id("account", account_id)?;
-        let value: Value = self.inner.client.get(&account_doc_id(account_id)).await?;
+        let value: Value = self.inner.hot.get(&account_doc_id(account_id)).await?;
         AccountDoc::from_value(value)?.view()
     }
 }

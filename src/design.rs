@@ -114,14 +114,51 @@ fn checksum(body: &Value) -> String {
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Which database a set of design documents is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The ledger's database: every design document, the validation among them.
+    Ledger,
+    /// The database of accounts and transfers of a split ledger
+    /// ([`Ledger::with_hot_database`](crate::Ledger::with_hot_database)): their views only, and
+    /// no `validate_doc_update` — that is the point of it.
+    Hot,
+}
+
+impl Scope {
+    fn includes(self, doc: &DesignDoc) -> bool {
+        match self {
+            Scope::Ledger => true,
+            Scope::Hot => matches!(doc.id.as_str(), "_design/accounts" | "_design/transactions"),
+        }
+    }
+
+    /// The design documents of this scope, sorted by id.
+    pub fn design_docs(self) -> Vec<DesignDoc> {
+        design_docs()
+            .into_iter()
+            .filter(|d| self.includes(d))
+            .collect()
+    }
+}
+
 /// Installs every design document, writing only those whose checksum differs.
 ///
 /// # Errors
 ///
 /// The server refused (design documents need admin rights on CouchDB) or failed.
 pub async fn install(client: &Client) -> Result<Vec<Installed>> {
+    install_in(client, Scope::Ledger).await
+}
+
+/// Installs the design documents of `scope`, writing only those whose checksum differs.
+///
+/// # Errors
+///
+/// As [`install`].
+pub async fn install_in(client: &Client, scope: Scope) -> Result<Vec<Installed>> {
     let mut out = Vec::new();
-    for doc in design_docs() {
+    for doc in scope.design_docs() {
         out.push(install_one(client, &doc).await?);
     }
     Ok(out)
@@ -181,7 +218,16 @@ async fn install_one(client: &Client, doc: &DesignDoc) -> Result<Installed> {
 ///
 /// The server failed.
 pub async fn drift(client: &Client) -> Result<Vec<(String, String)>> {
-    let docs = design_docs();
+    drift_in(client, Scope::Ledger).await
+}
+
+/// [`drift`] for the design documents of `scope`.
+///
+/// # Errors
+///
+/// The server failed.
+pub async fn drift_in(client: &Client, scope: Scope) -> Result<Vec<(String, String)>> {
+    let docs = scope.design_docs();
     let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
     let rows = client.all_docs(&ids, true).await?;
     let mut out = Vec::new();

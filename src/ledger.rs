@@ -23,7 +23,11 @@ pub struct Ledger {
 
 #[derive(Debug)]
 pub(crate) struct LedgerInner {
+    /// The ledger's database: orders (write-once history) and, unless split, everything.
     pub(crate) client: Client,
+    /// Where accounts and transfers live: `client` itself, or with
+    /// [`Ledger::with_hot_database`] a second database that runs no validation.
+    pub(crate) hot: Client,
     /// Names this process in transfer claims.
     pub(crate) worker_id: String,
     /// How long this worker's claims last (at most [`LEASE_MS`]).
@@ -106,12 +110,27 @@ pub struct InitReport {
     pub created: bool,
     /// Each design document's install outcome.
     pub design_docs: Vec<Installed>,
+    /// The database of accounts and transfers, when split ([`Ledger::with_hot_database`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hot: Option<HotReport>,
+}
+
+/// What [`Ledger::init`] did to the database of accounts and transfers of a split ledger.
+#[derive(Debug, Clone, Serialize)]
+pub struct HotReport {
+    /// The database's name.
+    pub database: String,
+    /// This call created it.
+    pub created: bool,
+    /// Its design documents (views only: it runs no validation).
+    pub design_docs: Vec<Installed>,
 }
 
 impl Ledger {
     /// A ledger on the client's database.
     pub fn new(client: Client) -> Ledger {
         Ledger::assemble(
+            client.clone(),
             client,
             uuid::Uuid::now_v7().to_string(),
             Duration::from_millis(LEASE_MS),
@@ -123,6 +142,7 @@ impl Ledger {
 
     fn assemble(
         client: Client,
+        hot: Client,
         worker_id: String,
         lease: Duration,
         pause: Option<PauseHook>,
@@ -134,12 +154,13 @@ impl Ledger {
         Ledger {
             inner: Arc::new(LedgerInner {
                 accounts: Arc::new(AccountEngine::new(
-                    client.clone(),
+                    hot.clone(),
                     Arc::clone(&quorum),
                     Arc::clone(&conflicts),
                 )),
-                txns: Arc::new(TxnWriter::new(client.clone(), Arc::clone(&quorum))),
+                txns: Arc::new(TxnWriter::new(hot.clone(), Arc::clone(&quorum))),
                 client,
+                hot,
                 worker_id,
                 lease,
                 pause,
@@ -157,12 +178,106 @@ impl Ledger {
     pub fn with_write_quorum(self, write_quorum: WriteQuorum) -> Ledger {
         Ledger::assemble(
             self.inner.client.clone(),
+            self.inner.hot.clone(),
             self.inner.worker_id.clone(),
             self.inner.lease,
             self.inner.pause.clone(),
             self.inner.progress.clone(),
             write_quorum,
         )
+    }
+
+    /// The same ledger with its accounts and transfers in database `name`, a second database
+    /// that runs no `validate_doc_update`; orders stay in the ledger's database, validated
+    /// (docs/LAYOUT.md). CouchDB runs a database's validation for every document written, at
+    /// about a sixth of its plain write rate (`../shared/SERVERS.md`): a transfer writes about
+    /// seven account and transfer documents, so this layout is what lets it go past ~400
+    /// transfers/s. What the validation refused there is then left to roles: run
+    /// [`Ledger::restrict_to_role`] (it sets both databases) and give that role to the ledger's
+    /// own users only. Every process working on one ledger must use the same layout. Configure
+    /// before sharing: clones made earlier keep theirs.
+    ///
+    /// # Errors
+    ///
+    /// `name` is not a valid database name, or is the ledger's database itself.
+    pub fn with_hot_database(self, name: &str) -> Result<Ledger> {
+        if name == self.inner.client.database() {
+            return Err(Error::invalid(
+                "hot_db",
+                "must differ from the ledger's database (it holds what validation guards)",
+            ));
+        }
+        let hot = self.inner.client.with_database(name)?;
+        Ok(Ledger::assemble(
+            self.inner.client.clone(),
+            hot,
+            self.inner.worker_id.clone(),
+            self.inner.lease,
+            self.inner.pause.clone(),
+            self.inner.progress.clone(),
+            self.inner.write_quorum,
+        ))
+    }
+
+    /// Another worker on the same ledger: the same databases, lease and settings, a worker id
+    /// and account engine of its own (as if another process had opened the ledger). The test
+    /// and progress hooks are not carried over.
+    pub fn another_worker(&self) -> Ledger {
+        Ledger::assemble(
+            self.inner.client.clone(),
+            self.inner.hot.clone(),
+            uuid::Uuid::now_v7().to_string(),
+            self.inner.lease,
+            None,
+            None,
+            self.inner.write_quorum,
+        )
+    }
+
+    /// The database of accounts and transfers, when it is not the ledger's database
+    /// ([`Ledger::with_hot_database`]).
+    pub fn hot_database(&self) -> Option<&str> {
+        self.is_split().then(|| self.inner.hot.database())
+    }
+
+    /// The client of the database that holds accounts and transfers: [`Ledger::client`]'s
+    /// unless the ledger is split ([`Ledger::with_hot_database`]).
+    pub fn hot_client(&self) -> &Client {
+        &self.inner.hot
+    }
+
+    /// Design documents missing or differing from this version's, in every database of the
+    /// ledger: `(id, what is wrong)`, the id prefixed with the database when split.
+    ///
+    /// # Errors
+    ///
+    /// The server failed.
+    pub async fn design_drift(&self) -> Result<Vec<(String, String)>> {
+        let mut out = design::drift(&self.inner.client).await?;
+        if self.is_split() {
+            let hot = &self.inner.hot;
+            for (id, what) in design::drift_in(hot, design::Scope::Hot).await? {
+                out.push((
+                    format!("{}/{id}", hot.database()),
+                    format!("{}: {what}", hot.database()),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Accounts and transfers live in a database of their own.
+    pub(crate) fn is_split(&self) -> bool {
+        self.inner.hot.database() != self.inner.client.database()
+    }
+
+    /// The ledger's databases: the ledger's own, then the hot one if split.
+    pub(crate) fn databases(&self) -> Vec<&Client> {
+        if self.is_split() {
+            vec![&self.inner.client, &self.inner.hot]
+        } else {
+            vec![&self.inner.client]
+        }
     }
 
     /// Conflicts on ledger documents this ledger met and resolved so far, and the writes a
@@ -195,6 +310,7 @@ impl Ledger {
         }
         Ok(Ledger::assemble(
             self.inner.client.clone(),
+            self.inner.hot.clone(),
             self.inner.worker_id.clone(),
             lease,
             self.inner.pause.clone(),
@@ -208,6 +324,7 @@ impl Ledger {
     pub fn with_pause_hook(self, hook: PauseHook) -> Ledger {
         Ledger::assemble(
             self.inner.client.clone(),
+            self.inner.hot.clone(),
             self.inner.worker_id.clone(),
             self.inner.lease,
             Some(hook),
@@ -222,6 +339,7 @@ impl Ledger {
     pub fn with_progress(self, hook: ProgressHook) -> Ledger {
         Ledger::assemble(
             self.inner.client.clone(),
+            self.inner.hot.clone(),
             self.inner.worker_id.clone(),
             self.inner.lease,
             self.inner.pause.clone(),
@@ -263,7 +381,9 @@ impl Ledger {
     /// and write it, keeping the admins and member names already there. With the ledger's users
     /// members rather than admins, the validation guards every write they make, and what it
     /// cannot guard — deleting `_design/validation`, `_purge`, `_security` itself — is left to
-    /// admins (docs/SECURITY.md). Returns the `_security` object written.
+    /// admins (docs/SECURITY.md). A split ledger ([`Ledger::with_hot_database`]) gets the same
+    /// on both databases: in the hot one, which runs no validation, the role is the only guard.
+    /// Returns the `_security` object written to the ledger's database.
     ///
     /// # Errors
     ///
@@ -276,19 +396,24 @@ impl Ledger {
                 format!("{role:?} is not a role name (non-empty, no spaces, not starting with _)"),
             ));
         }
-        let client = &self.inner.client;
-        let mut security = client.security().await?;
-        if !security.is_object() {
-            security = serde_json::json!({});
-        }
-        for part in ["admins", "members"] {
-            if !security[part].is_object() {
-                security[part] = serde_json::json!({"names": [], "roles": []});
+        let mut written = serde_json::Value::Null;
+        for client in self.databases() {
+            let mut security = client.security().await?;
+            if !security.is_object() {
+                security = serde_json::json!({});
+            }
+            for part in ["admins", "members"] {
+                if !security[part].is_object() {
+                    security[part] = serde_json::json!({"names": [], "roles": []});
+                }
+            }
+            security["members"]["roles"] = serde_json::json!([role]);
+            client.set_security(&security).await?;
+            if written.is_null() {
+                written = security;
             }
         }
-        security["members"]["roles"] = serde_json::json!([role]);
-        client.set_security(&security).await?;
-        Ok(security)
+        Ok(written)
     }
 
     /// Creates the database if needed and installs the design documents, writing only those
@@ -300,16 +425,26 @@ impl Ledger {
     pub async fn init(&self) -> Result<InitReport> {
         let created = self.inner.client.ensure_database().await?;
         let design_docs = design::install(&self.inner.client).await?;
+        let hot = if self.is_split() {
+            let hot = &self.inner.hot;
+            let created = hot.ensure_database().await?;
+            let design_docs = design::install_in(hot, design::Scope::Hot).await?;
+            Some(HotReport {
+                database: hot.database().to_owned(),
+                created,
+                design_docs,
+            })
+        } else {
+            None
+        };
         // Learn the database's copies now (the `w` of ledger writes on a cluster), not in the
         // first transfer.
-        self.inner
-            .quorum
-            .write_options(&self.inner.client, true)
-            .await;
+        self.inner.quorum.write_options(&self.inner.hot, true).await;
         Ok(InitReport {
             database: self.inner.client.database().to_owned(),
             created,
             design_docs,
+            hot,
         })
     }
 }

@@ -85,7 +85,8 @@ pub use couch::{
 pub use engine::WriteQuorum;
 pub use error::{Error, Result};
 pub use ledger::{
-    ConflictCounts, InitReport, Ledger, PauseFn, PauseHook, Progress, ProgressFn, ProgressHook,
+    ConflictCounts, HotReport, InitReport, Ledger, PauseFn, PauseHook, Progress, ProgressFn,
+    ProgressHook,
 };
 pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent};

@@ -21,7 +21,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
-use crate::couch::{ChangesQuery, ViewQuery};
+use crate::couch::{ChangesQuery, Client, ViewQuery};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
@@ -238,7 +238,7 @@ impl Ledger {
                 format!("must be between 1 and {SWEEP_LIMIT_MAX}"),
             ));
         }
-        let client = &self.inner.client;
+        let client = &self.inner.hot;
         let now = now_ms();
         let stale_ms = i64::try_from(options.stale_after.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now.saturating_sub(stale_ms);
@@ -482,12 +482,10 @@ impl Ledger {
             limit: Some(limit),
             ..ViewQuery::default()
         };
-        let rows = self
-            .inner
-            .client
-            .view("transactions", "conflicts", &q)
-            .await?
-            .rows;
+        let mut rows = Vec::new();
+        for client in self.databases() {
+            rows.extend(client.view("transactions", "conflicts", &q).await?.rows);
+        }
         let mut accounts: Vec<AccountOp> = Vec::new();
         for row in rows {
             let Some(id) = row.id else { continue };
@@ -562,7 +560,7 @@ impl Ledger {
 
     /// The malformed transfers earlier passes found (an empty list when there is none yet).
     async fn read_skip_list(&self) -> Result<SkipList> {
-        let stored: Option<Value> = self.inner.client.get_local(SKIP_LIST).await?;
+        let stored: Option<Value> = self.inner.hot.get_local(SKIP_LIST).await?;
         let mut list = SkipList::default();
         if let Some(v) = stored {
             list.rev = v.get("_rev").and_then(Value::as_str).map(str::to_owned);
@@ -583,7 +581,7 @@ impl Ledger {
         if let Some(rev) = &list.rev {
             doc["_rev"] = json!(rev);
         }
-        if let Err(e) = self.inner.client.put_local(SKIP_LIST, &doc).await {
+        if let Err(e) = self.inner.hot.put_local(SKIP_LIST, &doc).await {
             tracing::warn!("could not store the list of malformed transfers: {e}");
         }
     }
@@ -593,7 +591,7 @@ impl Ledger {
     async fn read_docs(&self, ids: &[String]) -> Result<HashMap<String, Option<Value>>> {
         let mut out = HashMap::with_capacity(ids.len());
         for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
-            let rows = self.inner.client.all_docs_with_conflicts(chunk).await?;
+            let rows = self.inner.hot.all_docs_with_conflicts(chunk).await?;
             for (id, row) in chunk.iter().zip(rows) {
                 let mut doc = row.doc.filter(Value::is_object);
                 // A conflicted transfer is resolved before anything is decided on it (the view
@@ -694,7 +692,7 @@ impl Ledger {
             if since.is_none() {
                 // Where the feed stands before the pass: a change during the pass wakes the
                 // next wait at once.
-                match self.inner.client.database_info().await {
+                match self.inner.hot.database_info().await {
                     Ok(info) => since = info.get("update_seq").cloned(),
                     Err(e) => {
                         tracing::warn!("sweep_watch: could not read the update sequence: {e}")
@@ -749,7 +747,7 @@ impl Ledger {
                 view: Some(("transactions".to_owned(), "by_state".to_owned())),
                 ..ChangesQuery::default()
             };
-            let changes = tokio::time::timeout(period, self.inner.client.changes(&query));
+            let changes = tokio::time::timeout(period, self.inner.hot.changes(&query));
             tokio::select! {
                 () = &mut shutdown => return Ok(totals),
                 r = changes => match r {
@@ -772,7 +770,7 @@ impl Ledger {
     pub async fn status(&self) -> Result<LedgerStatus> {
         let states = state_counts(self).await?;
         let oldest = oldest_open(self).await?;
-        let client = &self.inner.client;
+        let client = &self.inner.hot;
         let q = ViewQuery::default();
         let in_flight = match client
             .view("transactions", "pending", &q)
@@ -816,20 +814,29 @@ impl Ledger {
             in_flight,
             in_flight_by_currency,
             pending_markers: marker_count(self).await?,
-            conflicts: view_count(self, "transactions", "conflicts").await?,
+            conflicts: conflict_count(self).await?,
             overdrawn: view_count(self, "accounts", "overdrawn").await?,
         })
     }
 }
 
-/// The `_count` of a whole view.
+/// Documents holding a conflict, in every database of the ledger.
+async fn conflict_count(ledger: &Ledger) -> Result<u64> {
+    let mut n = 0;
+    for client in ledger.databases() {
+        n += view_count_in(client, "transactions", "conflicts").await?;
+    }
+    Ok(n)
+}
+
+/// The `_count` of a whole view of the database of accounts and transfers.
 async fn view_count(ledger: &Ledger, ddoc: &str, view: &str) -> Result<u64> {
-    let rows = ledger
-        .inner
-        .client
-        .view(ddoc, view, &ViewQuery::default())
-        .await?
-        .rows;
+    view_count_in(&ledger.inner.hot, ddoc, view).await
+}
+
+/// The `_count` of a whole view.
+async fn view_count_in(client: &Client, ddoc: &str, view: &str) -> Result<u64> {
+    let rows = client.view(ddoc, view, &ViewQuery::default()).await?.rows;
     match rows.first() {
         None => Ok(0),
         Some(row) => row.value.as_u64().ok_or_else(|| {
@@ -874,7 +881,7 @@ async fn state_counts_and_unknown(ledger: &Ledger) -> Result<(StateCounts, Vec<(
     let mut unknown = Vec::new();
     for row in ledger
         .inner
-        .client
+        .hot
         .view("transactions", "by_state", &q)
         .await?
         .rows
@@ -902,7 +909,7 @@ pub(crate) async fn oldest_open(ledger: &Ledger) -> Result<Option<i64>> {
         };
         let rows = ledger
             .inner
-            .client
+            .hot
             .view("transactions", "by_state", &q)
             .await?
             .rows;
@@ -921,7 +928,7 @@ pub(crate) async fn oldest_open(ledger: &Ledger) -> Result<Option<i64>> {
 pub(crate) async fn marker_count(ledger: &Ledger) -> Result<u64> {
     let rows = ledger
         .inner
-        .client
+        .hot
         .view("accounts", "pending", &ViewQuery::default())
         .await?
         .rows;

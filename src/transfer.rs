@@ -422,7 +422,7 @@ impl Ledger {
     /// before it checks `_rev`, so a stale CAS — a 409 on CouchDB — can come back as a refusal
     /// of the transition from the current state. That is a conflict, not a broken rule.
     pub(crate) async fn changed_under_us(&self, id: &str, sent_rev: Option<&str>) -> Result<bool> {
-        let current: Option<Value> = self.inner.client.get_opt(id).await?;
+        let current: Option<Value> = self.inner.hot.get_opt(id).await?;
         let current_rev = current
             .as_ref()
             .and_then(|v| v.get("_rev"))
@@ -438,7 +438,7 @@ impl Ledger {
     /// ([`Ledger::resolve_transfer`]); a missing one is a 404.
     pub(crate) async fn read_txn(&self, txn_id: &str) -> Result<TxnDoc> {
         let id = txn_doc_id(txn_id);
-        let Some(leaves) = self.inner.client.leaves(&id).await? else {
+        let Some(leaves) = self.inner.hot.leaves(&id).await? else {
             return Err(Error::status(
                 404,
                 Some("not_found".to_owned()),
@@ -495,7 +495,7 @@ impl Ledger {
             let d = &leaves[0];
             for account in [&d.source, &d.destination] {
                 let aid = crate::account_doc::account_doc_id(account);
-                if let Some(found) = self.inner.client.leaves(&aid).await? {
+                if let Some(found) = self.inner.hot.leaves(&aid).await? {
                     for mut leaf in found.winner.into_iter().chain(found.losers) {
                         crate::couch::take_conflicts(&mut leaf);
                         if let Ok(doc) = crate::account_doc::AccountDoc::from_value(leaf) {
@@ -529,12 +529,8 @@ impl Ledger {
                 })
             })
             .collect();
-        let options = self
-            .inner
-            .quorum
-            .write_options(&self.inner.client, true)
-            .await;
-        let results = self.inner.client.bulk_docs_with(&stubs, &options).await?;
+        let options = self.inner.quorum.write_options(&self.inner.hot, true).await;
+        let results = self.inner.hot.bulk_docs_with(&stubs, &options).await?;
         if let Some(refused) = results.iter().find(|r| !r.is_ok() && !r.is_conflict()) {
             return Err(Error::status(
                 403,

@@ -190,7 +190,7 @@ impl World {
         )
         .await;
         const SWEEPS: usize = 4;
-        let sweeper = Ledger::new(self.l.client().clone());
+        let sweeper = self.l.another_worker();
         let mut passes = Vec::new();
         for _ in 0..SWEEPS {
             let o = sweeper

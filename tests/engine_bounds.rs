@@ -48,14 +48,14 @@ fn now_ms() -> i64 {
 }
 
 async fn account_doc(l: &Ledger, id: &str) -> Value {
-    l.client().get(&format!("account:{id}")).await.unwrap()
+    l.hot_client().get(&format!("account:{id}")).await.unwrap()
 }
 
 /// Replaces an account's `settled` list with a raw write (not through the engine).
 async fn plant_settled(l: &Ledger, id: &str, settled: Vec<Value>) {
     let mut doc = account_doc(l, id).await;
     doc["settled"] = Value::Array(settled);
-    l.client()
+    l.hot_client()
         .put(&format!("account:{id}"), &doc)
         .await
         .unwrap();

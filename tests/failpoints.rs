@@ -45,7 +45,7 @@ async fn open(l: &Ledger, id: &str, opening: i64) {
 
 /// A worker that re-applied `txn` on B after it was settled and pruned: an orphan marker.
 async fn duplicate_marker(l: &Ledger, txn: &str, delta: i64) {
-    let mut b: Value = l.client().get("account:B").await.unwrap();
+    let mut b: Value = l.hot_client().get("account:B").await.unwrap();
     let settled: Vec<Value> = b["settled"]
         .as_array()
         .unwrap()
@@ -56,7 +56,7 @@ async fn duplicate_marker(l: &Ledger, txn: &str, delta: i64) {
     b["settled"] = json!(settled);
     b["pending"] = json!([{"txn": txn, "delta": delta, "at": 1}]);
     b["balance"] = json!(b["balance"].as_i64().unwrap() + delta);
-    l.client().put("account:B", &b).await.unwrap();
+    l.hot_client().put("account:B", &b).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -117,7 +117,7 @@ async fn stuck_transfers_are_finished_and_fresh_ones_left_alone() {
         .await
         .unwrap();
     l.step("claimed").await.unwrap();
-    let other = Ledger::new(l.client().clone());
+    let other = l.another_worker();
     let o = other.sweep_once(now_sweep(100)).await.unwrap();
     assert_eq!((o.examined, o.skipped, o.advanced), (1, 1, 0), "{o:?}");
     // Its owner finishes it.
@@ -161,8 +161,8 @@ async fn two_sweepers_on_one_stuck_set_apply_each_transfer_once() {
         .await
         .unwrap();
     }
-    let one = Ledger::new(l.client().clone());
-    let two = Ledger::new(l.client().clone());
+    let one = l.another_worker();
+    let two = l.another_worker();
     let started = Instant::now();
     let (a, b) = tokio::join!(
         one.sweep_once(now_sweep(1_000)),
@@ -197,16 +197,16 @@ async fn orphan_markers_are_repaired() {
         .unwrap();
     // Simulate a worker that re-applied "paid" on B long after it was settled (and its settled
     // entry pruned): a pending marker of a done transfer, with its delta in the balance.
-    let mut b: Value = l.client().get("account:B").await.unwrap();
+    let mut b: Value = l.hot_client().get("account:B").await.unwrap();
     b["settled"] = json!([]);
     b["pending"] = json!([{"txn": "paid", "delta": 100, "at": 1}]);
     b["balance"] = json!(200);
-    l.client().put("account:B", &b).await.unwrap();
+    l.hot_client().put("account:B", &b).await.unwrap();
     // And a marker of a transfer that does not exist.
-    let mut a: Value = l.client().get("account:A").await.unwrap();
+    let mut a: Value = l.hot_client().get("account:A").await.unwrap();
     a["pending"] = json!([{"txn": "ghost", "delta": -5, "at": 1}]);
     a["balance"] = json!(895);
-    l.client().put("account:A", &a).await.unwrap();
+    l.hot_client().put("account:A", &a).await.unwrap();
 
     let report = l.verify().await.unwrap();
     assert!(!report.ok, "{report:#?}");
@@ -283,7 +283,7 @@ async fn watch_finishes_new_work_and_stops_on_shutdown() {
     open(&l, "B", 0, Some(0)).await;
     let (stop, shutdown) = tokio::sync::oneshot::channel::<()>();
     let watcher = {
-        let s = Ledger::new(l.client().clone());
+        let s = l.another_worker();
         tokio::spawn(async move {
             s.sweep_watch(now_sweep(100), async move {
                 let _ = shutdown.await;
@@ -364,12 +364,12 @@ async fn verify_reports_broken_invariants() {
     l.submit(request("v1", "A", "B", 100), true).await.unwrap();
     assert_at_rest(&l).await;
     // Money appears from nowhere on A, and B is pushed below its minimum: by hand.
-    let mut a: Value = l.client().get("account:A").await.unwrap();
+    let mut a: Value = l.hot_client().get("account:A").await.unwrap();
     a["balance"] = json!(950);
-    l.client().put("account:A", &a).await.unwrap();
-    let mut b: Value = l.client().get("account:B").await.unwrap();
+    l.hot_client().put("account:A", &a).await.unwrap();
+    let mut b: Value = l.hot_client().get("account:B").await.unwrap();
     b["balance"] = json!(-1);
-    l.client().put("account:B", &b).await.unwrap();
+    l.hot_client().put("account:B", &b).await.unwrap();
     let report = l.verify().await.unwrap();
     assert!(!report.ok);
     for name in ["conservation", "exactly_once", "no_overdraft"] {
@@ -465,12 +465,12 @@ async fn a_large_stuck_backlog_is_driven_in_groups() {
     for s in submits {
         s.await.unwrap().unwrap();
     }
-    let sweeper = Ledger::new(l.client().clone());
-    let before = l.client().requests_sent();
+    let sweeper = l.another_worker();
+    let before = l.hot_client().requests_sent();
     let started = Instant::now();
     let o = sweeper.sweep_once(now_sweep(2 * n as usize)).await.unwrap();
     let took = started.elapsed();
-    let requests = l.client().requests_sent() - before;
+    let requests = l.hot_client().requests_sent() - before;
     eprintln!("{n} stuck transfers swept in {took:?} with {requests} requests: {o:?}");
     assert_eq!((o.advanced, o.remaining), (n, 0), "{o:?}");
     assert!(requests < n, "{requests} requests for {n} transfers");
@@ -535,7 +535,7 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
             })
         }))
     };
-    let sweeper = Ledger::new(l.client().clone()).with_pause_hook(hook);
+    let sweeper = l.another_worker().with_pause_hook(hook);
     let o = tokio::time::timeout(Duration::from_secs(120), sweeper.sweep_once(now_sweep(n)))
         .await
         .expect("fewer than SWEEP_CONCURRENCY_MAX drives at once: the barrier never filled")

@@ -27,3 +27,5 @@ mod conflicts;
 mod serve;
 // Ecosystem fit (issue 14): every ISO-4217 currency, humantime durations, shell completions.
 mod ecosystem;
+// The split layout (issue 15): accounts and transfers in a database of their own, unvalidated.
+mod layout;

@@ -60,7 +60,7 @@ async fn view_rows(l: &Ledger, view: &str) -> Vec<(Value, Value)> {
         group: Some(true),
         ..ViewQuery::default()
     };
-    l.client()
+    l.hot_client()
         .view("transactions", view, &q)
         .await
         .unwrap()
@@ -199,7 +199,7 @@ async fn accounts_are_created_once_and_read_with_their_balances() {
     assert!(v.pending.is_empty());
 
     // Bad input is refused before anything is written.
-    let before = l.client().requests_sent();
+    let before = l.hot_client().requests_sent();
     for bad in ["", "_x", "a:b", "tab\there", &"x".repeat(201)] {
         let e = l
             .create_account(AccountSpec {
@@ -220,7 +220,7 @@ async fn accounts_are_created_once_and_read_with_their_balances() {
         .unwrap_err();
     assert_eq!(e.field(), Some("opening"));
     assert_eq!(
-        l.client().requests_sent(),
+        l.hot_client().requests_sent(),
         before,
         "refusals send no request"
     );
@@ -298,7 +298,7 @@ async fn bad_requests_are_refused_before_any_write() {
     let l = support::ledger("refusals").await;
     open(&l, "A", 1_000, Some(0)).await;
     open(&l, "B", 0, Some(0)).await;
-    let before = l.client().requests_sent();
+    let before = l.hot_client().requests_sent();
     let mut cases = vec![
         (request(Some("r1"), "A", "A", 10), "destination"),
         (request(Some("r2"), "A", "B", 0), "amount"),
@@ -317,7 +317,7 @@ async fn bad_requests_are_refused_before_any_write() {
     }
     // An unknown currency cannot even be named: the request's currency is a `Currency`.
     assert!(Currency::from_code("XXX").is_err());
-    assert_eq!(l.client().requests_sent(), before, "nothing was sent");
+    assert_eq!(l.hot_client().requests_sent(), before, "nothing was sent");
 }
 
 #[tokio::test]
@@ -545,12 +545,12 @@ async fn an_uncontended_transfer_takes_at_most_six_requests() {
     let l = support::ledger("six_requests").await;
     open(&l, "A", 1_000, Some(0)).await;
     open(&l, "B", 0, Some(0)).await;
-    let before = l.client().requests_sent();
+    let before = l.hot_client().requests_sent();
     let t = l
         .submit(request(Some("one"), "A", "B", 10), true)
         .await
         .unwrap();
-    let cold = l.client().requests_sent() - before;
+    let cold = l.hot_client().requests_sent() - before;
     assert_eq!(t.state, State::Done);
     // Plus one request once per ledger: `GET /db`, how many copies the database keeps (the
     // `w` of its writes on a cluster; docs/CLUSTER.md).
@@ -558,29 +558,29 @@ async fn an_uncontended_transfer_takes_at_most_six_requests() {
     // Two accounts this ledger never read: cold again, without that one-time read.
     open(&l, "C", 1_000, Some(0)).await;
     open(&l, "D", 0, Some(0)).await;
-    let before = l.client().requests_sent();
+    let before = l.hot_client().requests_sent();
     l.submit(request(Some("one-b"), "C", "D", 10), true)
         .await
         .unwrap();
-    let cold = l.client().requests_sent() - before;
+    let cold = l.hot_client().requests_sent() - before;
     assert!(
         cold <= 6,
         "a cold transfer after the first took {cold} requests"
     );
     // With the accounts' revisions remembered, the read before the apply is skipped.
-    let before = l.client().requests_sent();
+    let before = l.hot_client().requests_sent();
     l.submit(request(Some("two"), "B", "A", 10), true)
         .await
         .unwrap();
-    let warm = l.client().requests_sent() - before;
+    let warm = l.hot_client().requests_sent() - before;
     assert!(warm <= 5, "second transfer took {warm} requests");
     // A cancelled one stays within the same budget.
-    let before = l.client().requests_sent();
+    let before = l.hot_client().requests_sent();
     let t = l
         .submit(request(Some("three"), "B", "A", 10_000), true)
         .await
         .unwrap();
-    let refused = l.client().requests_sent() - before;
+    let refused = l.hot_client().requests_sent() - before;
     assert_eq!(t.state, State::Cancelled);
     assert!(refused <= 6, "refused transfer took {refused} requests");
     eprintln!("requests per transfer: cold {cold}, warm {warm}, refused {refused}");
@@ -594,7 +594,7 @@ async fn concurrent_transfers_share_requests() {
     for i in 0..n {
         open(&l, &format!("d{i}"), 0, Some(0)).await;
     }
-    let before = l.client().requests_sent();
+    let before = l.hot_client().requests_sent();
     let (acct_rounds, txn_rounds) = l.engine_rounds();
     let mut tasks = Vec::new();
     for i in 0..n {
@@ -610,7 +610,7 @@ async fn concurrent_transfers_share_requests() {
     for t in tasks {
         assert_eq!(t.await.unwrap().unwrap().state, State::Done);
     }
-    let used = l.client().requests_sent() - before;
+    let used = l.hot_client().requests_sent() - before;
     let (acct_after, txn_after) = l.engine_rounds();
     eprintln!(
         "{n} concurrent transfers: {used} requests, {} account rounds, {} transfer-doc rounds",
@@ -662,11 +662,12 @@ async fn a_stale_worker_resumes_into_skips() {
         open(&base, &a, 1_000, Some(0)).await;
         open(&base, &b, 0, Some(0)).await;
         let (g, hook) = gate(phase);
-        let slow = Ledger::new(base.client().clone())
+        let slow = base
+            .another_worker()
             .with_lease(Duration::from_millis(300))
             .unwrap()
             .with_pause_hook(hook);
-        let other = Ledger::new(base.client().clone());
+        let other = base.another_worker();
         assert_ne!(slow.worker_id(), other.worker_id());
 
         let req = request(Some(&id), &a, &b, 250);
@@ -753,7 +754,7 @@ async fn hot_accounts_never_overdraw() {
     // A sweeper in another "process" finishes the transfers submitted without waiting.
     let (stop_sweeper, shutdown) = tokio::sync::oneshot::channel::<()>();
     let sweeper = {
-        let s = Ledger::new(l.client().clone());
+        let s = l.another_worker();
         tokio::spawn(async move {
             s.sweep_watch(
                 SweepOptions {
@@ -840,10 +841,7 @@ async fn two_processes_on_one_hot_account_conflict_and_still_apply_once() {
     open(&l, "cold", 0, Some(0)).await;
     // Two ledgers = two engines that do not see each other's writes: every round of one makes
     // the other's cached revision of "hot" stale, so their CAS writes keep meeting 409s.
-    let processes = [
-        Ledger::new(l.client().clone()),
-        Ledger::new(l.client().clone()),
-    ];
+    let processes = [l.another_worker(), l.another_worker()];
     let mut tasks = Vec::new();
     for (p, ledger) in processes.iter().enumerate() {
         for i in 0..60 {
@@ -874,7 +872,7 @@ async fn two_processes_on_one_hot_account_conflict_and_still_apply_once() {
         "two processes: {states:?}; engine rounds {:?} / {:?}; requests {}",
         processes[0].engine_rounds(),
         processes[1].engine_rounds(),
-        l.client().requests_sent()
+        l.hot_client().requests_sent()
     );
     assert_eq!(hot + cold, 100_000);
     assert!(cold >= 0);
@@ -891,7 +889,7 @@ async fn a_transfer_that_fails_after_its_document_was_written_names_its_id() {
     open(&base, "A", 1_000, Some(0)).await;
     open(&base, "B", 0, Some(0)).await;
     let (g, hook) = gate("apply");
-    let worker_ledger = Ledger::new(base.client().clone()).with_pause_hook(hook);
+    let worker_ledger = base.another_worker().with_pause_hook(hook);
     // No id given: the library makes one, and the error must still carry it.
     let worker = tokio::spawn(async move {
         worker_ledger

@@ -63,6 +63,12 @@ pub(crate) struct GlobalArgs {
     #[arg(long, env = "LEDGER_DB", global = true, value_name = "NAME")]
     db: Option<String>,
 
+    /// Keep accounts and transfers in this second database, which runs no validation (orders
+    /// stay in --db, validated): several times the transfer throughput on CouchDB, with roles
+    /// as the guard there (docs/LAYOUT.md). Every program on one ledger must use the same.
+    #[arg(long, env = "LEDGER_HOT_DB", global = true, value_name = "NAME")]
+    hot_db: Option<String>,
+
     /// Print exactly one JSON object on stdout (amounts as integers in minor units).
     #[arg(long, global = true)]
     json: bool,
@@ -71,7 +77,7 @@ pub(crate) struct GlobalArgs {
     #[arg(long, global = true, value_name = "DUR")]
     timeout: Option<String>,
 
-    /// A TOML file of settings: url, user, password_file, db, timeout (and iam_api_key_file,
+    /// A TOML file of settings: url, user, password_file, db, hot_db, timeout (and iam_api_key_file,
     /// iam_token_url). Options and the environment override it.
     #[arg(long, env = "COUCH_LEDGER_CONFIG", global = true, value_name = "PATH")]
     config: Option<PathBuf>,
@@ -107,6 +113,7 @@ pub(crate) struct Layer {
     pub(crate) user: Option<String>,
     pub(crate) password: Option<SecretString>,
     pub(crate) db: Option<String>,
+    pub(crate) hot_db: Option<String>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) iam_api_key: Option<SecretString>,
     pub(crate) iam_token_url: Option<String>,
@@ -120,6 +127,7 @@ impl Layer {
             user: self.user.or(under.user),
             password: self.password.or(under.password),
             db: self.db.or(under.db),
+            hot_db: self.hot_db.or(under.hot_db),
             timeout: self.timeout.or(under.timeout),
             iam_api_key: self.iam_api_key.or(under.iam_api_key),
             iam_token_url: self.iam_token_url.or(under.iam_token_url),
@@ -136,6 +144,7 @@ struct ConfigFile {
     user: Option<String>,
     password_file: Option<PathBuf>,
     db: Option<String>,
+    hot_db: Option<String>,
     timeout: Option<String>,
     iam_api_key_file: Option<PathBuf>,
     iam_token_url: Option<String>,
@@ -185,6 +194,7 @@ pub(crate) fn read_config(path: &Path) -> Result<Layer, UsageError> {
         user: file.user.filter(|s| !s.is_empty()),
         password: secret(&file.password_file, "password_file")?,
         db: file.db.filter(|s| !s.is_empty()),
+        hot_db: file.hot_db.filter(|s| !s.is_empty()),
         timeout,
         iam_api_key: secret(&file.iam_api_key_file, "iam_api_key_file")?,
         iam_token_url: file.iam_token_url.filter(|s| !s.is_empty()),
@@ -262,6 +272,8 @@ pub(crate) struct HiArgs {
     pub(crate) iam_api_key: Option<SecretString>,
     pub(crate) iam_token_url: Option<String>,
     pub(crate) db: String,
+    /// `--hot-db`: accounts and transfers in a database of their own.
+    pub(crate) hot_db: Option<String>,
     /// `--db` was on the command line (not the environment or the default).
     pub(crate) db_on_command_line: bool,
     pub(crate) json: bool,
@@ -277,6 +289,7 @@ impl fmt::Debug for HiArgs {
             .field("iam_api_key", &self.iam_api_key.as_ref().map(|_| "_"))
             .field("iam_token_url", &self.iam_token_url)
             .field("db", &self.db)
+            .field("hot_db", &self.hot_db)
             .field("json", &self.json)
             .field("timeout", &self.timeout)
             .finish()
@@ -305,6 +318,7 @@ impl HiArgs {
             user: non_empty(&g.user),
             password: g.password.clone().map(SecretString::from),
             db: non_empty(&g.db),
+            hot_db: non_empty(&g.hot_db),
             timeout,
             iam_api_key: non_empty(&g.iam_api_key).map(SecretString::from),
             iam_token_url: non_empty(&g.iam_token_url),
@@ -330,6 +344,7 @@ impl HiArgs {
             iam_api_key: settings.iam_api_key,
             iam_token_url: settings.iam_token_url,
             db: settings.db.unwrap_or_else(|| DEFAULT_DATABASE.to_owned()),
+            hot_db: settings.hot_db,
             db_on_command_line: matches.value_source("db") == Some(ValueSource::CommandLine),
             json: g.json,
             timeout: settings.timeout,
@@ -390,7 +405,11 @@ impl HiArgs {
     ///
     /// As [`HiArgs::client`].
     pub(crate) fn ledger(&self) -> couch_ledger::Result<Ledger> {
-        Ok(Ledger::new(self.client(&self.url, &self.db, true)?))
+        let ledger = Ledger::new(self.client(&self.url, &self.db, true)?);
+        match &self.hot_db {
+            Some(hot) => ledger.with_hot_database(hot),
+            None => Ok(ledger),
+        }
     }
 }
 

@@ -9,9 +9,9 @@
 use std::fmt;
 
 use anyhow::Context as _;
-use couch_ledger::design::InstallStatus;
+use couch_ledger::design::{InstallStatus, Scope};
 use couch_ledger::ViewQuery;
-use serde_json::json;
+use serde_json::{json, Value};
 
 pub(crate) mod args;
 pub(crate) mod demo;
@@ -122,12 +122,14 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         .init()
         .await
         .with_context(|| format!("could not initialise database {:?}", ctx.settings.db))?;
-    if report
-        .design_docs
-        .iter()
-        .any(|d| d.status != InstallStatus::Unchanged)
-    {
-        build_views(&ledger, ctx.settings.json).await;
+    let changed = |docs: &[couch_ledger::design::Installed]| {
+        docs.iter().any(|d| d.status != InstallStatus::Unchanged)
+    };
+    if changed(&report.design_docs) {
+        build_views(ledger.client(), Scope::Ledger, ctx.settings.json).await;
+    }
+    if report.hot.as_ref().is_some_and(|h| changed(&h.design_docs)) {
+        build_views(ledger.hot_client(), Scope::Hot, ctx.settings.json).await;
     }
     let security = match &args.member_role {
         Some(role) => Some(ledger.restrict_to_role(role).await.with_context(|| {
@@ -138,22 +140,32 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         })?),
         None => None,
     };
-    let docs: Vec<_> = report
-        .design_docs
-        .iter()
-        .map(|d| json!({"id": d.id, "status": output::install_status(d.status)}))
-        .collect();
-    let mut text = format!(
-        "database {}: {}\n",
-        report.database,
-        if report.created { "created" } else { "exists" }
-    );
-    for d in &report.design_docs {
+    let as_json = |docs: &[couch_ledger::design::Installed]| -> Vec<Value> {
+        docs.iter()
+            .map(|d| json!({"id": d.id, "status": output::install_status(d.status)}))
+            .collect()
+    };
+    let docs = as_json(&report.design_docs);
+    let mut text = String::new();
+    let mut describe = |database: &str, created: bool, docs: &[couch_ledger::design::Installed]| {
         text.push_str(&format!(
-            "  {:<24} {}\n",
-            d.id,
-            output::install_status(d.status)
+            "database {database}: {}\n",
+            if created { "created" } else { "exists" }
         ));
+        for d in docs {
+            text.push_str(&format!(
+                "  {:<24} {}\n",
+                d.id,
+                output::install_status(d.status)
+            ));
+        }
+    };
+    describe(&report.database, report.created, &report.design_docs);
+    if let Some(hot) = &report.hot {
+        describe(&hot.database, hot.created, &hot.design_docs);
+        text.push_str(
+            "  (accounts and transfers: no validation here; guard it with --member-role)\n",
+        );
     }
     if let Some(role) = &args.member_role {
         text.push_str(&format!(
@@ -165,6 +177,13 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     if let Some(security) = security {
         value["security"] = security;
     }
+    if let Some(hot) = &report.hot {
+        value["hot"] = json!({
+            "database": hot.database,
+            "created": hot.created,
+            "design_docs": as_json(&hot.design_docs),
+        });
+    }
     ctx.out.print(&value, &text)?;
     Ok(Exit::Success)
 }
@@ -173,8 +192,9 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
 /// server build the document's views (CouchDB builds them together) — so the first real query
 /// does not wait, and a terminal shows a bar meanwhile. A view that takes longer than the
 /// request timeout keeps building on the server; that is said, and is not a failure.
-async fn build_views(ledger: &couch_ledger::Ledger, json: bool) {
-    let docs: Vec<(String, String)> = couch_ledger::design::design_docs()
+async fn build_views(client: &couch_ledger::Client, scope: Scope, json: bool) {
+    let docs: Vec<(String, String)> = scope
+        .design_docs()
         .into_iter()
         .filter_map(|d| {
             let name = d.id.strip_prefix("_design/")?.to_owned();
@@ -188,7 +208,7 @@ async fn build_views(ledger: &couch_ledger::Ledger, json: bool) {
             limit: Some(0),
             ..ViewQuery::default()
         };
-        if let Err(e) = ledger.client().view(ddoc, view, &q).await {
+        if let Err(e) = client.view(ddoc, view, &q).await {
             tracing::warn!("views of _design/{ddoc} not built yet (the server goes on): {e}");
         }
         bar.set(done as u64 + 1);

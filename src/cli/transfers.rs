@@ -700,8 +700,22 @@ async fn verify(a: VerifyArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     let mut bar = super::progress::Bar::new(ctx.out.is_json(), "reading documents", None);
     if bar.is_on() {
         // The bar's length: every document and deletion, which `_changes` lists once each.
-        let info = ledger.client().database_info().await.unwrap_or_default();
-        let count = |k: &str| info.get(k).and_then(serde_json::Value::as_u64);
+        let mut infos = vec![ledger.client().database_info().await.unwrap_or_default()];
+        if ledger.hot_database().is_some() {
+            infos.push(
+                ledger
+                    .hot_client()
+                    .database_info()
+                    .await
+                    .unwrap_or_default(),
+            );
+        }
+        let count = |k: &str| -> Option<u64> {
+            infos
+                .iter()
+                .map(|info| info.get(k).and_then(serde_json::Value::as_u64))
+                .sum()
+        };
         if let Some(docs) = count("doc_count") {
             bar.finish();
             let total = docs + count("doc_del_count").unwrap_or(0);

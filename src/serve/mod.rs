@@ -138,6 +138,10 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
         .build()
         .context("invalid server settings")?;
     let ledger = Ledger::new(client);
+    let ledger = match &global.hot_db {
+        Some(hot) => ledger.with_hot_database(hot).context("invalid --hot-db")?,
+        None => ledger,
+    };
     if settings.init {
         let report = ledger
             .init()

@@ -54,7 +54,7 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
             .insert(header::RETRY_AFTER, header::HeaderValue::from(5u32));
         r
     };
-    match tokio::time::timeout(READY_TIMEOUT, couch_ledger::design::drift(client)).await {
+    match tokio::time::timeout(READY_TIMEOUT, state.ledger.design_drift()).await {
         Err(_) => not_ready(format!("CouchDB did not answer within {READY_TIMEOUT:?}")),
         Ok(Err(e)) => ApiError::from_ledger(&e, String::new).into_response(),
         Ok(Ok(problems)) if problems.is_empty() => Json(ReadyBody {

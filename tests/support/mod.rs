@@ -95,6 +95,20 @@ pub async fn ledger(test: &str) -> Ledger {
     l
 }
 
+/// A split ledger (accounts and transfers in a database of their own, `<db>_hot`) on fresh
+/// databases, initialised.
+pub async fn split_ledger(test: &str) -> Ledger {
+    let client = builder(test).build().expect("client");
+    let hot = format!("{}_hot", client.database());
+    let l = Ledger::new(client)
+        .with_hot_database(&hot)
+        .expect("hot database");
+    let report = l.init().await.expect("init");
+    assert!(report.created);
+    assert!(report.hot.expect("a hot report").created);
+    l
+}
+
 /// Raw HTTP on the test server, bypassing the library (for writes "not through the library").
 pub fn raw() -> reqwest::Client {
     reqwest::Client::builder()

@@ -1,0 +1,265 @@
+//! The split layout (issue 15, docs/LAYOUT.md): accounts and transfers in a second database
+//! that runs no validation, orders in the ledger's validated database. Everything a ledger
+//! does must find its documents where they live: transfers, the sweeper, conflicts, `status`,
+//! `verify`, `init`, `_security`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::support;
+use couch_ledger::{
+    AccountSpec, Amount, Currency, Ledger, Payment, Purchase, State, SweepOptions, TransferRequest,
+    VerifyOptions,
+};
+
+fn eur() -> Currency {
+    Currency::from_code("EUR").unwrap()
+}
+
+async fn open(l: &Ledger, id: &str, opening: i64) {
+    l.create_account(AccountSpec {
+        account_id: id.into(),
+        currency: eur(),
+        opening: Amount::new(opening).unwrap(),
+        min_balance: Some(Amount::ZERO),
+    })
+    .await
+    .unwrap();
+}
+
+fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
+    TransferRequest {
+        id: Some(id.into()),
+        source: from.into(),
+        destination: to.into(),
+        amount: Amount::new(value).unwrap(),
+        currency: eur(),
+    }
+}
+
+fn now_sweep() -> SweepOptions {
+    SweepOptions {
+        limit: 100,
+        stale_after: Duration::ZERO,
+    }
+}
+
+/// The ids in database `db` (design documents included), read raw.
+async fn ids_in(db: &str) -> BTreeSet<String> {
+    support::db_snapshot(db)
+        .await
+        .revs
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect()
+}
+
+async fn assert_at_rest(l: &Ledger) {
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+}
+
+#[tokio::test]
+async fn a_split_ledger_keeps_accounts_and_transfers_out_of_the_validated_database() {
+    let l = support::split_ledger("split_basics").await;
+    let main = l.client().database().to_owned();
+    let hot = l.hot_database().expect("split").to_owned();
+    assert_eq!(l.hot_client().database(), hot);
+
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let mut purchase = Purchase::from_json(
+        include_str!("../examples/cloudant-purchase.json"),
+        Some(Currency::from_code("GBP").unwrap()),
+    )
+    .unwrap();
+    purchase.order_id = "o1".into();
+    l.record_purchase(&purchase).await.unwrap();
+    l.record_payment(&Payment {
+        order_id: "o1".into(),
+        reference: "p1".into(),
+        amount: Amount::new(100).unwrap(),
+        currency: Currency::from_code("GBP").unwrap(),
+        method: None,
+    })
+    .await
+    .unwrap();
+    let done = l.submit(request("t1", "A", "B", 250), true).await.unwrap();
+    assert_eq!(done.state, State::Done);
+    let refused = l
+        .submit(request("t2", "A", "B", 5_000), true)
+        .await
+        .unwrap();
+    assert_eq!(refused.state, State::Cancelled);
+    assert_eq!(l.account("A").await.unwrap().balance.minor(), 750);
+    assert_eq!(l.account("B").await.unwrap().balance.minor(), 250);
+    assert_eq!(
+        l.order_balance("o1").await.unwrap(),
+        purchase
+            .total
+            .checked_sub(Amount::new(100).unwrap())
+            .unwrap()
+    );
+
+    let main_ids = ids_in(&main).await;
+    let hot_ids = ids_in(&hot).await;
+    assert_eq!(
+        main_ids,
+        [
+            "_design/accounts",
+            "_design/orders",
+            "_design/transactions",
+            "_design/validation",
+            "payment:o1:p1",
+            "purchase:o1",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect(),
+        "the ledger's database holds the history and the design documents"
+    );
+    assert_eq!(
+        hot_ids,
+        [
+            "_design/accounts",
+            "_design/transactions",
+            "account:A",
+            "account:B",
+            "txn:t1",
+            "txn:t2",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect(),
+        "the hot database holds accounts, transfers and their views — no validation"
+    );
+
+    let status = l.status().await.unwrap();
+    assert_eq!((status.states.done, status.states.cancelled), (1, 1));
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+    let exactly_once = report.check("exactly_once").unwrap();
+    assert!(
+        exactly_once.detail.contains("1 committed or done"),
+        "{exactly_once:?}"
+    );
+    let design = report.check("design_documents").unwrap();
+    assert!(design.detail.contains(&hot), "{design:?}");
+
+    // A second init changes nothing, in either database.
+    let again = l.init().await.unwrap();
+    assert!(!again.created && !again.hot.as_ref().unwrap().created);
+    assert!(again
+        .design_docs
+        .iter()
+        .chain(&again.hot.unwrap().design_docs)
+        .all(|d| d.status == couch_ledger::design::InstallStatus::Unchanged));
+
+    // A ledger opened without the hot database does not see the split ledger's accounts.
+    let unsplit = Ledger::new(l.client().clone());
+    assert!(unsplit.account("A").await.unwrap_err().is_not_found());
+}
+
+#[tokio::test]
+async fn the_hot_database_must_be_another_database() {
+    let client = support::builder("split_same").build().unwrap();
+    let db = client.database().to_owned();
+    let e = Ledger::new(client.clone())
+        .with_hot_database(&db)
+        .unwrap_err();
+    assert!(e.is_invalid_input(), "{e:?}");
+    let e = Ledger::new(client)
+        .with_hot_database("Bad Name")
+        .unwrap_err();
+    assert!(e.is_invalid_input(), "{e:?}");
+}
+
+#[tokio::test]
+async fn the_sweeper_finishes_transfers_left_in_the_hot_database() {
+    let l = support::split_ledger("split_sweep").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    for i in 0..5 {
+        let left = l
+            .submit(request(&format!("s{i}"), "A", "B", 10), false)
+            .await
+            .unwrap();
+        assert_eq!(left.state, State::Initial);
+    }
+    assert_eq!(l.status().await.unwrap().states.initial, 5);
+    // Another worker (as another process would) sweeps.
+    let sweeper = l.another_worker();
+    let out = sweeper.sweep_once(now_sweep()).await.unwrap();
+    assert_eq!((out.advanced, out.failed), (5, 0), "{out:?}");
+    assert_eq!(l.account("B").await.unwrap().balance.minor(), 50);
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn a_conflict_in_the_hot_database_is_reported_and_resolved() {
+    let l = support::split_ledger("split_conflict").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    l.submit(request("c1", "A", "B", 100), true).await.unwrap();
+    let hot = l.hot_database().unwrap().to_owned();
+    // A sibling of B that holds c1 undone, as another node could have written it: a merge
+    // follows the transfer (done), so B keeps c1's credit.
+    support::plant_sibling(&hot, "account:B", &"f".repeat(32), |doc| {
+        doc["balance"] = json!(0);
+        doc["settled"] = json!([{"txn": "c1", "at": 1, "undone": true}]);
+    })
+    .await;
+    assert_eq!(l.status().await.unwrap().conflicts, 1);
+    let report = l.verify().await.unwrap();
+    let conflicts = report.check("conflicts").unwrap();
+    assert!(!conflicts.ok, "{report:#?}");
+    assert!(conflicts.documents.contains(&"account:B".to_owned()));
+
+    let out = l.sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (out.conflicts_resolved, out.conflicts_unresolved),
+        (1, 0),
+        "{out:?}"
+    );
+    assert_eq!(l.status().await.unwrap().conflicts, 0);
+    assert_eq!(l.account("B").await.unwrap().balance.minor(), 100);
+    assert_at_rest(&l).await;
+}
+
+#[tokio::test]
+async fn restrict_to_role_guards_both_databases() {
+    let l = support::split_ledger("split_role").await;
+    l.restrict_to_role("ledger-writer").await.unwrap();
+    for client in [l.client(), l.hot_client()] {
+        let security: Value = client.security().await.unwrap();
+        assert_eq!(
+            security["members"]["roles"],
+            json!(["ledger-writer"]),
+            "{}: {security}",
+            client.database()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_design_document_missing_from_the_hot_database_is_drift_and_init_repairs_it() {
+    let l = support::split_ledger("split_drift").await;
+    let hot = l.hot_client();
+    let doc: Value = hot.get("_design/transactions").await.unwrap();
+    hot.delete("_design/transactions", doc["_rev"].as_str().unwrap())
+        .await
+        .unwrap();
+    let drift = l.design_drift().await.unwrap();
+    assert_eq!(drift.len(), 1, "{drift:?}");
+    assert!(drift[0].1.contains(hot.database()), "{drift:?}");
+    let again = l.init().await.unwrap();
+    let hot_docs = again.hot.unwrap().design_docs;
+    assert!(
+        hot_docs.iter().any(|d| d.id == "_design/transactions"
+            && d.status == couch_ledger::design::InstallStatus::Created),
+        "{hot_docs:?}"
+    );
+    assert!(l.design_drift().await.unwrap().is_empty());
+}
