@@ -370,6 +370,27 @@ struct Settings {
     /// Only these figures (`BENCH_ONLY`, comma-separated keys), for working on one figure;
     /// `None`: all of them. The plot needs every single-write figure.
     only: Option<Vec<String>>,
+    /// The layout of every ledger the transfer figures use (`BENCH_LAYOUT`, `split` by
+    /// default): `split` keeps accounts and transfers in a second database without validation
+    /// (`Ledger::with_hot_database`, docs/LAYOUT.md), `single` keeps everything in the one
+    /// validated database.
+    layout: Layout,
+}
+
+/// Where a bench ledger keeps its accounts and transfers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    Single,
+    Split,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Layout::Single => "single",
+            Layout::Split => "split",
+        }
+    }
 }
 
 impl Settings {
@@ -407,11 +428,17 @@ impl Settings {
                 );
             }
         }
+        let layout = match std::env::var("BENCH_LAYOUT").as_deref() {
+            Ok("single") => Layout::Single,
+            Ok("split") | Ok("") | Err(_) => Layout::Split,
+            Ok(other) => bail!("BENCH_LAYOUT={other:?}: expected split or single"),
+        };
         Ok(Settings {
             scale,
             big: flag("BENCH_BIG"),
             huge: flag("BENCH_HUGE"),
             only,
+            layout,
         })
     }
 
@@ -501,8 +528,8 @@ enum Side {
     Validated,
     /// `p9`: transfers sent over HTTP to `couch-ledger serve`.
     Serve,
-    /// `p8_unvalidated`: our transfers into a ledger database without `validate_doc_update`.
-    Unvalidated,
+    /// `p10_other`: our transfers on the other layout (`BENCH_OTHER_LAYOUT=1`).
+    OtherLayout,
 }
 
 impl Side {
@@ -514,7 +541,7 @@ impl Side {
             Side::Hot => "hot",
             Side::Validated => "validated",
             Side::Serve => "serve",
-            Side::Unvalidated => "unvalidated",
+            Side::OtherLayout => "other_layout",
         }
     }
 }
@@ -867,7 +894,7 @@ impl Writer {
                     .map_err(|e| anyhow!("couch_rs db: {e}"))?;
                 Writer::CouchRs(Arc::new(database))
             }
-            Side::Hot | Side::Validated | Side::Serve | Side::Unvalidated => {
+            Side::Hot | Side::Validated | Side::Serve | Side::OtherLayout => {
                 unreachable!("{side:?} writes transfers")
             }
         })
@@ -1017,7 +1044,7 @@ impl BulkWriter {
                 http: bench.raw.clone(),
                 url: format!("{}_bulk_docs", bench.raw_prefix(db.database())),
             },
-            Side::CouchRs | Side::Hot | Side::Validated | Side::Serve | Side::Unvalidated => {
+            Side::CouchRs | Side::Hot | Side::Validated | Side::Serve | Side::OtherLayout => {
                 unreachable!("bulk writes are ours or raw")
             }
         }
@@ -1341,9 +1368,46 @@ async fn transfer_done(ledger: &Ledger, request: TransferRequest) -> Result<()> 
 
 /// A fresh ledger database with its design documents.
 async fn fresh_ledger(bench: &Bench, purpose: &str) -> Result<Ledger> {
-    let ledger = Ledger::new(bench.fresh_database(purpose).await?);
+    fresh_ledger_in(bench, purpose, bench.settings.layout).await
+}
+
+/// A fresh, initialised ledger of `layout`: split, its hot database is `<db>_hot`.
+async fn fresh_ledger_in(bench: &Bench, purpose: &str, layout: Layout) -> Result<Ledger> {
+    let client = bench.fresh_database(purpose).await?;
+    let hot = format!("{}_hot", client.database());
+    let ledger = match layout {
+        Layout::Single => Ledger::new(client),
+        Layout::Split => Ledger::new(client).with_hot_database(&hot)?,
+    };
     ledger.init().await?;
     Ok(ledger)
+}
+
+/// HTTP requests the ledger's clients have sent (both databases' when split).
+fn requests_of(ledger: &Ledger) -> u64 {
+    let mut n = ledger.client().requests_sent();
+    if ledger.hot_database().is_some() {
+        n += ledger.hot_client().requests_sent();
+    }
+    n
+}
+
+/// Document writes so far in the ledger's databases (`update_seq`, both when split).
+async fn writes_of(ledger: &Ledger) -> Result<u64> {
+    let mut n = update_seq(ledger.client()).await?;
+    if ledger.hot_database().is_some() {
+        n += update_seq(ledger.hot_client()).await?;
+    }
+    Ok(n)
+}
+
+/// The `--db` (and `--hot-db`) arguments of the program on `ledger`.
+fn ledger_args(ledger: &Ledger) -> Vec<String> {
+    let mut args = vec!["--db".to_owned(), ledger.client().database().to_owned()];
+    if let Some(hot) = ledger.hot_database() {
+        args.extend(["--hot-db".to_owned(), hot.to_owned()]);
+    }
+    args
 }
 
 /// Writes `docs` with `_bulk_docs` in batches of [`LOAD_BATCH_DOCS`], failing on any refusal.
@@ -1379,7 +1443,7 @@ async fn load_accounts(ledger: &Ledger, accounts: &[String]) -> Result<()> {
             })
         })
         .collect();
-    load_docs(ledger.client(), &docs).await
+    load_docs(ledger.hot_client(), &docs).await
 }
 
 fn unix_ms() -> i64 {
@@ -1433,6 +1497,9 @@ async fn verify_and_drop_but(ledger: &Ledger, waived: &[&str]) -> Result<Duratio
         );
     }
     ledger.client().delete_database().await?;
+    if ledger.hot_database().is_some() {
+        ledger.hot_client().delete_database().await?;
+    }
     Ok(took)
 }
 
@@ -1515,7 +1582,7 @@ struct RawBulk {
 impl RawBulk {
     async fn new(bench: &Bench, purpose: &str, validated: bool) -> Result<RawBulk> {
         let client = if validated {
-            fresh_ledger(bench, &format!("{purpose}_validated"))
+            fresh_ledger_in(bench, &format!("{purpose}_validated"), Layout::Single)
                 .await?
                 .client()
                 .clone()
@@ -1635,21 +1702,20 @@ async fn requests_per_transfer(bench: &Bench) -> Result<Vec<Row>> {
                 .await?;
         }
     }
-    let client = ledger.client().clone();
     let measure = |pass: &'static str| {
-        let (ledger, client) = (ledger.clone(), client.clone());
+        let ledger = ledger.clone();
         async move {
-            let seq_before = update_seq(&client).await?;
+            let seq_before = writes_of(&ledger).await?;
             let (mut requests, mut seconds) = (Vec::new(), Vec::new());
             for i in 0..P3_TRANSFERS {
                 let (source, destination) = fresh_pair(i);
                 let request = transfer_request(format!("{pass}{i:04}"), source, destination, i)?;
-                let (sent, started) = (client.requests_sent(), Instant::now());
+                let (sent, started) = (requests_of(&ledger), Instant::now());
                 transfer_done(&ledger, request).await?;
                 seconds.push(started.elapsed().as_secs_f64());
-                requests.push((client.requests_sent() - sent) as f64);
+                requests.push((requests_of(&ledger) - sent) as f64);
             }
-            let written = update_seq(&client).await? - seq_before;
+            let written = writes_of(&ledger).await? - seq_before;
             Ok::<_, anyhow::Error>((requests, seconds, written as f64 / P3_TRANSFERS as f64))
         }
     };
@@ -1753,10 +1819,7 @@ async fn concurrent_transfers(bench: &Bench) -> Result<Vec<Row>> {
         .await?;
     run_transfers(&spread, "t", warm_up.clone(), c, own_pair).await?;
     run_transfers(&hot, "t", warm_up, c, into_merchant).await?;
-    let requests_before = [
-        spread.client().requests_sent(),
-        hot.client().requests_sent(),
-    ];
+    let requests_before = [requests_of(&spread), requests_of(&hot)];
     let sides = [Side::Ours, Side::Hot, Side::Raw];
     let samples = interleaved(&sides, rounds, |side, round| {
         let (spread, hot, raw) = (&spread, &hot, &raw);
@@ -1777,10 +1840,10 @@ async fn concurrent_transfers(bench: &Bench) -> Result<Vec<Row>> {
     .await?;
     let made = (rounds * transfers) as f64;
     let requests = [
-        (spread.client().requests_sent() - requests_before[0]) as f64 / made,
-        (hot.client().requests_sent() - requests_before[1]) as f64 / made,
+        (requests_of(&spread) - requests_before[0]) as f64 / made,
+        (requests_of(&hot) - requests_before[1]) as f64 / made,
     ];
-    let merchant: Value = hot.client().get("account:merchant").await?;
+    let merchant: Value = hot.hot_client().get("account:merchant").await?;
     let merchant_kib = serde_json::to_vec(&merchant)?.len() as f64 / 1024.0;
     raw_db.delete_database().await?;
     let verified = verify_and_drop(&spread).await? + verify_and_drop(&hot).await?;
@@ -1866,7 +1929,7 @@ async fn load_stuck(bench: &Bench, purpose: &str, transfers: usize) -> Result<(L
     let docs: Vec<Value> = (0..transfers)
         .map(|i| initial_transfer_doc(i, "stuck", then, P6_POOL_ACCOUNTS))
         .collect();
-    load_docs(ledger.client(), &docs).await?;
+    load_docs(ledger.hot_client(), &docs).await?;
     let started = Instant::now();
     let status = ledger.status().await?;
     let indexed_per_s = (transfers + P6_POOL_ACCOUNTS) as f64 / started.elapsed().as_secs_f64();
@@ -1911,10 +1974,12 @@ const PROGRAM: &str = env!("CARGO_BIN_EXE_couch-ledger");
 /// The program on the bench's server and database `db`, nothing else from the environment,
 /// stdout piped, killed if dropped. Credentials go through the environment, never on a command
 /// line others can read.
-fn program(bench: &Bench, db: &str) -> tokio::process::Command {
+fn program(bench: &Bench, ledger: &Ledger) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(PROGRAM);
     command
-        .args(["--url", &bench.server.url, "--db", db])
+        .args(["--url", &bench.server.url])
+        .args(ledger_args(ledger))
+        .env_remove("LEDGER_HOT_DB")
         .env_remove("COUCHDB_URL")
         .env_remove("LEDGER_DB")
         .env_remove("RUST_LOG")
@@ -1941,7 +2006,7 @@ fn program(bench: &Bench, db: &str) -> tokio::process::Command {
 /// finished every transfer.
 async fn run_sweeper(bench: &Bench, ledger: &Ledger, transfers: usize) -> Result<SweeperRun> {
     let exe = PROGRAM;
-    let mut command = program(bench, ledger.client().database());
+    let mut command = program(bench, ledger);
     command
         .args(["--json", "sweep", "--once", "--stale-after", "0s"])
         .args(["--batch", &transfers.to_string()])
@@ -2104,48 +2169,45 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     load_accounts(&ledger, &accounts).await?;
     let raw = RawBulk::new(bench, "p8", false).await?;
     let validated = RawBulk::new(bench, "p8", true).await?;
-    // Issue 15's question: what the same protocol does when the server validates nothing (the
-    // hot documents in a database guarded by roles instead). A ledger database whose
-    // `_design/validation` is removed after `init`.
-    // Opt-in (`BENCH_UNVALIDATED=1`): a fourth side in the same rounds lowers `p8` itself on
-    // this two-core machine (measured: 0.183 with it, 0.222 without, same code).
-    let with_unvalidated = std::env::var("BENCH_UNVALIDATED").is_ok_and(|v| v == "1");
-    let unvalidated = fresh_ledger(bench, "p8u").await?;
-    if with_unvalidated {
-        let validation: Value = unvalidated.client().get("_design/validation").await?;
-        let rev = validation["_rev"]
-            .as_str()
-            .context("a design document has a _rev")?;
-        unvalidated
-            .client()
-            .delete("_design/validation", rev)
-            .await?;
-        load_accounts(&unvalidated, &accounts).await?;
+    // The other layout, for comparison in the same rounds (issue 15: what the split buys).
+    // Opt-in (`BENCH_OTHER_LAYOUT=1`): a fourth side in the same rounds lowers `p8` itself on
+    // this two-core machine (measured in session 4: 0.183 with one, 0.222 without).
+    let with_other = std::env::var("BENCH_OTHER_LAYOUT").is_ok_and(|v| v == "1");
+    let other_layout = match bench.settings.layout {
+        Layout::Split => Layout::Single,
+        Layout::Single => Layout::Split,
+    };
+    let other = fresh_ledger_in(bench, "p8o", other_layout).await?;
+    if with_other {
+        load_accounts(&other, &accounts).await?;
     }
     // Untimed, after the last round's ids: the engine reads the pool, connections open.
     let warm_up = rounds * transfers..rounds * transfers + 2 * c;
     run_transfers(&ledger, "t", warm_up.clone(), c, pool_pair).await?;
-    if with_unvalidated {
-        run_transfers(&unvalidated, "t", warm_up, c, pool_pair).await?;
+    if with_other {
+        run_transfers(&other, "t", warm_up, c, pool_pair).await?;
     }
-    let client = ledger.client();
-    let (requests_before, seq_before) = (client.requests_sent(), update_seq(client).await?);
+    let requests_before = requests_of(&ledger);
+    let (seq_before, validated_before) = (
+        writes_of(&ledger).await?,
+        update_seq(ledger.client()).await?,
+    );
     let (account_rounds_before, txn_rounds_before) = ledger.engine_rounds();
     let mut sides = vec![Side::Ours, Side::Raw, Side::Validated];
-    if with_unvalidated {
-        sides.push(Side::Unvalidated);
+    if with_other {
+        sides.push(Side::OtherLayout);
     }
     let samples = interleaved(&sides, rounds, |side, round| {
-        let (ledger, raw, validated, unvalidated) = (&ledger, &raw, &validated, &unvalidated);
+        let (ledger, raw, validated, other) = (&ledger, &raw, &validated, &other);
         async move {
             match side {
                 Side::Ours => {
                     let jobs = round * transfers..(round + 1) * transfers;
                     transfer_round(ledger, "t", jobs, c, pool_pair).await
                 }
-                Side::Unvalidated => {
+                Side::OtherLayout => {
                     let jobs = round * transfers..(round + 1) * transfers;
-                    transfer_round(unvalidated, "t", jobs, c, pool_pair).await
+                    transfer_round(other, "t", jobs, c, pool_pair).await
                 }
                 Side::Raw => Ok(raw.round(RAW_BULK_BATCHES).await? / cost.docs_written),
                 _ => Ok(validated.round(RAW_BULK_BATCHES).await? / cost.docs_written),
@@ -2154,8 +2216,10 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     })
     .await?;
     let made = (rounds * transfers) as f64;
-    let requests = (client.requests_sent() - requests_before) as f64 / made;
-    let docs = (update_seq(client).await? - seq_before) as f64 / made;
+    let requests = (requests_of(&ledger) - requests_before) as f64 / made;
+    let docs = (writes_of(&ledger).await? - seq_before) as f64 / made;
+    // Documents written into the ledger's database, where validate_doc_update runs for each.
+    let validated_docs = (update_seq(ledger.client()).await? - validated_before) as f64 / made;
     let (account_rounds, txn_rounds) = ledger.engine_rounds();
     let txn_docs_per_request = 3.0 * made / (txn_rounds - txn_rounds_before) as f64;
     let transfers_per_account_round = made / (account_rounds - account_rounds_before) as f64;
@@ -2172,15 +2236,19 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     raw.drop_database().await?;
     validated.drop_database().await?;
     let verified = verify_and_drop(&ledger).await?;
-    if with_unvalidated {
-        verify_and_drop_but(&unvalidated, &["design_documents"]).await?;
+    if with_other {
+        verify_and_drop(&other).await?;
     } else {
-        unvalidated.client().delete_database().await?;
+        other.client().delete_database().await?;
+        if other.hot_database().is_some() {
+            other.hot_client().delete_database().await?;
+        }
     }
+    let layout = bench.settings.layout.name();
     let ops = rounds * transfers;
     let p8 = Row::new(
         "p8",
-        format!("transfers/s, c{c}, batched submit"),
+        format!("transfers/s, c{c}, batched submit ({layout} layout)"),
         "xfers/s",
         &samples.figures[&Side::Ours],
         &samples.figures[&Side::Raw],
@@ -2188,7 +2256,8 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     .goal(Some(GOAL_P8))
     .cpu(&samples, [Side::Ours, Side::Raw], ops)
     .note(format!(
-        "{c} callers, {P8_POOL_ACCOUNTS} accounts; raw = raw _bulk_docs docs/s (batches of \
+        "{layout} layout (BENCH_LAYOUT); {c} callers, {P8_POOL_ACCOUNTS} accounts; raw = raw \
+         _bulk_docs docs/s (batches of \
          {BULK_BATCH_DOCS}) ÷ {:.1} documents written per transfer (p3); grouping: {requests:.3} \
          requests per transfer, {txn_docs_per_request:.1} transfer documents per _bulk_docs, \
          {transfers_per_account_round:.1} transfers per account-engine round, {docs:.2} \
@@ -2211,10 +2280,11 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         cost.docs_written,
         median(&ratios(&samples, Side::Validated, Side::Raw))
     ));
-    // Issue 15's figures, from the same rounds. Every document of a transfer goes to the one
-    // ledger database, whose validate_doc_update runs for each: today every document written
-    // is a validated one. `p10` divides by plain `_bulk_docs` docs/s (not per transfer), so it
-    // is comparable across protocols that write different numbers of documents.
+    // Issue 15's figures, from the same rounds. A document written into the ledger's database
+    // is validated (its validate_doc_update runs for each); a split ledger writes accounts and
+    // transfers into its hot database, which has none. `p10` divides by plain `_bulk_docs`
+    // docs/s (not per transfer), so it is comparable across protocols and layouts that write
+    // different numbers of documents.
     let p8_docs = Row::count(
         "p8_docs",
         "documents written per transfer under p8's load".to_owned(),
@@ -2225,16 +2295,23 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         "p8_validated_docs",
         "validated documents written per transfer under p8's load".to_owned(),
         "docs",
-        &[docs],
+        &[validated_docs],
     )
-    .note("all of them: the ledger keeps every document in one validated database".to_owned());
+    .note(match bench.settings.layout {
+        Layout::Single => {
+            "the single layout: every document goes to the one validated database".to_owned()
+        }
+        Layout::Split => "the split layout: the documents written into the ledger's validated \
+                          database (accounts and transfers go to the hot one, unvalidated)"
+            .to_owned(),
+    });
     let raw_docs_per_s: Vec<f64> = samples.figures[&Side::Raw]
         .iter()
         .map(|per_transfer| per_transfer * cost.docs_written)
         .collect();
     let p10 = Row::new(
         "p10",
-        format!("transfers/s, c{c}, batched, ÷ plain _bulk_docs docs/s"),
+        format!("transfers/s, c{c}, batched ({layout}), ÷ plain _bulk_docs docs/s"),
         "xfers/s",
         &samples.figures[&Side::Ours],
         &raw_docs_per_s,
@@ -2244,20 +2321,19 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
          rounds (issue 15: 2,000 transfers/s on CouchDB 3.4 here is about 0.085)"
             .to_owned(),
     );
-    let p10_unvalidated = with_unvalidated.then(|| {
+    let other_name = other_layout.name();
+    let p10_other = with_other.then(|| {
         Row::new(
-        "p10_unvalidated",
-        format!("transfers/s, c{c}, batched, no validation, ÷ plain _bulk_docs docs/s"),
-        "xfers/s",
-        &samples.figures[&Side::Unvalidated],
-        &raw_docs_per_s,
-    )
-    .note(
-        "p8's workload into a ledger database without validate_doc_update (removed after init), \
-         same rounds, audited after: what the protocol does when the hot documents live where \
-         roles, not validation, guard them (issue 15's design question)"
-            .to_owned(),
-    )
+            "p10_other",
+            format!("transfers/s, c{c}, batched ({other_name}), ÷ plain _bulk_docs docs/s"),
+            "xfers/s",
+            &samples.figures[&Side::OtherLayout],
+            &raw_docs_per_s,
+        )
+        .note(format!(
+            "p8's workload on the {other_name} layout, same rounds, audited after \
+             (BENCH_OTHER_LAYOUT=1): what the layout choice buys"
+        ))
     });
     let mut measured = bench.measured.lock().expect("lock");
     measured.transfer_points.push(TransferPoint {
@@ -2269,7 +2345,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         validated: p8_validated.raw,
     });
     let mut rows = vec![p8, p8_validated, p8_docs, p8_validated_docs, p10];
-    rows.extend(p10_unvalidated);
+    rows.extend(p10_other);
     Ok(rows)
 }
 
@@ -2288,10 +2364,10 @@ struct ServeProcess {
 impl ServeProcess {
     /// Starts it on `db` without its sweeper (every transfer is finished by its caller) and
     /// waits for the line saying where it listens.
-    async fn start(bench: &Bench, db: &str) -> Result<ServeProcess> {
+    async fn start(bench: &Bench, ledger: &Ledger) -> Result<ServeProcess> {
         use tokio::io::AsyncBufReadExt as _;
         let exe = PROGRAM;
-        let mut command = program(bench, db);
+        let mut command = program(bench, ledger);
         command
             .args(["--json", "serve", "--listen", "127.0.0.1:0", "--no-sweep"])
             .env_remove("COUCH_LEDGER_API_KEYS")
@@ -2435,7 +2511,7 @@ async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
     load_accounts(&library, &accounts).await?;
     let served = fresh_ledger(bench, "p9_serve").await?;
     load_accounts(&served, &accounts).await?;
-    let service = ServeProcess::start(bench, served.client().database()).await?;
+    let service = ServeProcess::start(bench, &served).await?;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(REQUEST_TIMEOUT_S))
         .pool_max_idle_per_host(c)
