@@ -71,6 +71,7 @@ async fn run_raw(args: &[String], stdin: Option<&str>, env: &[(&str, &str)]) -> 
         .env_remove("COUCHDB_USER")
         .env_remove("COUCHDB_PASSWORD")
         .env_remove("LEDGER_DB")
+        .env_remove("LEDGER_HOT_DB")
         .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
             Stdio::piped()
@@ -1439,4 +1440,93 @@ async fn verify_exits_1_and_names_the_broken_invariant() {
     let r = cli(&db, &["verify"]).await;
     assert_eq!(r.code, 1, "{}", r.describe());
     assert!(r.stdout.contains("FAIL"), "{}", r.describe());
+}
+
+#[tokio::test]
+async fn a_split_ledger_through_the_command_line() {
+    let db = support::db_name("cli_split");
+    let hot = format!("{db}_hot");
+    let r = cli(&db, &["--hot-db", &hot, "init", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["database"], db.as_str());
+    assert_eq!(v["hot"]["database"], hot.as_str());
+    assert_eq!(v["hot"]["created"], true);
+    let hot_docs: Vec<&str> = v["hot"]["design_docs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        hot_docs,
+        ["_design/accounts", "_design/transactions"],
+        "{v}"
+    );
+
+    // The environment variable does the same as the option.
+    let env_run = |args: &'static [&'static str]| {
+        let mut all = server_args(&db);
+        all.extend(args.iter().map(|s| s.to_string()));
+        let hot = hot.clone();
+        async move { run_raw(&all, None, &[("LEDGER_HOT_DB", hot.as_str())]).await }
+    };
+    for args in [
+        &[
+            "account",
+            "create",
+            "a",
+            "--currency",
+            "EUR",
+            "--opening",
+            "10",
+            "--json",
+        ][..],
+        &["account", "create", "b", "--currency", "EUR", "--json"][..],
+        &[
+            "transfer",
+            "--from",
+            "a",
+            "--to",
+            "b",
+            "--amount",
+            "2.50",
+            "--currency",
+            "EUR",
+            "--json",
+        ][..],
+    ] {
+        let r = env_run(args).await;
+        assert_eq!(r.code, 0, "{}", r.describe());
+    }
+    let r = env_run(&["account", "show", "b", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["balance"], 250);
+    let r = env_run(&["verify", "--json"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert_eq!(r.json()["ok"], true);
+    let r = env_run(&["status", "--json"]).await;
+    assert_eq!(r.json()["states"]["done"], 1, "{}", r.describe());
+
+    // The accounts are in the hot database, not in the ledger's.
+    let main: Vec<String> = support::db_snapshot(&db)
+        .await
+        .revs
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(
+        main.iter().all(|id| !id.starts_with("account:")),
+        "{main:?}"
+    );
+    let in_hot: Vec<String> = support::db_snapshot(&hot)
+        .await
+        .revs
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    assert!(in_hot.contains(&"account:b".to_owned()), "{in_hot:?}");
+    // Without --hot-db the same database has no such account: exit 1, said plainly.
+    let r = cli(&db, &["account", "show", "b"]).await;
+    assert_ne!(r.code, 0, "{}", r.describe());
 }
