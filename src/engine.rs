@@ -20,7 +20,9 @@
 //! read in this round, never on a cached copy that may be stale.
 //!
 //! Transfer documents go through the same kind of queue ([`TxnWriter`]): concurrent CAS writes
-//! of different transfers share one `_bulk_docs`.
+//! of different transfers share one `_bulk_docs`. Below both, a [`BulkWriter`] sends what the two
+//! hand over while its previous request is in flight as one `_bulk_docs` (they write the same
+//! database): on pouchdb-server a request costs as much as some 30–40 small documents.
 //!
 //! While a round's requests are in flight, new ops queue up; the next round takes them all.
 //! So one caller alone pays no waiting, and 64 concurrent callers share about one request per
@@ -367,6 +369,7 @@ struct Slot {
 /// The account-op engine of one [`Ledger`](crate::Ledger).
 pub(crate) struct AccountEngine {
     client: Client,
+    bulk: Arc<BulkWriter>,
     quorum: Arc<Quorum>,
     conflicts: Arc<ConflictTally>,
     queue: Queue<QueuedOp>,
@@ -388,12 +391,13 @@ impl fmt::Debug for AccountEngine {
 
 impl AccountEngine {
     pub(crate) fn new(
-        client: Client,
+        bulk: Arc<BulkWriter>,
         quorum: Arc<Quorum>,
         conflicts: Arc<ConflictTally>,
     ) -> AccountEngine {
         AccountEngine {
-            client,
+            client: bulk.client.clone(),
+            bulk,
             quorum,
             conflicts,
             queue: Queue::new(),
@@ -779,9 +783,12 @@ impl AccountEngine {
             chunks.push_back(chunk);
         }
         while let Some(chunk) = chunks.pop_front() {
-            let docs: Vec<&AccountDoc> = chunk.iter().map(|&i| &writes[i]).collect();
+            let docs: Vec<Value> = chunk
+                .iter()
+                .map(|&i| serde_json::to_value(&writes[i]).expect("an account serializes"))
+                .collect();
             let options = self.quorum.write_options(&self.client, false).await;
-            match self.client.bulk_docs_with(&docs, &options).await {
+            match self.bulk.write(docs, options).await {
                 Ok(results) => {
                     let mut by_id = results_by_id(results);
                     for &i in &chunk {
@@ -1360,6 +1367,7 @@ struct QueuedTxn {
 /// Batches concurrent transfer-document writes into one `_bulk_docs`.
 pub(crate) struct TxnWriter {
     client: Client,
+    bulk: Arc<BulkWriter>,
     quorum: Arc<Quorum>,
     queue: Queue<QueuedTxn>,
     rounds: AtomicU64,
@@ -1374,9 +1382,10 @@ impl fmt::Debug for TxnWriter {
 }
 
 impl TxnWriter {
-    pub(crate) fn new(client: Client, quorum: Arc<Quorum>) -> TxnWriter {
+    pub(crate) fn new(bulk: Arc<BulkWriter>, quorum: Arc<Quorum>) -> TxnWriter {
         TxnWriter {
-            client,
+            client: bulk.client.clone(),
+            bulk,
             quorum,
             queue: Queue::new(),
             rounds: AtomicU64::new(0),
@@ -1428,9 +1437,9 @@ impl TxnWriter {
         if !later.is_empty() {
             self.queue.push_front(later);
         }
-        let docs: Vec<&Value> = now.iter().map(|q| &q.doc).collect();
+        let docs: Vec<Value> = now.iter().map(|q| q.doc.clone()).collect();
         let options = self.quorum.write_options(&self.client, true).await;
-        match self.client.bulk_docs_with(&docs, &options).await {
+        match self.bulk.write(docs, options).await {
             Err(e) => {
                 for q in now {
                     let _ = q.reply.send(Err(duplicate(&e)));
@@ -1463,6 +1472,180 @@ impl TxnWriter {
     pub(crate) fn rounds(&self) -> u64 {
         self.rounds.load(Ordering::Relaxed)
     }
+}
+
+// ---- one request for both writers -------------------------------------------------------------
+
+/// A batch one writer hands over, and where its answer goes.
+struct QueuedBulk {
+    docs: Vec<Value>,
+    ids: Vec<String>,
+    options: WriteOptions,
+    bytes: usize,
+    reply: oneshot::Sender<Result<Vec<BulkResult>>>,
+}
+
+/// Group commit below the account engine and the transfer writer of one ledger: the batches they
+/// hand over while a `_bulk_docs` is in flight go out together in the next one, when they ask
+/// for the same `w`, hold no id twice and fit in [`BULK_BYTES_MAX`]. Each writer gets the results
+/// of its own documents, exactly as if it had sent them alone; a request the server refuses as
+/// too large (413) is sent again batch by batch, so each writer sees its own 413 (and splits).
+pub(crate) struct BulkWriter {
+    client: Client,
+    queue: Queue<QueuedBulk>,
+    requests: AtomicU64,
+    /// Requests that carried more than one writer's batch.
+    shared: AtomicU64,
+}
+
+impl fmt::Debug for BulkWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BulkWriter")
+            .field("requests", &self.requests.load(Ordering::Relaxed))
+            .field("shared", &self.shared.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl BulkWriter {
+    pub(crate) fn new(client: Client) -> BulkWriter {
+        BulkWriter {
+            client,
+            queue: Queue::new(),
+            requests: AtomicU64::new(0),
+            shared: AtomicU64::new(0),
+        }
+    }
+
+    /// Writes `docs` (each with its `_id`) with `_bulk_docs`: one result per document, in
+    /// order, or the error of the request that carried them (unknown whether they landed).
+    pub(crate) async fn write(
+        self: &Arc<Self>,
+        docs: Vec<Value>,
+        options: WriteOptions,
+    ) -> Result<Vec<BulkResult>> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<String> = docs
+            .iter()
+            .map(|d| d["_id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        let bytes = docs
+            .iter()
+            .map(|d| serde_json::to_vec(d).map_or(0, |v| v.len()) + 1)
+            .sum();
+        let (reply, rx) = oneshot::channel();
+        let queued = QueuedBulk {
+            docs,
+            ids,
+            options,
+            bytes,
+            reply,
+        };
+        if self.queue.push([queued]) {
+            tokio::spawn(Arc::clone(self).drive());
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(Error::invariant("the bulk writer stopped before answering")))
+    }
+
+    async fn drive(self: Arc<Self>) {
+        let mut guard = DriverGuard {
+            queue: &self.queue,
+            armed: true,
+        };
+        for _ in 0..ENGINE_ROUNDS_MAX {
+            let batch = self.queue.take(usize::MAX);
+            if batch.is_empty() {
+                guard.armed = false;
+                return;
+            }
+            for group in group_bulks(batch) {
+                self.send(group).await;
+            }
+        }
+        guard.armed = false;
+        tokio::spawn(Arc::clone(&self).drive_boxed());
+    }
+
+    fn drive_boxed(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.drive())
+    }
+
+    async fn send(&self, mut group: Vec<QueuedBulk>) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if group.len() == 1 {
+            let q = group.pop().expect("one batch");
+            let answer = self.client.bulk_docs_with(&q.docs, &q.options).await;
+            let _ = q.reply.send(answer);
+            return;
+        }
+        self.shared.fetch_add(1, Ordering::Relaxed);
+        let options = group[0].options;
+        let docs: Vec<&Value> = group.iter().flat_map(|q| &q.docs).collect();
+        match self.client.bulk_docs_with(&docs, &options).await {
+            Ok(results) => {
+                let mut by_id = results_by_id(results);
+                for q in group {
+                    let mine: Vec<BulkResult> =
+                        q.ids.iter().filter_map(|id| by_id.remove(id)).collect();
+                    let answer = if mine.len() == q.ids.len() {
+                        Ok(mine)
+                    } else {
+                        Err(Error::decode(
+                            "_bulk_docs did not answer for every document",
+                        ))
+                    };
+                    let _ = q.reply.send(answer);
+                }
+            }
+            Err(e) if e.is_too_large() => {
+                for q in group {
+                    self.requests.fetch_add(1, Ordering::Relaxed);
+                    let answer = self.client.bulk_docs_with(&q.docs, &q.options).await;
+                    let _ = q.reply.send(answer);
+                }
+            }
+            Err(e) => {
+                for q in group {
+                    let _ = q.reply.send(Err(duplicate(&e)));
+                }
+            }
+        }
+    }
+
+    /// `_bulk_docs` requests sent, and how many of them carried more than one batch.
+    pub(crate) fn stats(&self) -> (u64, u64) {
+        (
+            self.requests.load(Ordering::Relaxed),
+            self.shared.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Consecutive batches that can share a request: the same `w`, no id twice, within
+/// [`BULK_BYTES_MAX`] (a batch larger than that alone goes alone).
+fn group_bulks(batch: Vec<QueuedBulk>) -> Vec<Vec<QueuedBulk>> {
+    let mut groups: Vec<Vec<QueuedBulk>> = Vec::new();
+    let mut ids: HashSet<String> = HashSet::new();
+    let mut bytes = 0usize;
+    for q in batch {
+        let joins = groups.last().is_some_and(|g| {
+            g[0].options == q.options
+                && bytes + q.bytes <= BULK_BYTES_MAX
+                && q.ids.iter().all(|id| !ids.contains(id))
+        });
+        if !joins {
+            groups.push(Vec::new());
+            ids.clear();
+            bytes = 0;
+        }
+        ids.extend(q.ids.iter().cloned());
+        bytes += q.bytes;
+        groups.last_mut().expect("a group").push(q);
+    }
+    groups
 }
 
 #[cfg(test)]
@@ -1732,5 +1915,149 @@ mod tests {
         assert_eq!(q.take(2), vec![3]);
         assert!(q.take(2).is_empty());
         assert!(q.push([4]), "the next push starts a driver again");
+    }
+
+    // ---- the bulk writer ------------------------------------------------------------------
+
+    fn queued(ids: &[&str], w: Option<u32>) -> QueuedBulk {
+        let docs: Vec<Value> = ids.iter().map(|id| json!({"_id": id})).collect();
+        QueuedBulk {
+            ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+            bytes: docs.len() * 20,
+            docs,
+            options: WriteOptions { w },
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn group_ids(groups: &[Vec<QueuedBulk>]) -> Vec<Vec<Vec<String>>> {
+        groups
+            .iter()
+            .map(|g| g.iter().map(|q| q.ids.clone()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn batches_share_a_request_only_with_the_same_w_and_distinct_ids() {
+        let groups = group_bulks(vec![
+            queued(&["account:a", "account:b"], None),
+            queued(&["txn:1"], None),
+            queued(&["txn:2"], Some(3)),
+            queued(&["txn:3"], Some(3)),
+            queued(&["txn:3"], Some(3)),
+        ]);
+        assert_eq!(
+            group_ids(&groups),
+            vec![
+                vec![vec!["account:a", "account:b"], vec!["txn:1"]],
+                vec![vec!["txn:2"], vec!["txn:3"]],
+                vec![vec!["txn:3"]],
+            ]
+            .into_iter()
+            .map(|g| g
+                .into_iter()
+                .map(|ids| ids.into_iter().map(str::to_owned).collect())
+                .collect())
+            .collect::<Vec<Vec<Vec<String>>>>()
+        );
+        let mut big = queued(&["account:big"], None);
+        big.bytes = BULK_BYTES_MAX;
+        let groups = group_bulks(vec![
+            queued(&["txn:1"], None),
+            big,
+            queued(&["txn:2"], None),
+        ]);
+        assert_eq!(groups.len(), 3, "a batch that fills a request goes alone");
+    }
+
+    /// `_bulk_docs` answered after `delay`, each document `ok` with a revision of its own.
+    struct SlowBulk {
+        delay: std::time::Duration,
+    }
+
+    impl wiremock::Respond for SlowBulk {
+        fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
+            let body: Value = serde_json::from_slice(&request.body).unwrap();
+            let results: Vec<Value> = body["docs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| json!({"ok": true, "id": d["_id"], "rev": format!("1-{}", d["_id"].as_str().unwrap().len())}))
+                .collect();
+            wiremock::ResponseTemplate::new(201)
+                .set_body_json(results)
+                .set_delay(self.delay)
+        }
+    }
+
+    #[tokio::test]
+    async fn batches_handed_over_during_a_request_go_out_together_and_each_gets_its_own() {
+        use wiremock::matchers::{method, path};
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(method("POST"))
+            .and(path("/db/_bulk_docs"))
+            .respond_with(SlowBulk {
+                delay: std::time::Duration::from_millis(300),
+            })
+            .mount(&server)
+            .await;
+        let client = Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap();
+        let bulk = Arc::new(BulkWriter::new(client));
+        let first = {
+            let bulk = Arc::clone(&bulk);
+            tokio::spawn(async move {
+                bulk.write(vec![json!({"_id": "txn:first"})], WriteOptions::default())
+                    .await
+            })
+        };
+        // Wait (with a deadline) until the first request is in flight.
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while server
+            .received_requests()
+            .await
+            .unwrap_or_default()
+            .is_empty()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the first request was never sent"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let accounts = bulk.write(
+            vec![json!({"_id": "account:a"}), json!({"_id": "account:bb"})],
+            WriteOptions::default(),
+        );
+        let txns = bulk.write(vec![json!({"_id": "txn:ccc"})], WriteOptions::default());
+        let (accounts, txns) = tokio::join!(accounts, txns);
+        let first = first.await.unwrap().unwrap();
+        assert_eq!(first.len(), 1);
+        let accounts = accounts.unwrap();
+        assert_eq!(
+            accounts
+                .iter()
+                .map(|r| (r.id.clone().unwrap(), r.rev.clone().unwrap()))
+                .collect::<Vec<_>>(),
+            vec![
+                ("account:a".to_owned(), "1-9".to_owned()),
+                ("account:bb".to_owned(), "1-10".to_owned())
+            ]
+        );
+        let txns = txns.unwrap();
+        assert_eq!(txns.len(), 1);
+        assert_eq!(txns[0].id.as_deref(), Some("txn:ccc"));
+        let requests = server.received_requests().await.unwrap();
+        assert_eq!(
+            requests.len(),
+            2,
+            "the two later batches shared one request"
+        );
+        let second: Value = serde_json::from_slice(&requests[1].body).unwrap();
+        assert_eq!(second["docs"].as_array().unwrap().len(), 3);
+        assert_eq!(bulk.stats(), (2, 1));
     }
 }

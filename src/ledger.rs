@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::couch::Client;
 use crate::design::{self, Installed};
-use crate::engine::{AccountEngine, ConflictTally, Quorum, TxnWriter, WriteQuorum};
+use crate::engine::{AccountEngine, BulkWriter, ConflictTally, Quorum, TxnWriter, WriteQuorum};
 use crate::error::{Error, Result};
 use crate::limits::LEASE_MS;
 
@@ -36,6 +36,8 @@ pub(crate) struct LedgerInner {
     pub(crate) accounts: Arc<AccountEngine>,
     /// Group commit of transfer-document writes.
     pub(crate) txns: Arc<TxnWriter>,
+    /// The one `_bulk_docs` queue under both.
+    pub(crate) bulk: Arc<BulkWriter>,
     /// Test hook awaited before every protocol write (see [`Ledger::with_pause_hook`]).
     pub(crate) pause: Option<PauseHook>,
     /// `w` of every ledger write (docs/CLUSTER.md).
@@ -151,14 +153,16 @@ impl Ledger {
     ) -> Ledger {
         let quorum = Arc::new(Quorum::new(write_quorum));
         let conflicts = Arc::new(ConflictTally::default());
+        let bulk = Arc::new(BulkWriter::new(hot.clone()));
         Ledger {
             inner: Arc::new(LedgerInner {
                 accounts: Arc::new(AccountEngine::new(
-                    hot.clone(),
+                    Arc::clone(&bulk),
                     Arc::clone(&quorum),
                     Arc::clone(&conflicts),
                 )),
-                txns: Arc::new(TxnWriter::new(hot.clone(), Arc::clone(&quorum))),
+                txns: Arc::new(TxnWriter::new(Arc::clone(&bulk), Arc::clone(&quorum))),
+                bulk,
                 client,
                 hot,
                 worker_id,
@@ -360,6 +364,13 @@ impl Ledger {
     #[doc(hidden)]
     pub fn engine_rounds(&self) -> (u64, u64) {
         (self.inner.accounts.rounds(), self.inner.txns.rounds())
+    }
+
+    /// Test support: `_bulk_docs` requests the account engine and the transfer writer sent
+    /// together, and how many of them carried both's documents.
+    #[doc(hidden)]
+    pub fn bulk_requests(&self) -> (u64, u64) {
+        self.inner.bulk.stats()
     }
 
     /// How long this worker's claims on transfers last.

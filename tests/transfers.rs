@@ -596,6 +596,7 @@ async fn concurrent_transfers_share_requests() {
     }
     let before = l.hot_client().requests_sent();
     let (acct_rounds, txn_rounds) = l.engine_rounds();
+    let (bulk_before, shared_before) = l.bulk_requests();
     let mut tasks = Vec::new();
     for i in 0..n {
         let l = l.clone();
@@ -612,11 +613,18 @@ async fn concurrent_transfers_share_requests() {
     }
     let used = l.hot_client().requests_sent() - before;
     let (acct_after, txn_after) = l.engine_rounds();
+    let (bulk_after, shared_after) = l.bulk_requests();
+    let (bulk, shared) = (bulk_after - bulk_before, shared_after - shared_before);
     eprintln!(
-        "{n} concurrent transfers: {used} requests, {} account rounds, {} transfer-doc rounds",
+        "{n} concurrent transfers: {used} requests, {} account rounds, {} transfer-doc rounds, \
+         {bulk} _bulk_docs of which {shared} carried account and transfer documents together",
         acct_after - acct_rounds,
         txn_after - txn_rounds
     );
+    // (Started together, these transfers move through their phases in step, so the account
+    // engine's and the transfer writer's requests rarely overlap; the unit tests of the bulk
+    // writer show the sharing itself.)
+    assert!(bulk <= used, "{bulk} _bulk_docs, {used} requests");
     // One at a time this would be 64 × 6 = 384 requests, and a queue of 409s on "hot".
     assert!(used <= 64, "{used} requests for {n} transfers");
     assert_eq!(balance(&l, "hot").await, 1_000_000 - 100 * n);
