@@ -127,9 +127,9 @@ pub enum WriteQuorum {
     /// taken back from the debit whose worker has not committed yet, and reported by `verify`
     /// and `status` while it lasts.
     ///
-    /// **Not yet to be trusted with money**: on the test suite's replicating trio one run in
-    /// five of the reliability suite's R1 under this mode ended with a `done` transfer undone
-    /// on both its accounts; the cause is not found (docs/CLUSTER.md).
+    /// **Not yet to be trusted with money**: a debit taken back after a merged overdraft
+    /// (`OpResult::Withdrawn`) whose worker stops before its cancel write can still be
+    /// committed by the sweeper (docs/CLUSTER.md, "What the tests show").
     ServerDefault,
 }
 

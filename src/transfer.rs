@@ -764,6 +764,29 @@ impl Ledger {
                             return Ok(());
                         }
                     }
+                    if source == OpResult::Absent || destination == OpResult::Absent {
+                        // Committed means both markers were applied, so an account that shows
+                        // neither the marker nor a settled entry was read from a copy the
+                        // apply has not reached yet (accounts written at the server's default
+                        // quorum). `done` now would leave that marker to arrive later, pending
+                        // on a done transfer, where the orphan repair undoes it: the transfer's
+                        // effect lost on that account. Unless someone finished it meanwhile,
+                        // leave it committed for a later settle (the sweeper's).
+                        d.doc = self.read_txn(&d.doc.txn_id).await?;
+                        if d.doc.state == State::Committed {
+                            return Err(Stop::Fail(Error::status(
+                                409,
+                                Some("conflict".to_owned()),
+                                Some(format!(
+                                    "transfer {} is committed, but an account read shows no \
+                                     marker of it (a copy behind); left committed for a later \
+                                     settle",
+                                    d.doc.txn_id
+                                )),
+                            )));
+                        }
+                        continue;
+                    }
                     if self.cas(d, Event::Complete, None, "done").await? {
                         fail::fail_point!("txn-after-done", |_| Err(Stop::Fail(crash(
                             "txn-after-done"

@@ -520,6 +520,64 @@ async fn account_branches_settled_and_undone_follow_the_transfer() {
     assert_eq!(w.l.account("A").await.unwrap().balance.minor(), 900);
 }
 
+/// A committed transfer whose apply on B reached one copy only, settled by a worker that reads
+/// B from another copy (accounts at the server's default write quorum): B shows no marker of it
+/// there. The settle must not finish the transfer on that read: `done` would leave the marker
+/// to arrive afterwards, pending on a done transfer, where the sweeper's orphan repair undoes it
+/// (B's credit lost, A's debit kept — the r1_trio failure). On one node, the copy without the
+/// apply is B's state before it planted as a sibling with the apply's revision deleted; the
+/// apply then arrives as a sibling again, as the copies synchronise.
+#[tokio::test]
+async fn a_settle_reading_a_copy_without_the_apply_leaves_the_transfer_committed() {
+    let mut w = World::new("cf_settle_absent", &[("A", 1_000), ("B", 0)]).await;
+    w.transfer("t1", "A", "B", 100, 1).await;
+    let before_b = w.doc("account:B").await;
+    assert_eq!(w.step("t1").await, State::Pending, "t1 applied");
+    let applied_b = w.doc("account:B").await;
+    assert_eq!(applied_b["pending"][0]["txn"], "t1", "{applied_b}");
+    assert_eq!(w.step("t1").await, State::Committed);
+
+    // The copy the settle reads: B as it was before the apply, the apply not there.
+    let lagging = w.plant_body("account:B", Planted::Loses, before_b).await;
+    let stub = json!({
+        "_id": "account:B",
+        "_rev": applied_b["_rev"],
+        "_deleted": true,
+        "merged_into": lagging,
+    });
+    let url = support::raw_url(&format!("{}/_bulk_docs", w.db));
+    let reply: Value = support::auth(support::raw().post(url))
+        .json(&json!({ "docs": [stub] }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(reply[0]["ok"] == true, "deleting the apply's leaf: {reply}");
+    let leaves = live_leaves(&w.db, "account:B").await;
+    assert_eq!(leaves.len(), 1, "{leaves:?}");
+    assert!(leaves[0]["pending"].as_array().unwrap().is_empty());
+
+    // Settling on that read: A settles, B shows nothing of t1. It stays committed.
+    for _ in 0..3 {
+        let _ = w.l.step("t1").await;
+    }
+    assert_eq!(
+        w.l.transfer("t1").await.unwrap().state,
+        State::Committed,
+        "a settle that found no marker on B finished the transfer"
+    );
+
+    // The apply arrives; the sweeper settles it, once.
+    w.plant_body("account:B", Planted::Wins, applied_b).await;
+    let passes = w.sweep().await;
+    let states = w.assert_whole(&passes).await;
+    assert_eq!(states["t1"], State::Done);
+    assert_eq!(w.l.account("A").await.unwrap().balance.minor(), 900);
+    assert_eq!(w.l.account("B").await.unwrap().balance.minor(), 100);
+}
+
 /// The first protocol step of an account: created twice through two nodes (the same terms,
 /// another `created_at`): two roots. Nothing applied on either; a transfer then runs on it.
 #[tokio::test]

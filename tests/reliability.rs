@@ -28,7 +28,7 @@ use tokio::task::JoinSet;
 
 use couch_ledger::{
     AccountSpec, Amount, Client, Currency, Error, Ledger, PauseHook, RetryPolicy, State,
-    SweepOptions, TransferOutcome, TransferRequest, VerifyOptions, FAIL_POINTS,
+    SweepOptions, TransferOutcome, TransferRequest, VerifyOptions, WriteQuorum, FAIL_POINTS,
 };
 use support::trio::{Balance, Trio};
 
@@ -798,8 +798,19 @@ fn retried_reversal(id: &str) -> Option<(String, String)> {
     Some((format!("rev-{original}"), previous))
 }
 
+/// While set (during `r1_trio`), the ledgers made here write accounts with the server's default
+/// quorum (`WriteQuorum::ServerDefault`): account conflicts then happen on the trio and are
+/// merged, while transfer documents keep their exclusive writes. `r2_trio` runs the program's
+/// default, `WriteQuorum::All`.
+static ACCOUNTS_AT_DEFAULT_QUORUM: AtomicBool = AtomicBool::new(false);
+
 fn fresh_ledger(client: &Client, lease: Duration) -> Ledger {
-    Ledger::new(client.clone()).with_lease(lease).unwrap()
+    let l = Ledger::new(client.clone()).with_lease(lease).unwrap();
+    if ACCOUNTS_AT_DEFAULT_QUORUM.load(Ordering::Relaxed) {
+        l.with_write_quorum(WriteQuorum::ServerDefault)
+    } else {
+        l
+    }
 }
 
 /// A sweeper task: passes until `stop`, crashes and problems booked.
@@ -1745,6 +1756,7 @@ async fn trio_rest_and_check(
 /// reversals, late workers, three sweepers), every ledger through the proxy.
 async fn r1_trio(size: Size, seed: u64, tally: Arc<Tally>) {
     let trio = Trio::start_with(Balance::PerConnection).await;
+    ACCOUNTS_AT_DEFAULT_QUORUM.store(true, Ordering::Relaxed);
     let target = size.trio_r1_transfers;
     let until = Instant::now() + size.trio_r1_time_max;
     let (documents, asked) = r1_round(
@@ -1769,6 +1781,7 @@ async fn r1_trio(size: Size, seed: u64, tally: Arc<Tally>) {
         .map(|n| n.load(Ordering::Relaxed))
         .collect();
     eprintln!("r1_trio: requests per node {used:?}");
+    ACCOUNTS_AT_DEFAULT_QUORUM.store(false, Ordering::Relaxed);
 }
 
 // ---- R3: server crash ------------------------------------------------------------------------
