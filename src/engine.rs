@@ -127,9 +127,10 @@ pub enum WriteQuorum {
     /// taken back from the debit whose worker has not committed yet, and reported by `verify`
     /// and `status` while it lasts.
     ///
-    /// **Not yet to be trusted with money**: a debit taken back after a merged overdraft
-    /// (`OpResult::Withdrawn`) whose worker stops before its cancel write can still be
-    /// committed by the sweeper (docs/CLUSTER.md, "What the tests show").
+    /// Exercised in every CI run by `r1_trio` (three replicating servers, conflicts merged),
+    /// where it once showed two defects, both fixed and tested (docs/CLUSTER.md, "What the
+    /// tests show"); never tried on a real cluster here. Prefer [`WriteQuorum::All`] unless a
+    /// slow copy makes it too slow.
     ServerDefault,
 }
 
@@ -314,7 +315,8 @@ pub(crate) enum OpResult {
     /// Apply of a debit whose marker was found applied on an account that the merge of a
     /// cluster conflict left below its minimum (two debits checked against one balance on two
     /// copies): this op's delta was taken back in the same write, recorded undone, and the
-    /// transfer is cancelled for insufficient funds (docs/CLUSTER.md, overdraft).
+    /// transfer is cancelled for insufficient funds (docs/CLUSTER.md, overdraft). Also the
+    /// answer of an apply that finds the transfer already recorded undone on the account.
     Withdrawn,
 }
 
@@ -1205,7 +1207,17 @@ pub(crate) fn evaluate(
                 return Ok(OpResult::AlreadyPending);
             }
             if in_settled {
-                return Ok(OpResult::Finished);
+                // Undone while the transfer is being applied: a cancel undid it (the commit
+                // CAS of this drive will fail and follow), or an earlier attempt's debit was
+                // taken back after a merged overdraft and that worker stopped before writing
+                // `canceling`. Either way only a cancel is consistent: a commit now would keep
+                // the other account's delta alone (money from nowhere).
+                let undone = doc.settled.iter().any(|s| s.txn == op.txn && s.undone);
+                return Ok(if undone {
+                    OpResult::Withdrawn
+                } else {
+                    OpResult::Finished
+                });
             }
             if op.link.is_some_and(|l| failed_links.contains(&l)) {
                 return Ok(OpResult::NotApplied);
@@ -1742,16 +1754,17 @@ mod tests {
         );
         assert_eq!(doc.balance.minor(), 700);
         // An undo that finds nothing leaves an undone entry, so a late apply of that transfer
-        // skips instead of landing (issue 12, item 7).
+        // skips instead of landing (issue 12, item 7)
         assert_eq!(
             evaluate(Some(&mut doc), &op("u", OpKind::Undo), 5, &none).unwrap(),
             OpResult::Applied
         );
         assert_eq!(doc.balance.minor(), 700);
         assert!(doc.settled.iter().any(|s| s.txn == "u" && s.undone));
+        // (answered as a failure, so its drive cancels: the transfer is being cancelled)
         assert_eq!(
             evaluate(Some(&mut doc), &apply("u", -100, true, None), 6, &none).unwrap(),
-            OpResult::Finished
+            OpResult::Withdrawn
         );
         assert_eq!(doc.balance.minor(), 700);
         assert_eq!(
@@ -1777,11 +1790,12 @@ mod tests {
         );
         assert_eq!(doc.balance.minor(), 1000);
         assert!(doc.settled[0].undone);
-        assert_eq!(
-            evaluate(Some(&mut doc), &apply("t", 250, false, None), 3, &none).unwrap(),
-            OpResult::Finished
-        );
+        // A late apply of an undone transfer is refused as a failure: its drive cancels, never
+        // commits the other account's delta alone.
+        let late = evaluate(Some(&mut doc), &apply("t", 250, false, None), 3, &none).unwrap();
+        assert_eq!(late, OpResult::Withdrawn);
         assert_eq!(doc.balance.minor(), 1000);
+        assert_eq!(doc.settled.len(), 1);
     }
 
     #[test]

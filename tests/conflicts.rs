@@ -866,3 +866,67 @@ async fn a_payment_with_two_bodies_is_reported_never_picked_planted_wins() {
 async fn a_payment_with_two_bodies_is_reported_never_picked_planted_loses() {
     payment_with_two_bodies("cf_pay_two_lose", Planted::Loses).await;
 }
+
+/// A debit withdrawn after a merged overdraft (`OpResult::Withdrawn`), then the worker stalls
+/// before its cancel CAS; the sweeper takes over and finds A holding t1 undone and B holding it
+/// pending. Committing then would keep B's credit alone (+800 from nowhere, seen before the
+/// fix): the apply that finds its transfer undone is a failure, and t1 ends cancelled.
+#[tokio::test]
+async fn a_withdrawn_debit_whose_worker_stalls_is_cancelled_by_the_sweeper() {
+    use std::sync::Arc;
+    let mut w = World::new("cf_withdrawn_stall", &[("A", 1_000), ("B", 0), ("C", 0)]).await;
+    w.transfer("t1", "A", "B", 800, 1).await;
+    w.transfer("t2", "A", "C", 800, 1).await;
+    let mut rival = w.doc("account:A").await;
+    assert_eq!(w.step("t1").await, State::Pending, "t1 applied");
+    // The other copy: t2's debit checked against the same 1000.
+    rival["balance"] = json!(200);
+    rival["pending"] = json!([{"txn": "t2", "delta": -800, "at": now_ms()}]);
+    w.plant_body("account:A", Planted::Loses, rival).await;
+
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let (g, r) = (gate.clone(), reached.clone());
+    let hook = couch_ledger::PauseHook(Arc::new(move |phase: &'static str| {
+        let (g, r) = (g.clone(), r.clone());
+        Box::pin(async move {
+            if phase == "canceling" {
+                r.notify_one();
+                g.notified().await;
+            }
+        })
+    }));
+    let stalled = w.l.clone().with_pause_hook(hook);
+    let task = tokio::spawn(async move { stalled.step("t1").await });
+    reached.notified().await;
+    let a = w.doc("account:A").await;
+    assert!(
+        a["settled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["txn"] == "t1" && s["undone"] == true),
+        "t1's debit was taken back: {a}"
+    );
+    // The stalled worker's claim runs out (a lease is wall time: wait it out); a sweeper takes
+    // t1 over.
+    tokio::time::sleep(STEP_LEASE + Duration::from_millis(500)).await;
+    let sweeper = w.l.another_worker();
+    let o = sweeper
+        .sweep_once(SweepOptions {
+            limit: 100,
+            stale_after: Duration::ZERO,
+        })
+        .await
+        .unwrap();
+    eprintln!("sweep: {o:?}");
+    assert_eq!(
+        w.l.transfer("t1").await.unwrap().state,
+        State::Cancelled,
+        "a transfer with its debit undone is cancelled, never committed"
+    );
+    gate.notify_one();
+    let _ = task.await.unwrap();
+    let passes = w.sweep().await;
+    w.assert_whole(&passes).await;
+}
