@@ -10,10 +10,13 @@
 //! Fail points are process-wide, so every part that touches the server runs inside ONE test,
 //! in order, and the summary line is printed at its end:
 //! `RELIABILITY transfers=… crash_points=… crashes=… kills=… server_restarts=… faults=…
-//! bad_inputs=… violations=…`. Every number is counted from what happened: crashes are fail
+//! bad_inputs=… conflicts_met=… conflicts_resolved=… overdrafts_from_conflicts=… violations=…
+//! split_rounds=…`. Every number is counted from what happened: crashes are fail
 //! point firings seen as the "simulated crash" error they return, kills are SIGKILLs sent to
 //! live processes, faults are what the fault proxy injected, transfers are transfer documents
-//! found in the databases afterwards.
+//! found in the databases afterwards, split_rounds are the R1 rounds and R2 runs made on the
+//! split layout (`Ledger::with_hot_database`: accounts and transfers in a second database,
+//! which R1's odd rounds and R2 use; the trio parts, R3…R6 use the single layout).
 
 #[path = "support/mod.rs"]
 mod support;
@@ -121,6 +124,9 @@ struct Tally {
     /// Trio parts: accounts overdrawn by conflicting writes (no write quorum on the trio: two
     /// debits checked against one balance on two nodes), detected and reported.
     overdrafts_from_conflicts: AtomicU64,
+    /// R1 rounds and R2 runs that ran on the split layout (accounts and transfers in a second
+    /// database, `Ledger::with_hot_database`), checks included.
+    split_rounds: AtomicU64,
 }
 
 impl Tally {
@@ -476,6 +482,63 @@ async fn raw_transfers(db: &str) -> Vec<Value> {
     raw_docs(db, "txn:", "txn:\u{fff0}").await
 }
 
+/// Where a part's documents live: orders in `db` (the ledger's database, validated), accounts
+/// and transfers in `hot` — `db` itself on the single layout, a second database without
+/// validation on the split layout (`Ledger::with_hot_database`). Raw reads of accounts and
+/// transfers go to `hot`, of orders to `db`.
+#[derive(Debug, Clone)]
+struct Dbs {
+    db: String,
+    hot: String,
+}
+
+impl Dbs {
+    /// The databases of `l`.
+    fn of(l: &Ledger) -> Dbs {
+        let dbs = Dbs {
+            db: l.client().database().to_owned(),
+            hot: l.hot_client().database().to_owned(),
+        };
+        assert_eq!(
+            l.hot_database(),
+            dbs.split().then_some(dbs.hot.as_str()),
+            "the ledger's hot_database() and hot_client() disagree"
+        );
+        dbs
+    }
+
+    fn split(&self) -> bool {
+        self.hot != self.db
+    }
+
+    fn layout(&self) -> &'static str {
+        if self.split() {
+            "split"
+        } else {
+            "single"
+        }
+    }
+
+    /// The program's options for this layout, after `--db`: `--hot-db <hot>` when split.
+    fn cli_args(&self) -> Vec<String> {
+        if self.split() {
+            vec!["--hot-db".to_owned(), self.hot.clone()]
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+impl std::fmt::Display for Dbs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.split() {
+            write!(f, "{} (accounts and transfers in {})", self.db, self.hot)
+        } else {
+            write!(f, "{}", self.db)
+        }
+    }
+}
+
 // ---- rest, audit and the independent check ---------------------------------------------------
 
 /// Sweeps until nothing is open and no marker is pending (`expect_open` poison transfers
@@ -506,7 +569,8 @@ async fn sweep_to_rest(
         if started.elapsed() > deadline {
             let status = l.status().await;
             tally.violation(format!(
-                "{part}: the ledger did not come to rest within {deadline:?}: {status:?}"
+                "{part}: the ledger on {} did not come to rest within {deadline:?}: {status:?}",
+                Dbs::of(l)
             ));
             return;
         }
@@ -517,11 +581,12 @@ async fn sweep_to_rest(
 /// The library's auditor, strict (at rest): every failing check is a violation.
 async fn audit(part: &str, l: &Ledger, tally: &Tally) {
     let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    let dbs = Dbs::of(l);
     for c in &report.checks {
         if c.ok {
             continue;
         }
-        let line = format!("{part}: audit {}: {}", c.name, c.detail);
+        let line = format!("{part}: audit {} on {dbs}: {}", c.name, c.detail);
         if c.name == "no_overdraft" && is_trio_part(part) && !c.documents.is_empty() {
             for account in &c.documents {
                 tally.overdraft(part, account, line.clone());
@@ -532,7 +597,7 @@ async fn audit(part: &str, l: &Ledger, tally: &Tally) {
     }
     let names: Vec<&str> = report.checks.iter().map(|c| c.name.as_str()).collect();
     eprintln!(
-        "{part}: audit at rest ok={} ({})",
+        "{part}: audit at rest of {dbs} ok={} ({})",
         report.ok,
         names.join(", ")
     );
@@ -546,13 +611,29 @@ async fn audit(part: &str, l: &Ledger, tally: &Tally) {
 /// Returns the number of transfer documents.
 async fn independent_check(
     part: &str,
-    db: &str,
+    dbs: &Dbs,
     book: &Book,
     tally: &Tally,
     poison: &[&str],
 ) -> u64 {
-    let accounts = raw_accounts(db).await;
-    let transfers: Vec<Value> = raw_transfers(db)
+    // Accounts and transfers are read (and named in every line) in the database that holds
+    // them; orders in the ledger's.
+    let at = dbs.hot.as_str();
+    if dbs.split() {
+        // On the split layout the ledger's database holds no account and no transfer.
+        let (a, t) = (raw_accounts(&dbs.db).await, raw_transfers(&dbs.db).await);
+        if !a.is_empty() || !t.is_empty() {
+            tally.violation(format!(
+                "{part}: {} holds {} accounts and {} transfers (first {:?}), which belong in {at}",
+                dbs.db,
+                a.len(),
+                t.len(),
+                a.iter().chain(&t).next().map(|d| d["_id"].clone())
+            ));
+        }
+    }
+    let accounts = raw_accounts(at).await;
+    let transfers: Vec<Value> = raw_transfers(at)
         .await
         .into_iter()
         .filter(|t| !poison.contains(&t["_id"].as_str().unwrap_or("")))
@@ -565,12 +646,15 @@ async fn independent_check(
     for t in &transfers {
         let id = t["txn_id"].as_str().unwrap_or_default().to_owned();
         let Some(state) = t["state"].as_str().and_then(State::parse) else {
-            tally.violation(format!("{part}: {} has state {}", t["_id"], t["state"]));
+            tally.violation(format!(
+                "{part}: {at}/{} has state {}",
+                t["_id"], t["state"]
+            ));
             continue;
         };
         states.insert(id.clone(), state);
         if !state.is_terminal() {
-            tally.violation(format!("{part}: txn:{id} is still {state} at rest"));
+            tally.violation(format!("{part}: {at}/txn:{id} is still {state} at rest"));
         }
         let value = t["value"].as_i64().unwrap_or(0);
         let (src, dst) = (
@@ -594,7 +678,9 @@ async fn independent_check(
                 .and_then(|(first, _)| asked.get(first.as_str()))
         });
         match asked_terms {
-            None => tally.violation(format!("{part}: txn:{id} exists but was never asked for")),
+            None => tally.violation(format!(
+                "{part}: {at}/txn:{id} exists but was never asked for"
+            )),
             Some(terms) => {
                 let found = Terms {
                     source: src,
@@ -604,7 +690,9 @@ async fn independent_check(
                     reverses: t["reverses"].as_str().map(str::to_owned),
                 };
                 if *terms != found {
-                    tally.violation(format!("{part}: txn:{id} holds {found:?}, asked {terms:?}"));
+                    tally.violation(format!(
+                        "{part}: {at}/txn:{id} holds {found:?}, asked {terms:?}"
+                    ));
                 }
             }
         }
@@ -617,10 +705,14 @@ async fn independent_check(
                 "cancelled_by_user",
             ];
             if !known.contains(&reason) {
-                tally.violation(format!("{part}: txn:{id} cancelled with reason {reason:?}"));
+                tally.violation(format!(
+                    "{part}: {at}/txn:{id} cancelled with reason {reason:?}"
+                ));
             }
             if reason == "cancelled_by_user" && !cancels.contains(&id) {
-                tally.violation(format!("{part}: txn:{id} cancelled by a user nobody was"));
+                tally.violation(format!(
+                    "{part}: {at}/txn:{id} cancelled by a user nobody was"
+                ));
             }
         }
     }
@@ -628,7 +720,7 @@ async fn independent_check(
     for (id, previous) in &later_attempts {
         if states.get(previous) != Some(&State::Cancelled) {
             tally.violation(format!(
-                "{part}: txn:{id} exists, but the attempt before it, {previous}, is {:?}",
+                "{part}: {at}/txn:{id} exists, but the attempt before it, {previous}, is {:?}",
                 states.get(previous)
             ));
         }
@@ -638,7 +730,7 @@ async fn independent_check(
         if let Some(original) = id.strip_prefix("rev-") {
             if !matches!(states.get(original), Some(State::Done | State::Committed)) {
                 tally.violation(format!(
-                    "{part}: txn:{id} ({state}) reverses {original}, which is {:?}",
+                    "{part}: {at}/txn:{id} ({state}) reverses {original}, which is {:?}",
                     states.get(original)
                 ));
             }
@@ -648,13 +740,13 @@ async fn independent_check(
     for (id, acks) in book.acked.lock().unwrap().iter() {
         match states.get(id) {
             None => tally.violation(format!(
-                "{part}: txn:{id} was acknowledged ({acks:?}) and is gone"
+                "{part}: {at}/txn:{id} was acknowledged ({acks:?}) and is gone"
             )),
             Some(&fin) => {
                 for &a in acks {
                     if !reachable(a, fin) {
                         tally.violation(format!(
-                            "{part}: txn:{id} was acknowledged {a}, and is {fin} now"
+                            "{part}: {at}/txn:{id} was acknowledged {a}, and is {fin} now"
                         ));
                     }
                 }
@@ -675,12 +767,12 @@ async fn independent_check(
         let expected = opening + moved.remove(id).unwrap_or(0);
         if balance != expected {
             tally.violation(format!(
-                "{part}: account:{id} balance {balance} ≠ opening {opening} + done transfers = {expected}"
+                "{part}: {at}/account:{id} balance {balance} ≠ opening {opening} + done transfers = {expected}"
             ));
         }
         if a["pending"].as_array().is_some_and(|p| !p.is_empty()) {
             tally.violation(format!(
-                "{part}: account:{id} holds pending markers at rest: {}",
+                "{part}: {at}/account:{id} holds pending markers at rest: {}",
                 a["pending"]
             ));
         }
@@ -689,7 +781,7 @@ async fn independent_check(
                 tally.overdraft(
                     part,
                     &format!("account:{id}"),
-                    format!("{part}: account:{id} balance {balance} below its minimum {min}"),
+                    format!("{part}: {at}/account:{id} balance {balance} below its minimum {min}"),
                 );
             }
         }
@@ -697,21 +789,21 @@ async fn independent_check(
     for (account, m) in moved {
         if m != 0 {
             tally.violation(format!(
-                "{part}: done transfers move {m} on account:{account}, which does not exist"
+                "{part}: done transfers move {m} on {at}/account:{account}, which does not exist"
             ));
         }
     }
     for (currency, (opening, balance)) in &per_currency {
         if opening != balance {
             tally.violation(format!(
-                "{part}: {currency}: Σ balance {balance} ≠ Σ opening {opening}"
+                "{part}: {at}: {currency}: Σ balance {balance} ≠ Σ opening {opening}"
             ));
         }
     }
     // Acknowledged order-ledger entries are there, as written.
     let entries = book.entries.lock().unwrap().clone();
     for (id, fields) in entries {
-        let doc: Value = raw_db_get(db, &urlencode(&id))
+        let doc: Value = raw_db_get(&dbs.db, &urlencode(&id))
             .send()
             .await
             .unwrap()
@@ -721,8 +813,8 @@ async fn independent_check(
         for (k, v) in fields.as_object().unwrap() {
             if doc[k] != *v {
                 tally.violation(format!(
-                    "{part}: {id} was acknowledged with {k} = {v}, holds {}",
-                    doc[k]
+                    "{part}: {}/{id} was acknowledged with {k} = {v}, holds {}",
+                    dbs.db, doc[k]
                 ));
             }
         }
@@ -730,7 +822,7 @@ async fn independent_check(
     let done = states.values().filter(|s| **s == State::Done).count();
     let cancelled = states.values().filter(|s| **s == State::Cancelled).count();
     eprintln!(
-        "{part}: independent check of {} accounts and {} transfers ({done} done, {cancelled} cancelled), {} acknowledged",
+        "{part}: independent check of {} accounts and {} transfers in {at} ({done} done, {cancelled} cancelled), {} acknowledged",
         accounts.len(),
         transfers.len(),
         book.acked.lock().unwrap().len()
@@ -739,7 +831,8 @@ async fn independent_check(
 }
 
 /// Reads every account raw every `period` until `stop`, checking that no limited account is
-/// ever below its minimum, in balance or in available (SPEC §7.3 "at every moment").
+/// ever below its minimum, in balance or in available (SPEC §7.3 "at every moment"). `db` is
+/// the database holding the accounts (the hot one on the split layout).
 fn spawn_overdraft_monitor(
     part: &'static str,
     db: String,
@@ -769,7 +862,7 @@ fn spawn_overdraft_monitor(
                         part,
                         id,
                         format!(
-                            "{part}: {id} overdrawn at a moment: balance {balance}, available {}, min {min}",
+                            "{part}: {db}/{id} overdrawn at a moment: balance {balance}, available {}, min {min}",
                             balance - credits
                         ),
                     );
@@ -801,9 +894,13 @@ fn retried_reversal(id: &str) -> Option<(String, String)> {
 /// While set (during `r1_trio`), the ledgers made here write accounts with the server's default
 /// quorum (`WriteQuorum::ServerDefault`): account conflicts then happen on the trio and are
 /// merged, while transfer documents keep their exclusive writes. `r2_trio` runs the program's
-/// default, `WriteQuorum::All`.
+/// default, `WriteQuorum::All`. (R1's workers are made with [`another`] from the part's ledger,
+/// which `part_ledger` makes with this quorum; `another_worker` keeps it.)
 static ACCOUNTS_AT_DEFAULT_QUORUM: AtomicBool = AtomicBool::new(false);
 
+/// A new worker on a client's database, on the single layout: for R3, R4 and R5, which run
+/// only that layout (R4's workers reach the server through its fault proxy). R1 and R2 use
+/// [`another`], which keeps their layout.
 fn fresh_ledger(client: &Client, lease: Duration) -> Ledger {
     let l = Ledger::new(client.clone()).with_lease(lease).unwrap();
     if ACCOUNTS_AT_DEFAULT_QUORUM.load(Ordering::Relaxed) {
@@ -811,6 +908,14 @@ fn fresh_ledger(client: &Client, lease: Duration) -> Ledger {
     } else {
         l
     }
+}
+
+/// A new worker (as if another process opened the ledger) on `like`'s databases — on the
+/// split layout too — with `lease`.
+fn another(like: &Ledger, lease: Duration) -> Ledger {
+    let l = like.another_worker().with_lease(lease).unwrap();
+    assert_eq!(l.hot_database(), like.hot_database());
+    l
 }
 
 /// A sweeper task: passes until `stop`, crashes and problems booked.
@@ -1094,7 +1199,8 @@ async fn run_op(
 /// One R1 round in a database of its own: load until `target` new transfers were asked for (or
 /// `until` passes), then rest, audit and check. Returns the transfer documents found afterwards
 /// (reversals included) and the new transfers asked for. With `trio`, the database is on the
-/// replicating trio and every ledger works through its proxy (`part` is then `r1_trio`).
+/// replicating trio and every ledger works through its proxy (`part` is then `r1_trio`). With
+/// `split`, on the split layout: accounts and transfers in a second database (not on the trio).
 #[allow(clippy::too_many_arguments)]
 async fn r1_round(
     size: Size,
@@ -1105,14 +1211,18 @@ async fn r1_round(
     tally: Arc<Tally>,
     trio: Option<&Trio>,
     part: &'static str,
+    split: bool,
 ) -> (u64, u64) {
     let started = Instant::now();
     let violations_before = tally.violations();
     let lease = Duration::from_millis(1_000);
     let stale_after = Duration::from_millis(250);
-    let base = part_ledger(trio, &format!("{part}_{round}")).await;
-    let client = base.client().clone();
-    let db = client.database().to_owned();
+    // Every ledger of the round is made from `base` (`another`), so has its layout; raw reads
+    // of accounts and transfers go to `dbs.hot`.
+    let base = part_ledger(trio, &format!("{part}_{round}"), split).await;
+    let dbs = Dbs::of(&base);
+    assert_eq!(dbs.split(), split, "{part} round {round}: layout");
+    eprintln!("{part} round {round}: {} layout, on {dbs}", dbs.layout());
     let mut accounts: Vec<Acct> = (0..size.r1_accounts)
         .map(|i| Acct {
             id: format!("e{i}"),
@@ -1137,18 +1247,18 @@ async fn r1_round(
     }
     create_accounts(&base, &accounts).await;
     let observer = match trio {
-        Some(trio) => Some(trio_ready(part, trio, &db, &tally).await),
+        Some(trio) => Some(trio_ready(part, trio, &dbs.db, &tally).await),
         None => None,
     };
 
     let book = Arc::new(Book::default());
     let stop = Arc::new(AtomicBool::new(false));
-    let monitor = spawn_overdraft_monitor(part, db.clone(), tally.clone(), stop.clone());
+    let monitor = spawn_overdraft_monitor(part, dbs.hot.clone(), tally.clone(), stop.clone());
     let sweepers: Vec<_> = (0..3)
         .map(|i| {
             spawn_sweeper(
                 part,
-                fresh_ledger(&client, lease),
+                another(&base, lease),
                 stale_after,
                 tally.clone(),
                 stop.clone(),
@@ -1160,15 +1270,19 @@ async fn r1_round(
 
     let asked_new = Arc::new(AtomicU64::new(0));
     let hook = late_hook(lease * 3 / 2);
-    let make = move |client: &Client| fresh_ledger(client, lease).with_pause_hook(hook.clone());
+    let make = {
+        let base = base.clone();
+        move || another(&base, lease).with_pause_hook(hook.clone())
+    };
     let enough = {
         let asked_new = asked_new.clone();
         move || asked_new.load(Ordering::Relaxed) >= target || Instant::now() > until
     };
-    // Open transfers, as the by_state view counts them, refreshed every 500 ms.
+    // Open transfers, as the by_state view (of the database of transfers) counts them,
+    // refreshed every 500 ms.
     let open = Arc::new(AtomicU64::new(0));
     let watcher = {
-        let (open, stop, client) = (open.clone(), stop.clone(), client.clone());
+        let (open, stop, client) = (open.clone(), stop.clone(), base.hot_client().clone());
         tokio::spawn(async move {
             let q = couch_ledger::ViewQuery {
                 group_level: Some(1),
@@ -1190,7 +1304,6 @@ async fn r1_round(
     };
     let mut workers = JoinSet::new();
     for w in 0..8 {
-        let client = client.clone();
         let open = open.clone();
         let (book, tally, asked_new) = (book.clone(), tally.clone(), asked_new.clone());
         let enough = enough.clone();
@@ -1202,8 +1315,8 @@ async fn r1_round(
                 next: 0,
                 history: Vec::new(),
             };
-            let mut ledger = make(&client);
-            let twin = make(&client);
+            let mut ledger = make();
+            let twin = make();
             let mut inflight = JoinSet::new();
             let mut restarts = 0u64;
             loop {
@@ -1242,7 +1355,7 @@ async fn r1_round(
                         // The process "died" at a fail point: half the time it comes back as
                         // a new process (new worker id, empty caches), else it goes on.
                         if worker.rng.bool() {
-                            ledger = make(&client);
+                            ledger = make();
                             restarts += 1;
                         }
                     }
@@ -1270,33 +1383,47 @@ async fn r1_round(
 
     // The rest sweep drives everything left under a lease long enough not to lose it to a slow
     // server (correctness never depends on the lease; progress does).
-    let rest = fresh_ledger(&client, Duration::from_secs(10));
+    let rest = another(&base, Duration::from_secs(10));
     let n = match (trio, observer) {
         (Some(trio), Some(observer)) => {
-            trio_rest_and_check(part, trio, &db, &rest, &book, &tally, observer).await
+            trio_rest_and_check(part, trio, &dbs.db, &rest, &book, &tally, observer).await
         }
         _ => {
             sweep_to_rest(part, &rest, &tally, 0, Duration::from_secs(300)).await;
             audit(part, &rest, &tally).await;
-            independent_check(part, &db, &book, &tally, &[]).await
+            independent_check(part, &dbs, &book, &tally, &[]).await
         }
     };
     tally.transfers.fetch_add(n, Ordering::Relaxed);
     let asked = asked_new.load(Ordering::Relaxed);
+    let clean = tally.violations() == violations_before;
+    if split {
+        tally.split_rounds.fetch_add(1, Ordering::Relaxed);
+    }
     eprintln!(
-        "{part} round {round}: {n} transfer documents for {asked} new transfers asked, load {load_time:?} (+ rest and audit: {:?} in all); worker process restarts {process_restarts}; sweepers (passes, finished, orphan markers repaired) {sweeper_summary:?}; overdraft samples {samples}",
+        "{part} round {round} ({} layout): {n} transfer documents for {asked} new transfers asked, load {load_time:?} (+ rest and audit: {:?} in all); worker process restarts {process_restarts}; sweepers (passes, finished, orphan markers repaired) {sweeper_summary:?}; overdraft samples {samples}",
+        dbs.layout(),
         started.elapsed()
     );
     if trio.is_some() {
         // The trio's nodes (and their data) go when the part drops it.
-    } else if tally.violations() == violations_before {
-        // A clean round's database is dropped so the server stays small for the next one; a
-        // round with violations keeps it for inspection.
-        if let Err(e) = client.delete_database().await {
-            eprintln!("{part} round {round}: could not delete {db}: {e}");
+    } else if clean {
+        // A clean round's databases are dropped so the server stays small for the next one; a
+        // round with violations keeps them for inspection.
+        let mut clients = vec![base.client()];
+        if dbs.split() {
+            clients.push(base.hot_client());
+        }
+        for c in clients {
+            if let Err(e) = c.delete_database().await {
+                eprintln!(
+                    "{part} round {round}: could not delete {}: {e}",
+                    c.database()
+                );
+            }
         }
     } else {
-        eprintln!("{part} round {round}: violations; database {db} kept for inspection");
+        eprintln!("{part} round {round}: violations; databases {dbs} kept for inspection");
     }
     (n, asked)
 }
@@ -1308,11 +1435,15 @@ const R1_ROUND_TRANSFERS: u64 = 2_000;
 
 /// R1: rounds until `size.r1_transfers` new transfers were asked for and as many transfer
 /// documents exist, and (long size) every fail point fired `size.r1_hits_per_point` times,
-/// within `size.r1_time_max`.
+/// within `size.r1_time_max`. Even rounds run the single layout, odd rounds the split one
+/// (accounts and transfers in a second database); a round takes at most half the transfers, so
+/// that every size runs both.
 async fn r1(size: Size, seed: u64, tally: Arc<Tally>) {
     let started = Instant::now();
     let until = started + size.r1_time_max;
+    let round_max = R1_ROUND_TRANSFERS.min(size.r1_transfers.div_ceil(2).max(200));
     let (mut transfers, mut asked, mut round) = (0u64, 0u64, 0u64);
+    let mut split_rounds = 0u64;
     loop {
         let points_short = FAIL_POINTS
             .iter()
@@ -1324,10 +1455,11 @@ async fn r1(size: Size, seed: u64, tally: Arc<Tally>) {
         // What is still missing, in rounds of at most R1_ROUND_TRANSFERS; a full round more
         // when only fail-point hits are missing.
         let target = match missing {
-            0 => R1_ROUND_TRANSFERS,
-            missing => missing.clamp(200, R1_ROUND_TRANSFERS),
+            0 => round_max,
+            missing => missing.clamp(200, round_max),
         };
         let round_seed = seed ^ round.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let split = round % 2 == 1;
         let (documents, asked_here) = r1_round(
             size,
             round_seed,
@@ -1337,16 +1469,24 @@ async fn r1(size: Size, seed: u64, tally: Arc<Tally>) {
             tally.clone(),
             None,
             "r1",
+            split,
         )
         .await;
         transfers += documents;
         asked += asked_here;
         round += 1;
+        split_rounds += u64::from(split);
         let crashes = tally.crashes.lock().unwrap().clone();
         eprintln!(
-            "r1: after {round} round(s), {transfers} transfer documents ({asked} new transfers asked) at {:?}; crashes by fail point {crashes:?}",
+            "r1: after {round} round(s) ({split_rounds} split), {transfers} transfer documents ({asked} new transfers asked) at {:?}; crashes by fail point {crashes:?}",
             started.elapsed()
         );
+    }
+    if split_rounds == 0 {
+        tally.violation(format!(
+            "r1: no round ran on the split layout ({round} round(s) in {:?})",
+            started.elapsed()
+        ));
     }
     if transfers.min(asked) < size.r1_transfers {
         tally.violation(format!(
@@ -1450,12 +1590,12 @@ async fn reliability() {
     }
     scenario.teardown();
     if run("r2") {
-        r2(size, seed, tally.clone(), None, "r2").await;
+        r2(size, seed, tally.clone(), None, "r2", true).await;
         eprintln!("r2 finished at {:?}", started.elapsed());
     }
     if run("r2_trio") {
         let trio = Trio::start_with(Balance::PerConnection).await;
-        r2(size, seed, tally.clone(), Some(&trio), "r2_trio").await;
+        r2(size, seed, tally.clone(), Some(&trio), "r2_trio", false).await;
         eprintln!("r2_trio finished at {:?}", started.elapsed());
     }
     if run("r3") {
@@ -1486,7 +1626,7 @@ async fn reliability() {
     );
     let violations = tally.violations();
     let line = format!(
-        "RELIABILITY transfers={} crash_points={} crashes={} kills={} server_restarts={} faults={} bad_inputs={} conflicts_met={} conflicts_resolved={} overdrafts_from_conflicts={} violations={}",
+        "RELIABILITY transfers={} crash_points={} crashes={} kills={} server_restarts={} faults={} bad_inputs={} conflicts_met={} conflicts_resolved={} overdrafts_from_conflicts={} violations={} split_rounds={}",
         tally.transfers.load(Ordering::Relaxed),
         crashes.values().filter(|n| **n > 0).count(),
         crashes.values().sum::<u64>(),
@@ -1498,6 +1638,7 @@ async fn reliability() {
         tally.conflicts_resolved.load(Ordering::Relaxed),
         tally.overdrafts_from_conflicts.load(Ordering::Relaxed),
         violations,
+        tally.split_rounds.load(Ordering::Relaxed),
     );
     println!("{line}");
     eprintln!("{line}");
@@ -1517,12 +1658,22 @@ async fn reliability() {
 // the end the harness waits for the nodes to converge and the sweeper to resolve what
 // conflicted, then checks the invariants on node 0 (all three then hold the same).
 
-/// A ledger on a fresh database: on the harness's server, or created on the trio's three nodes
-/// (replicating) and used through its proxy.
-async fn part_ledger(trio: Option<&Trio>, name: &str) -> Ledger {
+/// A ledger on a fresh database: on the harness's server (with `split`, on the split layout:
+/// accounts and transfers in a second database, `<db>_hot`), or created on the trio's three
+/// nodes (replicating) and used through its proxy (single layout only).
+async fn part_ledger(trio: Option<&Trio>, name: &str, split: bool) -> Ledger {
     let Some(trio) = trio else {
-        return support::ledger(name).await;
+        return if split {
+            support::split_ledger(name).await
+        } else {
+            support::ledger(name).await
+        };
     };
+    assert!(
+        !split,
+        "{name}: the trio parts run the single layout (their convergence and conflict checks \
+         watch one database)"
+    );
     let db = support::db_name(name);
     trio.database(&db).await;
     TRIO_DBS
@@ -1538,7 +1689,11 @@ async fn part_ledger(trio: Option<&Trio>, name: &str) -> Ledger {
             .unwrap(),
     );
     l.init().await.expect("init through the trio's proxy");
-    l
+    if ACCOUNTS_AT_DEFAULT_QUORUM.load(Ordering::Relaxed) {
+        l.with_write_quorum(WriteQuorum::ServerDefault)
+    } else {
+        l
+    }
 }
 
 /// Conflicted documents seen on the trio's nodes: id → the conflicting revisions seen.
@@ -1747,7 +1902,8 @@ async fn trio_rest_and_check(
             .unwrap(),
     );
     audit(part, &on_node, tally).await;
-    let n = independent_check(part, db, book, tally, &[]).await;
+    // The trio parts run the single layout (`part_ledger`): everything is in `db`.
+    let n = independent_check(part, &Dbs::of(&on_node), book, tally, &[]).await;
     tally.settle_overdrafts(part, &resolved);
     n
 }
@@ -1768,6 +1924,7 @@ async fn r1_trio(size: Size, seed: u64, tally: Arc<Tally>) {
         tally.clone(),
         Some(&trio),
         "r1_trio",
+        false,
     )
     .await;
     if documents.min(asked) < target {
@@ -1816,7 +1973,6 @@ async fn r3(size: Size, seed: u64, tally: Arc<Tally>) {
     let lease = Duration::from_secs(2);
     let base = support::ledger("r3").await;
     let client = base.client().clone();
-    let db = client.database().to_owned();
     let accounts: Vec<Acct> = (0..8)
         .map(|i| Acct {
             id: format!("s{i}"),
@@ -1973,7 +2129,7 @@ async fn r3(size: Size, seed: u64, tally: Arc<Tally>) {
     let rest = fresh_ledger(&client, lease);
     sweep_to_rest("r3", &rest, &tally, 0, Duration::from_secs(120)).await;
     audit("r3", &rest, &tally).await;
-    let n = independent_check("r3", &db, &book, &tally, &[]).await;
+    let n = independent_check("r3", &Dbs::of(&base), &book, &tally, &[]).await;
     tally.transfers.fetch_add(n, Ordering::Relaxed);
     eprintln!(
         "r3: {} restarts; {} calls failed (typed) while the server was down; {} acknowledged order entries; {} successes after the last restart; {:?}",
@@ -2138,7 +2294,7 @@ async fn r4(size: Size, seed: u64, tally: Arc<Tally>) {
     let rest = fresh_ledger(&direct, lease);
     sweep_to_rest("r4", &rest, &tally, 0, Duration::from_secs(120)).await;
     audit("r4", &rest, &tally).await;
-    let n = independent_check("r4", &db, &book, &tally, &[]).await;
+    let n = independent_check("r4", &Dbs::of(&base), &book, &tally, &[]).await;
     tally.transfers.fetch_add(n, Ordering::Relaxed);
     if injected == 0 {
         tally.violation("r4: the fault proxy injected no fault");
@@ -2459,6 +2615,7 @@ async fn run_cli(db: &str, args: Vec<std::ffi::OsString>) -> std::process::Outpu
         .env_remove("COUCHDB_USER")
         .env_remove("COUCHDB_PASSWORD")
         .env_remove("LEDGER_DB")
+        .env_remove("LEDGER_HOT_DB")
         .args(["--url", on_trio.as_deref().unwrap_or(&s.url), "--db", db]);
     if let (Some(user), None) = (&s.user, &on_trio) {
         cmd.args(["--user", user]);
@@ -4021,17 +4178,25 @@ async fn a_refused_cookie_login_is_never_an_anonymous_request() {
 
 // ---- R2: process kill soak -------------------------------------------------------------------
 
-/// The program on the test server's `db` as a child process (stdout piped, stderr dropped).
-fn spawn_cli(db: &str, args: &[String]) -> tokio::process::Child {
+/// The program on the test server's ledger in `dbs` (`--hot-db` too when split) as a child
+/// process (stdout piped, stderr dropped).
+fn spawn_cli(dbs: &Dbs, args: &[String]) -> tokio::process::Child {
     let s = support::server();
-    let on_trio = trio_db(db).map(|(_, proxy)| proxy);
+    let on_trio = trio_db(&dbs.db).map(|(_, proxy)| proxy);
     let mut cmd = tokio::process::Command::new(BIN);
     cmd.env_remove("RUST_LOG")
         .env_remove("COUCHDB_URL")
         .env_remove("COUCHDB_USER")
         .env_remove("COUCHDB_PASSWORD")
         .env_remove("LEDGER_DB")
-        .args(["--url", on_trio.as_deref().unwrap_or(&s.url), "--db", db]);
+        .env_remove("LEDGER_HOT_DB")
+        .args([
+            "--url",
+            on_trio.as_deref().unwrap_or(&s.url),
+            "--db",
+            &dbs.db,
+        ])
+        .args(dbs.cli_args());
     if let (Some(user), None) = (&s.user, &on_trio) {
         cmd.args(["--user", user]);
         cmd.env("COUCHDB_PASSWORD", s.password.clone().unwrap_or_default());
@@ -4053,15 +4218,27 @@ fn kill_if_running(child: &mut tokio::process::Child) -> bool {
 }
 
 /// R2; with `trio`, on the replicating trio, every process through its proxy (`part` is then
-/// `r2_trio`).
-async fn r2(size: Size, seed: u64, tally: Arc<Tally>, trio: Option<&Trio>, part: &'static str) {
+/// `r2_trio`); with `split`, on the split layout (accounts and transfers in a second database,
+/// every process run with `--hot-db`; not on the trio).
+async fn r2(
+    size: Size,
+    seed: u64,
+    tally: Arc<Tally>,
+    trio: Option<&Trio>,
+    part: &'static str,
+    split: bool,
+) {
     let started = Instant::now();
     if !cli_has_transfers().await {
         tally.violation(format!("{part}: the program has no transfer commands"));
         return;
     }
-    let base = part_ledger(trio, part).await;
-    let db = base.client().database().to_owned();
+    // Processes get the layout's options (`spawn_cli`); raw reads of accounts and transfers go
+    // to `dbs.hot`.
+    let base = part_ledger(trio, part, split).await;
+    let dbs = Dbs::of(&base);
+    assert_eq!(dbs.split(), split, "{part}: layout");
+    eprintln!("{part}: {} layout, on {dbs}", dbs.layout());
     let accounts: Vec<Acct> = (0..6)
         .map(|i| Acct {
             id: format!("k{i}"),
@@ -4072,7 +4249,7 @@ async fn r2(size: Size, seed: u64, tally: Arc<Tally>, trio: Option<&Trio>, part:
         .collect();
     create_accounts(&base, &accounts).await;
     let observer = match trio {
-        Some(trio) => Some(trio_ready(part, trio, &db, &tally).await),
+        Some(trio) => Some(trio_ready(part, trio, &dbs.db, &tally).await),
         None => None,
     };
     let book = Arc::new(Book::default());
@@ -4087,14 +4264,14 @@ async fn r2(size: Size, seed: u64, tally: Arc<Tally>, trio: Option<&Trio>, part:
     // Sweepers: `sweep --watch` processes, SIGKILLed at random moments and started again.
     let mut sweepers = JoinSet::new();
     for s in 0..2u64 {
-        let (db, tally) = (db.clone(), tally.clone());
+        let (dbs, tally) = (dbs.clone(), tally.clone());
         sweepers.spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed ^ (0x2200 + s));
             let watch =
                 ["sweep", "--watch", "--stale-after", "1s", "--batch", "200"].map(str::to_owned);
             let mut starts = 0u64;
             while Instant::now() < soak_end {
-                let mut child = spawn_cli(&db, &watch);
+                let mut child = spawn_cli(&dbs, &watch);
                 starts += 1;
                 let live = Duration::from_millis(rng.u64(1_500..8_000));
                 tokio::time::sleep(live.min(soak_end.saturating_duration_since(Instant::now())))
@@ -4128,7 +4305,7 @@ async fn r2(size: Size, seed: u64, tally: Arc<Tally>, trio: Option<&Trio>, part:
     // often sent again (same terms), as a caller that never got an answer would.
     let mut workers = JoinSet::new();
     for w in 0..4u64 {
-        let (db, tally, book, exits) = (db.clone(), tally.clone(), book.clone(), exits.clone());
+        let (dbs, tally, book, exits) = (dbs.clone(), tally.clone(), book.clone(), exits.clone());
         workers.spawn(async move {
             let mut rng = fastrand::Rng::with_seed(seed ^ (0x2210 + w));
             let mut unanswered: Vec<(String, Terms)> = Vec::new();
@@ -4174,7 +4351,7 @@ async fn r2(size: Size, seed: u64, tally: Arc<Tally>, trio: Option<&Trio>, part:
                 if rng.u32(0..100) < 20 {
                     args.push("--no-wait".into());
                 }
-                let mut child = spawn_cli(&db, &args);
+                let mut child = spawn_cli(&dbs, &args);
                 let mut stdout = child.stdout.take().unwrap();
                 let kill_at =
                     (rng.u32(0..100) < 35).then(|| Duration::from_millis(rng.u64(5..400)));
@@ -4259,18 +4436,24 @@ async fn r2(size: Size, seed: u64, tally: Arc<Tally>, trio: Option<&Trio>, part:
         sweeper_starts += r.unwrap_or(0);
     }
     // A final sweep (claims of killed processes last the default 30 s lease), then the audit.
-    let rest = Ledger::new(base.client().clone());
+    let rest = base.another_worker();
     let n = match (trio, observer) {
         (Some(trio), Some(observer)) => {
-            trio_rest_and_check(part, trio, &db, &rest, &book, &tally, observer).await
+            trio_rest_and_check(part, trio, &dbs.db, &rest, &book, &tally, observer).await
         }
         _ => {
             sweep_to_rest(part, &rest, &tally, 0, Duration::from_secs(120)).await;
             audit(part, &rest, &tally).await;
-            independent_check(part, &db, &book, &tally, &[]).await
+            independent_check(part, &dbs, &book, &tally, &[]).await
         }
     };
-    let r = run_cli(&db, os(&["verify", "--json"])).await;
+    let verify: Vec<std::ffi::OsString> = dbs
+        .cli_args()
+        .into_iter()
+        .chain(["verify".to_owned(), "--json".to_owned()])
+        .map(Into::into)
+        .collect();
+    let r = run_cli(&dbs.db, verify).await;
     let v: Value = serde_json::from_slice(&r.stdout).unwrap_or(Value::Null);
     // On the trio an overdraft from conflicting writes is judged by the audit above.
     let failing: Vec<&str> = v["checks"]
@@ -4287,12 +4470,16 @@ async fn r2(size: Size, seed: u64, tally: Arc<Tally>, trio: Option<&Trio>, part:
         || v["checks"].as_array().is_none()
         || !failing.is_empty()
     {
-        tally.violation(format!("{part}: `couch-ledger verify` says {v}"));
+        tally.violation(format!("{part}: `couch-ledger verify` on {dbs} says {v}"));
     }
     tally.transfers.fetch_add(n, Ordering::Relaxed);
+    if split {
+        tally.split_rounds.fetch_add(1, Ordering::Relaxed);
+    }
     let exits = exits.lock().unwrap().clone();
     eprintln!(
-        "{part}: {n} transfers by {} processes ({exits:?}); sweep --watch started {sweeper_starts} times; {} SIGKILLs in all; {:?}",
+        "{part} ({} layout): {n} transfers by {} processes ({exits:?}); sweep --watch started {sweeper_starts} times; {} SIGKILLs in all; {:?}",
+        dbs.layout(),
         exits.values().sum::<u64>(),
         tally.kills.load(Ordering::Relaxed),
         started.elapsed()
