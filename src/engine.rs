@@ -34,7 +34,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -45,7 +45,7 @@ use crate::couch::{take_conflicts, BulkResult, Client, WriteOptions};
 use crate::error::{Error, Result};
 use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
-    CLOCK_SKEW_MAX_MS, ENGINE_ROUNDS_MAX, ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_PRUNE_AT_BYTES,
+    CLOCK_SKEW_MAX_MS, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX, ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_PRUNE_AT_BYTES,
     MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS,
     SETTLED_PRUNE_BATCH_MIN, SETTLED_RETENTION_MS, TXN_BATCH_DOCS_MAX,
 };
@@ -217,6 +217,32 @@ impl<T> Queue<T> {
         }
     }
 
+    fn len(&self) -> usize {
+        self.lock().items.len()
+    }
+
+    /// Lets the tasks woken by the last answers run before a batch is taken, so that their next
+    /// steps join it instead of waiting a whole request for the one after: yields to the runtime
+    /// until the queue stops growing for two turns, at most [`GATHER_YIELDS_MAX`] times (no
+    /// timer: a few microseconds when nothing more comes).
+    async fn gather(&self) {
+        let mut last = self.len();
+        let mut stable = 0;
+        for _ in 0..GATHER_YIELDS_MAX {
+            tokio::task::yield_now().await;
+            let n = self.len();
+            if n == last {
+                stable += 1;
+                if stable >= 2 {
+                    return;
+                }
+            } else {
+                stable = 0;
+                last = n;
+            }
+        }
+    }
+
     /// Takes up to `max` items. An empty answer also ends the driver's turn, atomically with
     /// the emptiness check, so a concurrent push either lands in this driver's next round or
     /// starts a new driver.
@@ -381,6 +407,17 @@ pub(crate) struct AccountEngine {
     links: AtomicU64,
     /// Rounds run (for tests and logs: how well ops were grouped).
     rounds: AtomicU64,
+    /// Settles held back to go out with their account's next write ([`AccountEngine::run_held`]).
+    held: Mutex<Vec<HeldOp>>,
+    /// Held ops that went out with another op of their account, and those that waited out
+    /// their hold.
+    folded: AtomicU64,
+}
+
+/// An op waiting to be folded into its account's next write, until `due`.
+struct HeldOp {
+    due: Instant,
+    queued: QueuedOp,
 }
 
 impl fmt::Debug for AccountEngine {
@@ -406,7 +443,89 @@ impl AccountEngine {
             cache: Mutex::new(HashMap::new()),
             links: AtomicU64::new(1),
             rounds: AtomicU64::new(0),
+            held: Mutex::new(Vec::new()),
+            folded: AtomicU64::new(0),
         }
+    }
+
+    fn held(&self) -> MutexGuard<'_, Vec<HeldOp>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Like [`AccountEngine::run`], for ops that need not go out now (the settles of a transfer
+    /// finishing in the background): each waits until a round writes its account for another
+    /// op, and goes with it (no document, no request of its own), or until `hold` has passed,
+    /// or [`AccountEngine::release_held`].
+    pub(crate) async fn run_held(
+        self: &Arc<Self>,
+        ops: Vec<AccountOp>,
+        hold: Duration,
+    ) -> Vec<Result<OpResult>> {
+        let due = Instant::now() + hold;
+        let mut receivers = Vec::with_capacity(ops.len());
+        {
+            let mut held = self.held();
+            for op in ops {
+                let (reply, rx) = oneshot::channel();
+                receivers.push(rx);
+                held.push(HeldOp {
+                    due,
+                    queued: QueuedOp { op, reply },
+                });
+            }
+        }
+        let engine = Arc::clone(self);
+        tokio::spawn(async move {
+            tokio::time::sleep_until(due.into()).await;
+            engine.release(|h| h.due <= Instant::now());
+        });
+        let mut answers = Vec::with_capacity(receivers.len());
+        for rx in receivers {
+            answers.push(rx.await.unwrap_or_else(|_| {
+                Err(Error::invariant(
+                    "the account-op engine stopped before answering",
+                ))
+            }));
+        }
+        answers
+    }
+
+    /// Sends every held op now ([`crate::Ledger::flush`]).
+    pub(crate) fn release_held(self: &Arc<Self>) {
+        self.release(|_| true);
+    }
+
+    /// Moves the held ops `which` picks into the queue (starting its driver if needed).
+    fn release(self: &Arc<Self>, which: impl Fn(&HeldOp) -> bool) {
+        let due: Vec<QueuedOp> = {
+            let mut held = self.held();
+            let (out, keep): (Vec<HeldOp>, Vec<HeldOp>) = held.drain(..).partition(|h| which(h));
+            *held = keep;
+            out.into_iter().map(|h| h.queued).collect()
+        };
+        if !due.is_empty() && self.queue.push(due) {
+            tokio::spawn(Arc::clone(self).drive());
+        }
+    }
+
+    /// The held ops of the accounts `batch` writes anyway, to go first in its round.
+    fn fold_held(&self, batch: &[QueuedOp]) -> Vec<QueuedOp> {
+        let mut held = self.held();
+        if held.is_empty() {
+            return Vec::new();
+        }
+        let accounts: HashSet<&str> = batch.iter().map(|q| q.op.account.as_str()).collect();
+        let (fold, keep): (Vec<HeldOp>, Vec<HeldOp>) = held
+            .drain(..)
+            .partition(|h| accounts.contains(h.queued.op.account.as_str()));
+        *held = keep;
+        self.folded.fetch_add(fold.len() as u64, Ordering::Relaxed);
+        fold.into_iter().map(|h| h.queued).collect()
+    }
+
+    /// Held ops that went out folded into another op's write so far.
+    pub(crate) fn folded(&self) -> u64 {
+        self.folded.load(Ordering::Relaxed)
     }
 
     /// A fresh link id for the applies of one transfer.
@@ -449,12 +568,15 @@ impl AccountEngine {
             armed: true,
         };
         for _ in 0..ENGINE_ROUNDS_MAX {
+            self.queue.gather().await;
             let batch = self.queue.take(ACCOUNT_BATCH_OPS_MAX);
             if batch.is_empty() {
                 guard.armed = false;
                 return;
             }
-            self.round(batch).await;
+            let mut folded = self.fold_held(&batch);
+            folded.extend(batch);
+            self.round(folded).await;
         }
         // Still busy after the bound: hand the queue (still marked as driven) to a new task.
         guard.armed = false;
@@ -1423,6 +1545,7 @@ impl TxnWriter {
             armed: true,
         };
         for _ in 0..ENGINE_ROUNDS_MAX {
+            self.queue.gather().await;
             let batch = self.queue.take(TXN_BATCH_DOCS_MAX);
             if batch.is_empty() {
                 guard.armed = false;
@@ -1568,6 +1691,7 @@ impl BulkWriter {
             armed: true,
         };
         for _ in 0..ENGINE_ROUNDS_MAX {
+            self.queue.gather().await;
             let batch = self.queue.take(usize::MAX);
             if batch.is_empty() {
                 guard.armed = false;

@@ -47,6 +47,30 @@ pub(crate) struct LedgerInner {
     pub(crate) conflicts: Arc<ConflictTally>,
     /// Told how long work advances (see [`Ledger::with_progress`]).
     pub(crate) progress: Option<ProgressHook>,
+    /// `submit` returns at the decision; settle and `done` follow in the background
+    /// ([`Ledger::with_background_finish`]).
+    pub(crate) background: bool,
+    /// The transfers finishing in the background.
+    pub(crate) finishing: Finishing,
+}
+
+/// Transfers finishing in the background, and a wake-up for [`Ledger::flush`] when none is left.
+#[derive(Debug, Default)]
+pub(crate) struct Finishing {
+    pub(crate) count: std::sync::atomic::AtomicUsize,
+    pub(crate) idle: tokio::sync::Notify,
+}
+
+/// Everything a [`Ledger`] is assembled from.
+struct Settings {
+    client: Client,
+    hot: Client,
+    worker_id: String,
+    lease: Duration,
+    pause: Option<PauseHook>,
+    progress: Option<ProgressHook>,
+    write_quorum: WriteQuorum,
+    background: bool,
 }
 
 /// How far a long piece of work has got: a sweep pass driving its candidates, `verify`
@@ -131,26 +155,29 @@ pub struct HotReport {
 impl Ledger {
     /// A ledger on the client's database.
     pub fn new(client: Client) -> Ledger {
-        Ledger::assemble(
-            client.clone(),
-            client,
-            uuid::Uuid::now_v7().to_string(),
-            Duration::from_millis(LEASE_MS),
-            None,
-            None,
-            WriteQuorum::default(),
-        )
+        Ledger::assemble(Settings {
+            client: client.clone(),
+            hot: client,
+            worker_id: uuid::Uuid::now_v7().to_string(),
+            lease: Duration::from_millis(LEASE_MS),
+            pause: None,
+            progress: None,
+            write_quorum: WriteQuorum::default(),
+            background: false,
+        })
     }
 
-    fn assemble(
-        client: Client,
-        hot: Client,
-        worker_id: String,
-        lease: Duration,
-        pause: Option<PauseHook>,
-        progress: Option<ProgressHook>,
-        write_quorum: WriteQuorum,
-    ) -> Ledger {
+    fn assemble(settings: Settings) -> Ledger {
+        let Settings {
+            client,
+            hot,
+            worker_id,
+            lease,
+            pause,
+            progress,
+            write_quorum,
+            background,
+        } = settings;
         let quorum = Arc::new(Quorum::new(write_quorum));
         let conflicts = Arc::new(ConflictTally::default());
         let bulk = Arc::new(BulkWriter::new(hot.clone()));
@@ -172,7 +199,24 @@ impl Ledger {
                 write_quorum,
                 conflicts,
                 progress,
+                background,
+                finishing: Finishing::default(),
             }),
+        }
+    }
+
+    /// What this ledger was assembled from, to assemble a changed copy.
+    fn settings(&self) -> Settings {
+        let i = &self.inner;
+        Settings {
+            client: i.client.clone(),
+            hot: i.hot.clone(),
+            worker_id: i.worker_id.clone(),
+            lease: i.lease,
+            pause: i.pause.clone(),
+            progress: i.progress.clone(),
+            write_quorum: i.write_quorum,
+            background: i.background,
         }
     }
 
@@ -180,15 +224,62 @@ impl Ledger {
     /// every ledger write must reach every copy before it counts; see docs/CLUSTER.md). No
     /// difference on a single node. Configure before sharing: clones made earlier keep theirs.
     pub fn with_write_quorum(self, write_quorum: WriteQuorum) -> Ledger {
-        Ledger::assemble(
-            self.inner.client.clone(),
-            self.inner.hot.clone(),
-            self.inner.worker_id.clone(),
-            self.inner.lease,
-            self.inner.pause.clone(),
-            self.inner.progress.clone(),
+        Ledger::assemble(Settings {
             write_quorum,
-        )
+            ..self.settings()
+        })
+    }
+
+    /// The same ledger finishing committed transfers in the background: `submit(…, wait =
+    /// true)` returns as soon as its transfer is decided — `committed` (the money has moved:
+    /// both balances carry it) or `cancelled` — and the transfer's settle and `done` follow in
+    /// this process, the settles folded into the accounts' next writes (held at most
+    /// [`SETTLE_HOLD_MS`](crate::limits::SETTLE_HOLD_MS)). About half the requests and a
+    /// quarter fewer documents per transfer under load (BENCHMARKS.md, `p8`), for the price of
+    /// an answer that says `committed` instead of `done`, and a destination's credit that stays
+    /// unavailable (SPEC §5: `available`) a little longer in other processes.
+    ///
+    /// Nothing is lost if the process stops before they finish: a committed transfer is decided,
+    /// and the sweeper settles it like any transfer whose worker crashed after its commit. Call
+    /// [`Ledger::flush`] before a clean stop (or before reading the ledger as a whole, e.g.
+    /// [`Ledger::verify`]) to let them finish here. A long-running process (the service) is the
+    /// natural user; a command that exits after one transfer is not. Configure before sharing:
+    /// clones made earlier keep theirs.
+    pub fn with_background_finish(self) -> Ledger {
+        Ledger::assemble(Settings {
+            background: true,
+            ..self.settings()
+        })
+    }
+
+    /// Waits until every transfer this ledger (or a clone of it) is finishing in the background
+    /// ([`Ledger::with_background_finish`]) has ended, settles held for folding going out now.
+    /// Returns at once when there are none.
+    pub async fn flush(&self) {
+        loop {
+            let notified = self.inner.finishing.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.inner.finishing.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            self.inner.accounts.release_held();
+            notified.await;
+        }
+    }
+
+    /// `submit` answers at the decision and finishes in the background
+    /// ([`Ledger::with_background_finish`]).
+    pub fn finishes_in_background(&self) -> bool {
+        self.inner.background
+    }
+
+    /// Transfers finishing in the background right now ([`Ledger::with_background_finish`]).
+    pub fn finishing(&self) -> usize {
+        self.inner
+            .finishing
+            .count
+            .load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The same ledger with its accounts and transfers in database `name`, a second database
@@ -212,30 +303,22 @@ impl Ledger {
             ));
         }
         let hot = self.inner.client.with_database(name)?;
-        Ok(Ledger::assemble(
-            self.inner.client.clone(),
+        Ok(Ledger::assemble(Settings {
             hot,
-            self.inner.worker_id.clone(),
-            self.inner.lease,
-            self.inner.pause.clone(),
-            self.inner.progress.clone(),
-            self.inner.write_quorum,
-        ))
+            ..self.settings()
+        }))
     }
 
     /// Another worker on the same ledger: the same databases, lease and settings, a worker id
     /// and account engine of its own (as if another process had opened the ledger). The test
     /// and progress hooks are not carried over.
     pub fn another_worker(&self) -> Ledger {
-        Ledger::assemble(
-            self.inner.client.clone(),
-            self.inner.hot.clone(),
-            uuid::Uuid::now_v7().to_string(),
-            self.inner.lease,
-            None,
-            None,
-            self.inner.write_quorum,
-        )
+        Ledger::assemble(Settings {
+            worker_id: uuid::Uuid::now_v7().to_string(),
+            pause: None,
+            progress: None,
+            ..self.settings()
+        })
     }
 
     /// The database of accounts and transfers, when it is not the ledger's database
@@ -312,44 +395,29 @@ impl Ledger {
                 format!("must be between 1 ms and {LEASE_MS} ms"),
             ));
         }
-        Ok(Ledger::assemble(
-            self.inner.client.clone(),
-            self.inner.hot.clone(),
-            self.inner.worker_id.clone(),
+        Ok(Ledger::assemble(Settings {
             lease,
-            self.inner.pause.clone(),
-            self.inner.progress.clone(),
-            self.inner.write_quorum,
-        ))
+            ..self.settings()
+        }))
     }
 
     /// Test support: the same ledger with a hook awaited before every protocol write.
     #[doc(hidden)]
     pub fn with_pause_hook(self, hook: PauseHook) -> Ledger {
-        Ledger::assemble(
-            self.inner.client.clone(),
-            self.inner.hot.clone(),
-            self.inner.worker_id.clone(),
-            self.inner.lease,
-            Some(hook),
-            self.inner.progress.clone(),
-            self.inner.write_quorum,
-        )
+        Ledger::assemble(Settings {
+            pause: Some(hook),
+            ..self.settings()
+        })
     }
 
     /// The same ledger telling `hook` how long work advances ([`Progress`]): a sweep pass
     /// ([`Ledger::sweep_once`]) and [`Ledger::verify`]. Configure before sharing: clones made
     /// earlier do not tell it.
     pub fn with_progress(self, hook: ProgressHook) -> Ledger {
-        Ledger::assemble(
-            self.inner.client.clone(),
-            self.inner.hot.clone(),
-            self.inner.worker_id.clone(),
-            self.inner.lease,
-            self.inner.pause.clone(),
-            Some(hook),
-            self.inner.write_quorum,
-        )
+        Ledger::assemble(Settings {
+            progress: Some(hook),
+            ..self.settings()
+        })
     }
 
     /// Tells the progress hook, if any.
@@ -371,6 +439,13 @@ impl Ledger {
     #[doc(hidden)]
     pub fn bulk_requests(&self) -> (u64, u64) {
         self.inner.bulk.stats()
+    }
+
+    /// Test support: settles held back by a background finish that went out with another
+    /// write of their account (no document of their own).
+    #[doc(hidden)]
+    pub fn settles_folded(&self) -> u64 {
+        self.inner.accounts.folded()
     }
 
     /// How long this worker's claims on transfers last.

@@ -101,8 +101,17 @@ pub const ENGINE_ROUNDS_MAX: u32 = 10_000;
 /// re-read or two); the bound stops a livelock between workers, never a normal drive.
 pub const DRIVE_PHASES_MAX: u32 = 32;
 
+/// The most times a batching queue yields to the runtime before taking its batch, so the tasks
+/// its last answers woke can queue their next steps into it (src/engine.rs, `gather`). Halved
+/// the requests per transfer under `p8`'s load (0.24 → 0.12, BENCHMARKS.md).
+pub const GATHER_YIELDS_MAX: u32 = 16;
+
 /// Default age after which the sweeper takes over a transfer whose claim has expired.
 pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
+/// The longest a background finish ([`crate::Ledger::with_background_finish`]) holds a settle
+/// back so it can go out with its account's next write: far inside a lease, so a held settle
+/// never outlives its worker's claim.
+pub const SETTLE_HOLD_MS: u64 = 250;
 
 /// Transfers one sweeper process drives at once (so the account-op engine can group their
 /// account writes into few requests). Each phase of the drives in flight shares one
@@ -145,6 +154,7 @@ const _: () = assert!(SETTLED_RETENTION_MIN_MS >= 10 * LEASE_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= SETTLED_RETENTION_MIN_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= 100 * LEASE_MS);
 const _: () = assert!(SETTLED_PRUNE_BATCH_MIN > 0);
+const _: () = assert!(SETTLE_HOLD_MS * 20 <= LEASE_MS);
 // A settled entry outlives the lease and the clock skew (see SETTLED_AGE_MIN_MS).
 const _: () = assert!(SETTLED_AGE_MIN_MS >= LEASE_MS + CLOCK_SKEW_MAX_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= SETTLED_AGE_MIN_MS);

@@ -29,6 +29,7 @@
 //! work: two workers on one transfer still produce one effect.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -39,7 +40,9 @@ use crate::conflict::{choose_transfer_leaf, Evidence};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
-use crate::limits::{DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX};
+use crate::limits::{
+    DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SETTLE_HOLD_MS,
+};
 use crate::money::{Amount, Currency};
 use crate::orders::RecordStatus;
 use crate::state::{transition, Event, State, TransitionError};
@@ -321,6 +324,13 @@ pub(crate) struct Drive {
     applied: Vec<String>,
     /// Effective phases left (a write that changed something); `step()` uses 1.
     budget: u32,
+    /// Once committed, hand the rest (settle, `done`) to a background task and return
+    /// ([`Ledger::with_background_finish`]).
+    detach: bool,
+    /// The settles go out with their accounts' next writes ([`AccountEngine::run_held`]).
+    ///
+    /// [`AccountEngine::run_held`]: crate::engine::AccountEngine::run_held
+    hold: bool,
 }
 
 impl Drive {
@@ -330,6 +340,8 @@ impl Drive {
             deadline,
             applied: Vec::new(),
             budget: u32::MAX,
+            detach: false,
+            hold: false,
         }
     }
 
@@ -627,7 +639,13 @@ impl Ledger {
                 link,
             },
         ];
-        let mut answers = self.inner.accounts.run(ops).await.into_iter();
+        let answers = if d.hold {
+            let hold = std::time::Duration::from_millis(SETTLE_HOLD_MS);
+            self.inner.accounts.run_held(ops, hold).await
+        } else {
+            self.inner.accounts.run(ops).await
+        };
+        let mut answers = answers.into_iter();
         let first = answers.next().expect("two answers")?;
         let second = answers.next().expect("two answers")?;
         tracing::debug!(
@@ -667,6 +685,29 @@ impl Ledger {
             }
             Err(Stop::Fail(e)) => Err(e),
         }
+    }
+
+    /// The rest of a committed transfer's drive, in a task of its own
+    /// ([`Ledger::with_background_finish`]). Boxed: `drive` spawns it, so its future type
+    /// would contain itself.
+    fn finish_in_background(
+        self,
+        d: Drive,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            let txn = d.doc.txn_id.clone();
+            match self.drive(d).await {
+                Ok(end) if end.lease_lost || end.doc.state == State::Committed => {
+                    tracing::warn!(%txn, "left committed for the sweeper");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(%txn, "finishing in the background failed (the sweeper will): {e}"),
+            }
+            let finishing = &self.inner.finishing;
+            if finishing.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+                finishing.idle.notify_waiters();
+            }
+        })
     }
 
     async fn drive_phases(&self, d: &mut Drive) -> Result<(), Stop> {
@@ -745,6 +786,22 @@ impl Ledger {
                         }
                         Verdict::Retry => {}
                     }
+                }
+                State::Committed if d.detach => {
+                    // Decided: the caller has its answer, the settles wait for their accounts'
+                    // next writes. A crash from here on leaves a committed transfer, which the
+                    // sweeper finishes like any other.
+                    let rest = Drive {
+                        doc: d.doc.clone(),
+                        deadline: d.deadline,
+                        applied: std::mem::take(&mut d.applied),
+                        budget: d.budget,
+                        detach: false,
+                        hold: true,
+                    };
+                    self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
+                    tokio::spawn(self.clone().finish_in_background(rest));
+                    return Ok(());
                 }
                 State::Committed => {
                     let [source, destination] = self
@@ -989,7 +1046,9 @@ impl Ledger {
                 return Ok(doc.outcome(RecordStatus::Created));
             }
             fail::fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
-            let end = self.drive(Drive::new(doc, deadline)).await?;
+            let mut drive = Drive::new(doc, deadline);
+            drive.detach = self.inner.background;
+            let end = self.drive(drive).await?;
             return Ok(end.doc.outcome(RecordStatus::Created));
         }
 
