@@ -1582,8 +1582,8 @@ fn finish_summary(flushes: &[Flush], folded: u64) -> String {
     let answered: f64 = flushes.iter().map(|f| f.answered.as_secs_f64()).sum();
     let flushed: f64 = flushes.iter().map(|f| f.flushed.as_secs_f64()).sum();
     let backlog_max = flushes.iter().map(|f| f.backlog).max().unwrap_or(0);
-    let backlog_mean = flushes.iter().map(|f| f.backlog).sum::<usize>() as f64
-        / flushes.len().max(1) as f64;
+    let backlog_mean =
+        flushes.iter().map(|f| f.backlog).sum::<usize>() as f64 / flushes.len().max(1) as f64;
     format!(
         "{backlog_mean:.0} transfers still finishing at a round's last answer (at most \
          {backlog_max}); whole rounds {:.1} transfers/s to the last answer, {:.1} to the last \
@@ -2356,7 +2356,10 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let ops = rounds * transfers;
     let p8 = Row::new(
         "p8",
-        format!("transfers/s, c{c}, batched submit ({layout} layout, {})", finish.name()),
+        format!(
+            "transfers/s, c{c}, batched submit ({layout} layout, {})",
+            finish.name()
+        ),
         "xfers/s",
         &samples.figures[&Side::Ours],
         &samples.figures[&Side::Raw],

@@ -45,9 +45,9 @@ use crate::couch::{take_conflicts, BulkResult, Client, WriteOptions};
 use crate::error::{Error, Result};
 use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
-    CLOCK_SKEW_MAX_MS, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX, ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_PRUNE_AT_BYTES,
-    MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS,
-    SETTLED_PRUNE_BATCH_MIN, SETTLED_RETENTION_MS, TXN_BATCH_DOCS_MAX,
+    CLOCK_SKEW_MAX_MS, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX, ID_CHARS_MAX, MARKERS_BYTES_MAX,
+    MARKERS_PRUNE_AT_BYTES, MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX,
+    SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN, SETTLED_RETENTION_MS, TXN_BATCH_DOCS_MAX,
 };
 use crate::money::Amount;
 
@@ -2053,6 +2053,58 @@ mod tests {
         assert_eq!(q.take(2), vec![3]);
         assert!(q.take(2).is_empty());
         assert!(q.push([4]), "the next push starts a driver again");
+    }
+
+    fn engine_on(uri: &str) -> Arc<AccountEngine> {
+        let client = Client::builder().url(uri).database("db").build().unwrap();
+        let bulk = Arc::new(BulkWriter::new(client));
+        Arc::new(AccountEngine::new(
+            bulk,
+            Arc::new(Quorum::new(WriteQuorum::default())),
+            Arc::new(ConflictTally::default()),
+        ))
+    }
+
+    fn hold(engine: &AccountEngine, account: &str, txn: &str, due: Instant) {
+        let (reply, _rx) = oneshot::channel();
+        engine.held().push(HeldOp {
+            due,
+            queued: QueuedOp {
+                op: AccountOp {
+                    account: account.to_owned(),
+                    txn: txn.to_owned(),
+                    kind: OpKind::Settle,
+                    link: None,
+                },
+                reply,
+            },
+        });
+    }
+
+    #[tokio::test]
+    async fn held_ops_go_with_a_batch_of_their_account_else_at_their_time() {
+        let engine = engine_on("http://127.0.0.1:9");
+        let later = Instant::now() + std::time::Duration::from_secs(60);
+        hold(&engine, "a", "t1", later);
+        hold(&engine, "b", "t2", later);
+        hold(&engine, "a", "t3", later);
+        let (reply, _rx) = oneshot::channel();
+        let batch = vec![QueuedOp {
+            op: op("t9", OpKind::Settle),
+            reply,
+        }];
+        // `op` is on account "a": both of a's held settles join, b's stays held.
+        let folded = engine.fold_held(&batch);
+        let txns: Vec<&str> = folded.iter().map(|q| q.op.txn.as_str()).collect();
+        assert_eq!(txns, ["t1", "t3"]);
+        assert_eq!(engine.folded(), 2);
+        assert_eq!(engine.held().len(), 1);
+        // Not due: a release of the due ones leaves it; its time (or a flush) sends it.
+        engine.release(|h| h.due <= Instant::now());
+        assert_eq!(engine.held().len(), 1);
+        engine.release_held();
+        assert!(engine.held().is_empty());
+        assert_eq!(engine.folded(), 2, "released, not folded");
     }
 
     // ---- the bulk writer ------------------------------------------------------------------

@@ -260,7 +260,13 @@ impl Ledger {
             let notified = self.inner.finishing.idle.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.inner.finishing.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            if self
+                .inner
+                .finishing
+                .count
+                .load(std::sync::atomic::Ordering::Acquire)
+                == 0
+            {
                 return;
             }
             self.inner.accounts.release_held();

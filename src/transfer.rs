@@ -701,7 +701,9 @@ impl Ledger {
                     tracing::warn!(%txn, "left committed for the sweeper");
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(%txn, "finishing in the background failed (the sweeper will): {e}"),
+                Err(e) => {
+                    tracing::warn!(%txn, "finishing in the background failed (the sweeper will): {e}")
+                }
             }
             let finishing = &self.inner.finishing;
             if finishing.count.fetch_sub(1, Ordering::AcqRel) == 1 {

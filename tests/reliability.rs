@@ -11,12 +11,14 @@
 //! in order, and the summary line is printed at its end:
 //! `RELIABILITY transfers=… crash_points=… crashes=… kills=… server_restarts=… faults=…
 //! bad_inputs=… conflicts_met=… conflicts_resolved=… overdrafts_from_conflicts=… violations=…
-//! split_rounds=…`. Every number is counted from what happened: crashes are fail
+//! split_rounds=… background=…`. Every number is counted from what happened: crashes are fail
 //! point firings seen as the "simulated crash" error they return, kills are SIGKILLs sent to
 //! live processes, faults are what the fault proxy injected, transfers are transfer documents
 //! found in the databases afterwards, split_rounds are the R1 rounds and R2 runs made on the
 //! split layout (`Ledger::with_hot_database`: accounts and transfers in a second database,
-//! which R1's odd rounds and R2 use; the trio parts, R3…R6 use the single layout).
+//! which R1's odd rounds and R2 use; the trio parts, R3…R6 use the single layout), background
+//! counts the submits that R1's odd workers, finishing in the background
+//! (`Ledger::with_background_finish`), had answered at the commit.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -127,6 +129,9 @@ struct Tally {
     /// R1 rounds and R2 runs that ran on the split layout (accounts and transfers in a second
     /// database, `Ledger::with_hot_database`), checks included.
     split_rounds: AtomicU64,
+    /// R1 submits answered `committed` by a worker finishing in the background
+    /// (`Ledger::with_background_finish`): half of every round's workers run that way.
+    background: AtomicU64,
 }
 
 impl Tally {
@@ -1131,7 +1136,12 @@ async fn run_op(
 ) -> bool {
     let crashed = |r: &Result<TransferOutcome, Error>| matches!(r, Err(e) if crash_point(&e.to_string()).is_some());
     let book_result = |r: &Result<TransferOutcome, Error>| match r {
-        Ok(o) => book.ack(o),
+        Ok(o) => {
+            if l.finishes_in_background() && o.state == State::Committed {
+                tally.background.fetch_add(1, Ordering::Relaxed);
+            }
+            book.ack(o)
+        }
         Err(e) => tally.error(part, e),
     };
     match op {
@@ -1315,8 +1325,22 @@ async fn r1_round(
                 next: 0,
                 history: Vec::new(),
             };
+            // Odd workers answer at the commit and finish in the background; every ledger they
+            // made is flushed before the round rests (a restarted "process" keeps finishing
+            // what it had, like one that stopped late).
+            let background = w % 2 == 1;
+            let make = move || {
+                let l = make();
+                if background {
+                    l.with_background_finish()
+                } else {
+                    l
+                }
+            };
             let mut ledger = make();
+            let mut made = vec![ledger.clone()];
             let twin = make();
+            made.push(twin.clone());
             let mut inflight = JoinSet::new();
             let mut restarts = 0u64;
             loop {
@@ -1356,6 +1380,7 @@ async fn r1_round(
                         // a new process (new worker id, empty caches), else it goes on.
                         if worker.rng.bool() {
                             ledger = make();
+                            made.push(ledger.clone());
                             restarts += 1;
                         }
                     }
@@ -1363,6 +1388,9 @@ async fn r1_round(
                     Some(Err(e)) => tally.violation(format!("{part}: a worker task panicked: {e}")),
                     None => break,
                 }
+            }
+            for l in made {
+                l.flush().await;
             }
             restarts
         });
@@ -1487,6 +1515,11 @@ async fn r1(size: Size, seed: u64, tally: Arc<Tally>) {
             "r1: no round ran on the split layout ({round} round(s) in {:?})",
             started.elapsed()
         ));
+    }
+    if tally.background.load(Ordering::Relaxed) == 0 {
+        tally.violation(
+            "r1: no submit was answered at the commit by a worker finishing in the background",
+        );
     }
     if transfers.min(asked) < size.r1_transfers {
         tally.violation(format!(
@@ -1626,7 +1659,7 @@ async fn reliability() {
     );
     let violations = tally.violations();
     let line = format!(
-        "RELIABILITY transfers={} crash_points={} crashes={} kills={} server_restarts={} faults={} bad_inputs={} conflicts_met={} conflicts_resolved={} overdrafts_from_conflicts={} violations={} split_rounds={}",
+        "RELIABILITY transfers={} crash_points={} crashes={} kills={} server_restarts={} faults={} bad_inputs={} conflicts_met={} conflicts_resolved={} overdrafts_from_conflicts={} violations={} split_rounds={} background={}",
         tally.transfers.load(Ordering::Relaxed),
         crashes.values().filter(|n| **n > 0).count(),
         crashes.values().sum::<u64>(),
@@ -1639,6 +1672,7 @@ async fn reliability() {
         tally.overdrafts_from_conflicts.load(Ordering::Relaxed),
         violations,
         tally.split_rounds.load(Ordering::Relaxed),
+        tally.background.load(Ordering::Relaxed),
     );
     println!("{line}");
     eprintln!("{line}");
