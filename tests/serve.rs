@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use couch_ledger::{AccountSpec, Amount, Currency, Ledger, VerifyOptions};
+use couch_ledger::{AccountSpec, Amount, Currency, Ledger, State as TransferState, VerifyOptions};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -868,6 +868,51 @@ async fn serve_stops_gracefully_on_sigterm_finishing_requests_in_flight() {
         l.account("dst").await.unwrap().balance.minor(),
         (0..IN_FLIGHT as i64).map(|i| 10 + i).sum::<i64>()
     );
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:?}");
+}
+
+/// `--answer-at-commit`: every transfer is answered `committed` (the money moved), and what was
+/// still settling when SIGTERM came is finished before the process exits — with no sweeper
+/// running, nothing else would.
+#[tokio::test]
+async fn serve_answer_at_commit_answers_committed_and_finishes_before_it_stops() {
+    const TRANSFERS: usize = 30;
+    let (l, db) = ledger("serve_answer_at_commit").await;
+    account(&l, "src", "EUR", 1_000_000, Some(0)).await;
+    account(&l, "dst", "EUR", 0, Some(0)).await;
+    let svc = Arc::new(Service::start(&db, &["--no-sweep", "--answer-at-commit"]).await);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..TRANSFERS {
+        let svc = svc.clone();
+        tasks.spawn(async move {
+            let body = json!({"from": "src", "to": "dst", "amount": 100 + i, "currency": "EUR"});
+            let r = svc.transfer_keyed(&format!("a{i:02}"), body).await;
+            (r.status, r.body)
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        let (status, body) = done.unwrap();
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert_eq!(body["state"], "committed", "{body}");
+    }
+    // Answered at the commit: the balance carries every transfer already.
+    let moved: i64 = (0..TRANSFERS as i64).map(|i| 100 + i).sum();
+    assert_eq!(l.account("dst").await.unwrap().balance.minor(), moved);
+    sigterm(svc.pid());
+    let mut svc = Arc::into_inner(svc).expect("the tasks let go of it");
+    let exit = tokio::time::timeout(Duration::from_secs(90), svc.child.wait())
+        .await
+        .expect("serve exited after SIGTERM")
+        .unwrap();
+    assert_eq!(exit.code(), Some(0), "{}", svc.log());
+    for i in 0..TRANSFERS {
+        let t = l.transfer(&format!("a{i:02}")).await.unwrap();
+        assert_eq!(t.state, TransferState::Done, "a{i:02}: {}", svc.log());
+    }
+    let dst = l.account("dst").await.unwrap();
+    assert_eq!(dst.balance.minor(), moved);
+    assert!(dst.pending.is_empty(), "{:?}", dst.pending);
     let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
     assert!(report.ok, "{report:?}");
 }

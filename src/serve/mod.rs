@@ -79,6 +79,8 @@ struct Settings {
     keys: ApiKeys,
     sweep: Option<SweepOptions>,
     init: bool,
+    /// `--answer-at-commit`: the ledger finishes committed transfers in the background.
+    answer_at_commit: bool,
 }
 
 impl Settings {
@@ -110,6 +112,7 @@ impl Settings {
                 stale_after,
             }),
             init: args.init,
+            answer_at_commit: args.answer_at_commit,
         })
     }
 }
@@ -141,6 +144,11 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
     let ledger = match &global.hot_db {
         Some(hot) => ledger.with_hot_database(hot).context("invalid --hot-db")?,
         None => ledger,
+    };
+    let ledger = if settings.answer_at_commit {
+        ledger.with_background_finish()
+    } else {
+        ledger
     };
     if settings.init {
         let report = ledger
@@ -196,6 +204,17 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
             tracing::error!("requests still running {SHUTDOWN_GRACE:?} after the stop signal");
             return Ok(Exit::Operational);
         }
+    }
+    // Transfers answered at the commit and still settling (--answer-at-commit): let them end
+    // here rather than leave them to a sweeper; bounded like the requests.
+    if tokio::time::timeout(SHUTDOWN_GRACE, ledger.flush())
+        .await
+        .is_err()
+    {
+        tracing::error!(
+            finishing = ledger.finishing(),
+            "transfers still finishing {SHUTDOWN_GRACE:?} after the stop; a sweeper will"
+        );
     }
     if let Some(sweeper) = sweeper {
         // It finishes the step it is on; bounded like the requests.
