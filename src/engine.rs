@@ -477,7 +477,8 @@ impl AccountEngine {
         let engine = Arc::clone(self);
         tokio::spawn(async move {
             tokio::time::sleep_until(due.into()).await;
-            engine.release(|h| h.due <= Instant::now());
+            // Against the deadline itself, not the clock: the timer's clock may be another's.
+            engine.release(|h| h.due <= due);
         });
         let mut answers = Vec::with_capacity(receivers.len());
         for rx in receivers {
@@ -576,7 +577,14 @@ impl AccountEngine {
             }
             let mut folded = self.fold_held(&batch);
             folded.extend(batch);
-            self.round(folded).await;
+            // Settles first: a settle only ever makes an account's credit spendable, so a debit
+            // of the same round must not be judged before it (a committed credit answered to its
+            // caller, then refused to that caller's next transfer as insufficient funds).
+            let (mut ops, rest): (Vec<QueuedOp>, Vec<QueuedOp>) = folded
+                .into_iter()
+                .partition(|q| q.op.kind == OpKind::Settle);
+            ops.extend(rest);
+            self.round(ops).await;
         }
         // Still busy after the bound: hand the queue (still marked as driven) to a new task.
         guard.armed = false;

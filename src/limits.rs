@@ -112,6 +112,9 @@ pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
 /// back so it can go out with its account's next write: far inside a lease, so a held settle
 /// never outlives its worker's claim.
 pub const SETTLE_HOLD_MS: u64 = 250;
+/// ... and at most this fraction of the ledger's lease, however short it was made
+/// (`Ledger::with_lease`).
+pub const SETTLE_HOLD_LEASE_DIVISOR: u32 = 20;
 
 /// Transfers one sweeper process drives at once (so the account-op engine can group their
 /// account writes into few requests). Each phase of the drives in flight shares one
@@ -154,7 +157,7 @@ const _: () = assert!(SETTLED_RETENTION_MIN_MS >= 10 * LEASE_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= SETTLED_RETENTION_MIN_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= 100 * LEASE_MS);
 const _: () = assert!(SETTLED_PRUNE_BATCH_MIN > 0);
-const _: () = assert!(SETTLE_HOLD_MS * 20 <= LEASE_MS);
+const _: () = assert!(SETTLE_HOLD_MS * SETTLE_HOLD_LEASE_DIVISOR as u64 <= LEASE_MS);
 // A settled entry outlives the lease and the clock skew (see SETTLED_AGE_MIN_MS).
 const _: () = assert!(SETTLED_AGE_MIN_MS >= LEASE_MS + CLOCK_SKEW_MAX_MS);
 const _: () = assert!(SETTLED_RETENTION_MS >= SETTLED_AGE_MIN_MS);

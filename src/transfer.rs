@@ -41,7 +41,8 @@ use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::{
-    DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SETTLE_HOLD_MS,
+    DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SETTLE_HOLD_LEASE_DIVISOR,
+    SETTLE_HOLD_MS,
 };
 use crate::money::{Amount, Currency};
 use crate::orders::RecordStatus;
@@ -350,6 +351,18 @@ impl Drive {
     }
 }
 
+/// Counts a background finish out when it ends, however it ends, and wakes [`Ledger::flush`]
+/// when it was the last.
+struct FinishingGuard<'a>(&'a crate::ledger::Finishing);
+
+impl Drop for FinishingGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
 /// Where a drive ended.
 pub(crate) struct DriveEnd {
     pub(crate) doc: TxnDoc,
@@ -640,7 +653,9 @@ impl Ledger {
             },
         ];
         let answers = if d.hold {
-            let hold = std::time::Duration::from_millis(SETTLE_HOLD_MS);
+            // Far inside the claim, whatever lease this ledger was given.
+            let hold = std::time::Duration::from_millis(SETTLE_HOLD_MS)
+                .min(self.inner.lease / SETTLE_HOLD_LEASE_DIVISOR);
             self.inner.accounts.run_held(ops, hold).await
         } else {
             self.inner.accounts.run(ops).await
@@ -695,6 +710,8 @@ impl Ledger {
         d: Drive,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
         Box::pin(async move {
+            // Counted out even if the drive panics, so `flush` never waits for it forever.
+            let _counted = FinishingGuard(&self.inner.finishing);
             let txn = d.doc.txn_id.clone();
             match self.drive(d).await {
                 Ok(end) if end.lease_lost || end.doc.state == State::Committed => {
@@ -704,10 +721,6 @@ impl Ledger {
                 Err(e) => {
                     tracing::warn!(%txn, "finishing in the background failed (the sweeper will): {e}")
                 }
-            }
-            let finishing = &self.inner.finishing;
-            if finishing.count.fetch_sub(1, Ordering::AcqRel) == 1 {
-                finishing.idle.notify_waiters();
             }
         })
     }

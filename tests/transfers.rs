@@ -1126,3 +1126,76 @@ async fn money_in_flight_is_given_per_currency() {
     assert_eq!(l.submit(g, true).await.unwrap().state, State::Done);
     assert!(l.status().await.unwrap().in_flight_by_currency.is_empty());
 }
+
+/// Answering at the commit (`Ledger::with_background_finish`): a credit its caller was told is
+/// `committed` is spendable by that caller's next transfer in the same process, even when the
+/// credit's held settle is released (its hold over) while that debit already waits in the
+/// engine's queue. Every reply is delayed 100 ms by a proxy, so an unrelated round is in flight
+/// when the hold ends with the debit queued behind it; the engine runs a round's settles before
+/// its debits. (Found by session 6's review: the debit was judged first and refused.)
+#[tokio::test]
+async fn a_credit_answered_committed_is_spendable_by_the_next_transfer() {
+    let upstream = url::Url::parse(&support::server().url).ok().and_then(|u| {
+        let (host, port) = (u.host_str()?.to_owned(), u.port_or_known_default()?);
+        std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+            .ok()?
+            .find(|a| a.ip().is_loopback())
+    });
+    let Some(upstream) = upstream else {
+        eprintln!("skipped: the test server is not on loopback (the delaying proxy needs it)");
+        return;
+    };
+    let proxy = support::proxy::FaultProxy::start_http(upstream, Default::default(), 7).await;
+    let l = Ledger::new(
+        support::builder("credit_spendable")
+            .url(&proxy.url())
+            .build()
+            .unwrap(),
+    );
+    l.init().await.unwrap();
+    open(&l, "A", 100, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    open(&l, "C", 0, Some(0)).await;
+    open(&l, "X", 1_000, Some(0)).await;
+    open(&l, "Y", 0, Some(0)).await;
+    let l = l.with_background_finish();
+    // T1 credits B; its settle is held. The engine has every account cached from here on.
+    let t1 = l
+        .submit(request(Some("t1"), "A", "B", 100), true)
+        .await
+        .unwrap();
+    assert_eq!(t1.state, State::Committed);
+    proxy.set_http_faults(support::proxy::HttpFaults {
+        delay_permille: 1000,
+        delay_ms: 100,
+        ..Default::default()
+    });
+    let load = {
+        let l = l.clone();
+        tokio::spawn(async move { l.submit(request(Some("load"), "X", "Y", 1), true).await })
+    };
+    // The unrelated transfer's first write is in flight (held 100 ms by the proxy).
+    let counters = proxy.counters.clone();
+    support::wait_for("a delayed request", Duration::from_secs(30), || {
+        let counters = counters.clone();
+        async move { (counters.delayed.load(Ordering::Relaxed) > 0).then_some(()) }
+    })
+    .await;
+    let t2 = l
+        .submit(request(Some("t2"), "B", "C", 100), true)
+        .await
+        .unwrap();
+    assert_eq!(load.await.unwrap().unwrap().state, State::Committed);
+    proxy.set_http_faults(Default::default());
+    l.flush().await;
+    assert_eq!(
+        (t2.state, t2.reason.as_deref()),
+        (State::Committed, None),
+        "T1 was answered committed, yet B could not spend its credit"
+    );
+    let b = l.account("B").await.unwrap();
+    assert_eq!((b.balance.minor(), b.pending.len()), (0, 0));
+    assert_eq!(l.account("C").await.unwrap().balance.minor(), 100);
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:?}");
+}
