@@ -254,7 +254,11 @@ impl Ledger {
 
     /// Waits until every transfer this ledger (or a clone of it) is finishing in the background
     /// ([`Ledger::with_background_finish`]) has ended, settles held for folding going out now.
-    /// Returns at once when there are none.
+    /// Returns at once when there are none. Transfers submitted while it waits are waited for
+    /// too, so stop submitting first (or bound it with a timeout, as `serve` does at a stop). A
+    /// finish that failed (logged) leaves its transfer `committed` for the sweeper: `flush`
+    /// returning does not mean every transfer is `done`. Covers this ledger and its clones, not
+    /// ledgers made from it with a `with_*` method or [`Ledger::another_worker`].
     pub async fn flush(&self) {
         loop {
             let notified = self.inner.finishing.idle.notified();
