@@ -365,6 +365,19 @@ struct QueuedOp {
     reply: oneshot::Sender<Result<OpResult>>,
 }
 
+/// Every queued op's answer, in order (an error for one the engine dropped unanswered).
+async fn answers_of(receivers: Vec<oneshot::Receiver<Result<OpResult>>>) -> Vec<Result<OpResult>> {
+    let mut answers = Vec::with_capacity(receivers.len());
+    for rx in receivers {
+        answers.push(rx.await.unwrap_or_else(|_| {
+            Err(Error::invariant(
+                "the account-op engine stopped before answering",
+            ))
+        }));
+    }
+    answers
+}
+
 /// One op during a round: answered once `reply` is taken.
 struct OpSlot {
     op: AccountOp,
@@ -480,15 +493,7 @@ impl AccountEngine {
             // Against the deadline itself, not the clock: the timer's clock may be another's.
             engine.release(|h| h.due <= due);
         });
-        let mut answers = Vec::with_capacity(receivers.len());
-        for rx in receivers {
-            answers.push(rx.await.unwrap_or_else(|_| {
-                Err(Error::invariant(
-                    "the account-op engine stopped before answering",
-                ))
-            }));
-        }
-        answers
+        answers_of(receivers).await
     }
 
     /// Sends every held op now ([`crate::Ledger::flush`]).
@@ -552,15 +557,7 @@ impl AccountEngine {
         if self.queue.push(queued) {
             tokio::spawn(Arc::clone(self).drive());
         }
-        let mut answers = Vec::with_capacity(receivers.len());
-        for rx in receivers {
-            answers.push(rx.await.unwrap_or_else(|_| {
-                Err(Error::invariant(
-                    "the account-op engine stopped before answering",
-                ))
-            }));
-        }
-        answers
+        answers_of(receivers).await
     }
 
     async fn drive(self: Arc<Self>) {

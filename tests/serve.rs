@@ -197,6 +197,15 @@ impl Service {
     fn log(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
+
+    /// Waits for the process to exit (after a SIGTERM) and asserts it exited 0.
+    async fn exited_cleanly(&mut self) {
+        let exit = tokio::time::timeout(Duration::from_secs(90), self.child.wait())
+            .await
+            .expect("serve exited after SIGTERM")
+            .unwrap();
+        assert_eq!(exit.code(), Some(0), "{}", self.log());
+    }
 }
 
 /// Sends SIGTERM to a process.
@@ -813,12 +822,7 @@ async fn serve_stops_gracefully_on_sigterm_finishing_requests_in_flight() {
     account(&l, "src", "EUR", 1_000_000, Some(0)).await;
     account(&l, "dst", "EUR", 0, Some(0)).await;
     // Every CouchDB reply held back, so the transfers are surely in flight at the signal.
-    let upstream = url::Url::parse(&support::server().url).ok().and_then(|u| {
-        let (host, port) = (u.host_str()?.to_owned(), u.port_or_known_default()?);
-        std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
-            .ok()?
-            .find(|a| a.ip().is_loopback())
-    });
+    let upstream = support::loopback_server_addr();
     let Some(upstream) = upstream else {
         eprintln!("skipped: the test server is not on loopback (the delaying proxy needs it)");
         return;
@@ -856,11 +860,7 @@ async fn serve_stops_gracefully_on_sigterm_finishing_requests_in_flight() {
         assert_eq!(body["state"], "done", "{body}");
     }
     let mut svc = Arc::into_inner(svc).expect("the tasks let go of it");
-    let exit = tokio::time::timeout(Duration::from_secs(90), svc.child.wait())
-        .await
-        .expect("serve exited after SIGTERM")
-        .unwrap();
-    assert_eq!(exit.code(), Some(0), "{}", svc.log());
+    svc.exited_cleanly().await;
     assert!(svc.log().contains("stopping"), "{}", svc.log());
     // Nothing is accepted any more.
     assert!(reqwest::get(format!("{}/healthz", svc.base)).await.is_err());
@@ -901,11 +901,7 @@ async fn serve_answer_at_commit_answers_committed_and_finishes_before_it_stops()
     assert_eq!(l.account("dst").await.unwrap().balance.minor(), moved);
     sigterm(svc.pid());
     let mut svc = Arc::into_inner(svc).expect("the tasks let go of it");
-    let exit = tokio::time::timeout(Duration::from_secs(90), svc.child.wait())
-        .await
-        .expect("serve exited after SIGTERM")
-        .unwrap();
-    assert_eq!(exit.code(), Some(0), "{}", svc.log());
+    svc.exited_cleanly().await;
     for i in 0..TRANSFERS {
         let t = l.transfer(&format!("a{i:02}")).await.unwrap();
         assert_eq!(t.state, TransferState::Done, "a{i:02}: {}", svc.log());

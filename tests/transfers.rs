@@ -1135,12 +1135,7 @@ async fn money_in_flight_is_given_per_currency() {
 /// its debits. (Found by session 6's review: the debit was judged first and refused.)
 #[tokio::test]
 async fn a_credit_answered_committed_is_spendable_by_the_next_transfer() {
-    let upstream = url::Url::parse(&support::server().url).ok().and_then(|u| {
-        let (host, port) = (u.host_str()?.to_owned(), u.port_or_known_default()?);
-        std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
-            .ok()?
-            .find(|a| a.ip().is_loopback())
-    });
+    let upstream = support::loopback_server_addr();
     let Some(upstream) = upstream else {
         eprintln!("skipped: the test server is not on loopback (the delaying proxy needs it)");
         return;

@@ -109,6 +109,16 @@ pub async fn split_ledger(test: &str) -> Ledger {
     l
 }
 
+/// The harness's server as a loopback socket address, for a fault proxy in front of it; `None`
+/// when it is elsewhere (`COUCHDB_URL` on another host).
+pub fn loopback_server_addr() -> Option<std::net::SocketAddr> {
+    let u = url::Url::parse(&server().url).ok()?;
+    let (host, port) = (u.host_str()?.to_owned(), u.port_or_known_default()?);
+    std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port))
+        .ok()?
+        .find(|a| a.ip().is_loopback())
+}
+
 /// Raw HTTP on the test server, bypassing the library (for writes "not through the library").
 pub fn raw() -> reqwest::Client {
     reqwest::Client::builder()
