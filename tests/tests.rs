@@ -29,3 +29,5 @@ mod serve;
 mod ecosystem;
 // The split layout (issue 15): accounts and transfers in a database of their own, unvalidated.
 mod layout;
+// Background finish: submit answers at the commit, settles folded, flush, the sweeper after a stall.
+mod background;
