@@ -1143,7 +1143,7 @@ async fn a_credit_answered_committed_is_spendable_by_the_next_transfer() {
     let proxy = support::proxy::FaultProxy::start_http(upstream, Default::default(), 7).await;
     let l = Ledger::new(
         support::builder("credit_spendable")
-            .url(&proxy.url())
+            .url(proxy.url())
             .build()
             .unwrap(),
     );
