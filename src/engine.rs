@@ -422,8 +422,8 @@ pub(crate) struct AccountEngine {
     rounds: AtomicU64,
     /// Settles held back to go out with their account's next write ([`AccountEngine::run_held`]).
     held: Mutex<Vec<HeldOp>>,
-    /// Held ops that went out with another op of their account, and those that waited out
-    /// their hold.
+    /// Held ops that went out with another op of their account (not those released at the end
+    /// of their hold or by a flush).
     folded: AtomicU64,
 }
 

@@ -54,6 +54,9 @@ pub(crate) struct LedgerInner {
     pub(crate) finishing: Finishing,
 }
 
+/// How often [`Ledger::flush`] sends the settles held meanwhile.
+const FLUSH_RELEASE_EVERY: Duration = Duration::from_millis(5);
+
 /// Transfers finishing in the background, and a wake-up for [`Ledger::flush`] when none is left.
 #[derive(Debug, Default)]
 pub(crate) struct Finishing {
@@ -273,8 +276,10 @@ impl Ledger {
             {
                 return;
             }
+            // Again at every turn: a finish that had not held its settles yet at the last
+            // release would otherwise wait out its whole hold.
             self.inner.accounts.release_held();
-            notified.await;
+            let _ = tokio::time::timeout(FLUSH_RELEASE_EVERY, notified).await;
         }
     }
 

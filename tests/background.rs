@@ -310,10 +310,14 @@ async fn a_stalled_background_finish_is_finished_by_the_sweeper_exactly_once() {
     open(&l, "A", 1_000).await;
     open(&l, "B", 500).await;
 
-    let o = l
-        .submit(request("stall", "A", "B", 300), true)
-        .await
-        .unwrap();
+    // Bounded: a submit that waited for the settle would wait behind the gate for good.
+    let o = tokio::time::timeout(
+        Duration::from_secs(20),
+        l.submit(request("stall", "A", "B", 300), true),
+    )
+    .await
+    .expect("submit did not answer at the commit")
+    .unwrap();
     assert_eq!(o.state, State::Committed, "{o:?}");
     // The background finish reached its settle and waits there (the hook is awaited in it).
     tokio::time::timeout(Duration::from_secs(10), g.reached.notified())
@@ -343,11 +347,18 @@ async fn a_stalled_background_finish_is_finished_by_the_sweeper_exactly_once() {
     assert_eq!((swept.advanced, swept.failed), (1, 0), "{swept:?}");
     assert_eq!(l.transfer("stall").await.unwrap().state, State::Done);
     assert_eq!(l.finishing(), 1, "the stalled finish is still in flight");
+    let hot = l.hot_client().database().to_owned();
+    let swept_state = support::db_snapshot(&hot).await;
 
     // The stalled finish resumes: its settle finds the markers settled, its `done` is not its
-    // to write any more (lease gone). It ends; nothing moves twice.
+    // to write any more (lease gone). It ends having written nothing; nothing moves twice.
     g.release.notify_one();
     flush(&l).await;
+    assert_eq!(
+        support::db_snapshot(&hot).await,
+        swept_state,
+        "the stalled finish wrote after the sweeper had finished its transfer"
+    );
     assert_eq!(l.transfer("stall").await.unwrap().state, State::Done);
     assert_eq!(balance(&l, "A").await, 1_000 - 300, "debited once");
     assert_eq!(balance(&l, "B").await, 500 + 300, "credited once");
