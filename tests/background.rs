@@ -2,16 +2,12 @@
 //! settles (held to fold into their accounts' next writes) and `done` follow in a task of the
 //! ledger's own; `flush` waits for them; a finish that stops is the sweeper's to end, once.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
-
-use tokio::sync::Notify;
 
 use crate::support;
 use couch_ledger::{
-    AccountSpec, Amount, Currency, Ledger, PauseHook, RecordStatus, State, SweepOptions,
-    TransferRequest, VerifyOptions,
+    AccountSpec, Amount, Currency, Ledger, RecordStatus, State, SweepOptions, TransferRequest,
+    VerifyOptions,
 };
 
 fn eur() -> Currency {
@@ -80,34 +76,6 @@ async fn writes_in(db: &str) -> u64 {
                 .unwrap_or_else(|_| panic!("{id}: revision {rev} has no generation"))
         })
         .sum()
-}
-
-/// Holds the worker once, right before it writes in `phase`, until released.
-struct Gate {
-    phase: &'static str,
-    armed: AtomicBool,
-    reached: Notify,
-    release: Notify,
-}
-
-fn gate(phase: &'static str) -> (Arc<Gate>, PauseHook) {
-    let g = Arc::new(Gate {
-        phase,
-        armed: AtomicBool::new(true),
-        reached: Notify::new(),
-        release: Notify::new(),
-    });
-    let hook_gate = g.clone();
-    let hook = PauseHook(Arc::new(move |p| {
-        let g = hook_gate.clone();
-        Box::pin(async move {
-            if p == g.phase && g.armed.swap(false, Ordering::SeqCst) {
-                g.reached.notify_one();
-                g.release.notified().await;
-            }
-        })
-    }));
-    (g, hook)
 }
 
 fn now_ms() -> i64 {
@@ -297,7 +265,7 @@ async fn a_held_credit_is_spendable_by_the_next_transfer_in_this_process() {
 #[tokio::test]
 async fn a_stalled_background_finish_is_finished_by_the_sweeper_exactly_once() {
     let lease = Duration::from_millis(500);
-    let (g, hook) = gate("settle");
+    let (g, hook) = support::gate("settle");
     let l = support::ledger("bg_stalled")
         .await
         .with_lease(lease)

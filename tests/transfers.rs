@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::sync::Notify;
 
 use crate::support;
 use couch_ledger::{
-    AccountSpec, Amount, Currency, Ledger, PauseHook, RecordStatus, State, SweepOptions,
-    TransferRequest, TransitionError, VerifyOptions, ViewQuery,
+    AccountSpec, Amount, Currency, Ledger, RecordStatus, State, SweepOptions, TransferRequest,
+    TransitionError, VerifyOptions, ViewQuery,
 };
 
 fn eur() -> Currency {
@@ -631,34 +630,6 @@ async fn concurrent_transfers_share_requests() {
     assert_at_rest(&l).await;
 }
 
-/// Holds a worker once, right before it writes in `phase` (after its lease check).
-struct Gate {
-    phase: &'static str,
-    armed: AtomicBool,
-    reached: Notify,
-    release: Notify,
-}
-
-fn gate(phase: &'static str) -> (Arc<Gate>, PauseHook) {
-    let g = Arc::new(Gate {
-        phase,
-        armed: AtomicBool::new(true),
-        reached: Notify::new(),
-        release: Notify::new(),
-    });
-    let hook_gate = g.clone();
-    let hook = PauseHook(Arc::new(move |p| {
-        let g = hook_gate.clone();
-        Box::pin(async move {
-            if p == g.phase && g.armed.swap(false, Ordering::SeqCst) {
-                g.reached.notify_one();
-                g.release.notified().await;
-            }
-        })
-    }));
-    (g, hook)
-}
-
 #[tokio::test]
 async fn a_stale_worker_resumes_into_skips() {
     let base = support::ledger("stale_worker").await;
@@ -669,7 +640,7 @@ async fn a_stale_worker_resumes_into_skips() {
         let (a, b, id) = (format!("A{i}"), format!("B{i}"), format!("slow{i}"));
         open(&base, &a, 1_000, Some(0)).await;
         open(&base, &b, 0, Some(0)).await;
-        let (g, hook) = gate(phase);
+        let (g, hook) = support::gate(phase);
         let slow = base
             .another_worker()
             .with_lease(Duration::from_millis(300))
@@ -896,7 +867,7 @@ async fn a_transfer_that_fails_after_its_document_was_written_names_its_id() {
     let base = support::ledger("failed_names_id").await;
     open(&base, "A", 1_000, Some(0)).await;
     open(&base, "B", 0, Some(0)).await;
-    let (g, hook) = gate("apply");
+    let (g, hook) = support::gate("apply");
     let worker_ledger = base.another_worker().with_pause_hook(hook);
     // No id given: the library makes one, and the error must still carry it.
     let worker = tokio::spawn(async move {

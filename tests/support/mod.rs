@@ -374,3 +374,35 @@ pub async fn plant_sibling(
     );
     rev
 }
+
+/// Holds a worker once, right before it writes in `phase` (after its lease check), until
+/// `release` is notified; `reached` is notified when it got there.
+pub struct Gate {
+    pub phase: &'static str,
+    pub armed: std::sync::atomic::AtomicBool,
+    pub reached: tokio::sync::Notify,
+    pub release: tokio::sync::Notify,
+}
+
+/// A [`Gate`] at `phase` and the pause hook that holds a worker there
+/// (`Ledger::with_pause_hook`).
+pub fn gate(phase: &'static str) -> (std::sync::Arc<Gate>, couch_ledger::PauseHook) {
+    use std::sync::atomic::Ordering;
+    let g = std::sync::Arc::new(Gate {
+        phase,
+        armed: std::sync::atomic::AtomicBool::new(true),
+        reached: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+    });
+    let hook_gate = g.clone();
+    let hook = couch_ledger::PauseHook(std::sync::Arc::new(move |p| {
+        let g = hook_gate.clone();
+        Box::pin(async move {
+            if p == g.phase && g.armed.swap(false, Ordering::SeqCst) {
+                g.reached.notify_one();
+                g.release.notified().await;
+            }
+        })
+    }));
+    (g, hook)
+}
