@@ -197,6 +197,13 @@ const FIGURES: &[Figure] = &[
         enabled: always,
         measure: |b| Box::pin(batched_transfers(b)),
     },
+    // p8's workload on accounts with a long revision history, with and without init's
+    // `_revs_limit` (session 7).
+    Figure {
+        key: "p8_aged",
+        enabled: always,
+        measure: |b| Box::pin(aged_transfers(b)),
+    },
     // The same transfers through the HTTP service, against the library path (p8's workload).
     Figure {
         key: "p9",
@@ -530,6 +537,8 @@ enum Side {
     Serve,
     /// `p10_other`: our transfers on the other layout (`BENCH_OTHER_LAYOUT=1`).
     OtherLayout,
+    /// `p8_aged`: our transfers in a database left at CouchDB's default `_revs_limit`.
+    DefaultRevsLimit,
 }
 
 impl Side {
@@ -542,6 +551,7 @@ impl Side {
             Side::Validated => "validated",
             Side::Serve => "serve",
             Side::OtherLayout => "other_layout",
+            Side::DefaultRevsLimit => "default_revs_limit",
         }
     }
 }
@@ -894,7 +904,11 @@ impl Writer {
                     .map_err(|e| anyhow!("couch_rs db: {e}"))?;
                 Writer::CouchRs(Arc::new(database))
             }
-            Side::Hot | Side::Validated | Side::Serve | Side::OtherLayout => {
+            Side::Hot
+            | Side::Validated
+            | Side::Serve
+            | Side::OtherLayout
+            | Side::DefaultRevsLimit => {
                 unreachable!("{side:?} writes transfers")
             }
         })
@@ -1044,7 +1058,12 @@ impl BulkWriter {
                 http: bench.raw.clone(),
                 url: format!("{}_bulk_docs", bench.raw_prefix(db.database())),
             },
-            Side::CouchRs | Side::Hot | Side::Validated | Side::Serve | Side::OtherLayout => {
+            Side::CouchRs
+            | Side::Hot
+            | Side::Validated
+            | Side::Serve
+            | Side::OtherLayout
+            | Side::DefaultRevsLimit => {
                 unreachable!("bulk writes are ours or raw")
             }
         }
@@ -1428,8 +1447,13 @@ async fn load_docs(client: &Client, docs: &[Value]) -> Result<()> {
 /// (docs/DOCUMENTS.md): thousands of single PUTs would cost more than the figures they feed.
 /// `p3` creates its accounts through the API.
 async fn load_accounts(ledger: &Ledger, accounts: &[String]) -> Result<()> {
+    load_docs(ledger.hot_client(), &account_docs(accounts)).await
+}
+
+/// New accounts as `Ledger::create_account` writes them.
+fn account_docs(accounts: &[String]) -> Vec<Value> {
     let now = unix_ms();
-    let docs: Vec<Value> = accounts
+    accounts
         .iter()
         .map(|account| {
             json!({
@@ -1445,8 +1469,45 @@ async fn load_accounts(ledger: &Ledger, accounts: &[String]) -> Result<()> {
                 "created_at": now,
             })
         })
+        .collect()
+}
+
+/// Creates the accounts with the revision history of [`AGED_REVISIONS`] writes (planted with
+/// `new_edits=false`, as replication writes; the server stems it to the database's
+/// `_revs_limit`), so the ledger meets them as it meets accounts a long-running shop has written
+/// a thousand times.
+async fn load_aged_accounts(bench: &Bench, ledger: &Ledger, accounts: &[String]) -> Result<()> {
+    let docs: Vec<Value> = account_docs(accounts)
+        .into_iter()
+        .enumerate()
+        .map(|(k, mut doc)| {
+            let ids: Vec<String> = (0..AGED_REVISIONS)
+                .map(|i| format!("{:016x}{:016x}", k, AGED_REVISIONS - i))
+                .collect();
+            doc["_rev"] = json!(format!("{AGED_REVISIONS}-{}", ids[0]));
+            doc["_revisions"] = json!({"start": AGED_REVISIONS, "ids": ids});
+            doc
+        })
         .collect();
-    load_docs(ledger.hot_client(), &docs).await
+    let url = format!(
+        "{}_bulk_docs",
+        bench.raw_prefix(ledger.hot_client().database())
+    );
+    for batch in docs.chunks(AGED_LOAD_BATCH_DOCS) {
+        let response = bench
+            .raw
+            .request(Method::POST, url.clone())
+            .json(&json!({"docs": batch, "new_edits": false}))
+            .send()
+            .await?;
+        ensure!(
+            response.status().is_success(),
+            "planting aged accounts: {} {}",
+            response.status(),
+            response.text().await.unwrap_or_default()
+        );
+    }
+    Ok(())
 }
 
 fn unix_ms() -> i64 {
@@ -2248,6 +2309,79 @@ const P8_POOL_ACCOUNTS: usize = 512;
 /// Raw `_bulk_docs` batches per raw round of `p8` and `p6`.
 const RAW_BULK_BATCHES: usize = 3;
 const GOAL_P8: Goal = Goal::AtLeast(0.5);
+
+/// Revisions each account of `p8_aged` starts with: what CouchDB keeps, at its default
+/// `_revs_limit`, of an account written a thousand times or more.
+const AGED_REVISIONS: usize = 1_000;
+/// CouchDB's default `_revs_limit`.
+const COUCHDB_DEFAULT_REVS_LIMIT: u32 = 1_000;
+/// Accounts per `_bulk_docs` when planting them (each carries ~34 KB of revision ids).
+const AGED_LOAD_BATCH_DOCS: usize = 32;
+/// Rounds per side of `p8_aged`.
+const P8_AGED_ROUNDS: usize = 4;
+
+/// `p8_aged`: `p8`'s workload (64 callers, the same pool, the same finish) on accounts that
+/// already carry the revision history of [`AGED_REVISIONS`] writes, in a ledger set up by
+/// `init` (which lowers the `_revs_limit` of the accounts' database) ÷ the same in a ledger
+/// whose `_revs_limit` was put back to CouchDB's default, alternating round by round. `p8`
+/// starts from new accounts and never sees this; a shop's accounts have it after their first
+/// thousand writes. On a server without `_revs_limit` (pouchdb-server) both sides are the same.
+async fn aged_transfers(bench: &Bench) -> Result<Vec<Row>> {
+    let rounds = bench.settings.scaled(P8_AGED_ROUNDS);
+    let c = P8_CONCURRENCY;
+    let finish = p8_finish();
+    let transfers = jobs_for_steady_rate(P8_TRANSFERS_PER_ROUND, c);
+    let accounts: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("p", i)).collect();
+    let tuned = finish.apply(fresh_ledger(bench, "p8a").await?);
+    let default = finish.apply(fresh_ledger(bench, "p8d").await?);
+    let tuned_limit = tuned.hot_client().revs_limit().await?;
+    if tuned_limit.is_some() {
+        default
+            .hot_client()
+            .set_revs_limit(COUCHDB_DEFAULT_REVS_LIMIT)
+            .await?;
+    }
+    let default_limit = default.hot_client().revs_limit().await?;
+    let warm_up = rounds * transfers..rounds * transfers + 2 * c;
+    for ledger in [&tuned, &default] {
+        load_aged_accounts(bench, ledger, &accounts).await?;
+        run_transfers(ledger, "t", warm_up.clone(), c, pool_pair).await?;
+    }
+    let samples = interleaved(
+        &[Side::Ours, Side::DefaultRevsLimit],
+        rounds,
+        |side, round| {
+            let ledger = if side == Side::Ours { &tuned } else { &default };
+            let jobs = round * transfers..(round + 1) * transfers;
+            async move { transfer_round(ledger, "t", jobs, c, pool_pair).await }
+        },
+    )
+    .await?;
+    let verified = verify_and_drop(&tuned).await? + verify_and_drop(&default).await?;
+    let shown = |limit: Option<u32>| {
+        limit.map_or("none (the server has no such setting)".to_owned(), |l| {
+            l.to_string()
+        })
+    };
+    let row = Row::new(
+        "p8_aged",
+        format!("transfers/s, c{c}, accounts at {AGED_REVISIONS} revisions, ÷ at the default _revs_limit"),
+        "xfers/s",
+        &samples.figures[&Side::Ours],
+        &samples.figures[&Side::DefaultRevsLimit],
+    )
+    .cpu(&samples, [Side::Ours, Side::DefaultRevsLimit], rounds * transfers)
+    .note(format!(
+        "p8's workload ({}) on {P8_POOL_ACCOUNTS} accounts planted with {AGED_REVISIONS} \
+         revisions each; ours: the accounts' database as init leaves it (_revs_limit {}); \
+         raw: the same with _revs_limit {}; audited in {:.1} s",
+        finish.name(),
+        shown(tuned_limit),
+        shown(default_limit),
+        verified.as_secs_f64()
+    ));
+    Ok(vec![row])
+}
 
 /// Transfers/s of 64 concurrent `submit(…, wait = true)` callers between random accounts of a
 /// pool ÷ (raw bulk docs/s ÷ documents written per transfer). The group-commit engine

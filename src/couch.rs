@@ -1154,6 +1154,42 @@ impl Client {
             .await
             .map(drop)
     }
+
+    /// The database's `_revs_limit`: how many revisions of a document's history the server
+    /// keeps. `None` when the server has no such setting (pouchdb-server answers the path as
+    /// a document id: 400, or 404).
+    ///
+    /// # Errors
+    ///
+    /// The server refused or failed.
+    pub async fn revs_limit(&self) -> Result<Option<u32>> {
+        let path = format!("{}/_revs_limit", self.db_path());
+        match self
+            .send_json::<Value>(Method::GET, &path, &[], None, Retry::Safe)
+            .await
+        {
+            Ok(value) => value
+                .as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(Some)
+                .ok_or_else(|| Error::decode(format!("_revs_limit answered {value}"))),
+            Err(e) if e.is_not_found() || e.status_code() == Some(400) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets the database's `_revs_limit` (admins only).
+    ///
+    /// # Errors
+    ///
+    /// The server refused or failed.
+    pub async fn set_revs_limit(&self, limit: u32) -> Result<()> {
+        let path = format!("{}/_revs_limit", self.db_path());
+        let body = limit.to_string().into_bytes();
+        self.send(Method::PUT, &path, &[], Some(body), Retry::Safe)
+            .await
+            .map(drop)
+    }
 }
 
 /// Parameters of a write. Unset fields are not sent (the server's defaults apply).

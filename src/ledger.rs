@@ -13,7 +13,7 @@ use crate::couch::Client;
 use crate::design::{self, Installed};
 use crate::engine::{AccountEngine, BulkWriter, ConflictTally, Quorum, TxnWriter, WriteQuorum};
 use crate::error::{Error, Result};
-use crate::limits::LEASE_MS;
+use crate::limits::{LEASE_MS, REVS_LIMIT};
 
 /// The ledger in one database. Cheap to clone; create one and reuse it.
 #[derive(Clone, Debug)]
@@ -142,6 +142,10 @@ pub struct InitReport {
     /// The database of accounts and transfers, when split ([`Ledger::with_hot_database`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hot: Option<HotReport>,
+    /// The `_revs_limit` of the database of accounts and transfers after this call: lowered to
+    /// [`REVS_LIMIT`](crate::limits::REVS_LIMIT) when it was higher, left alone when an admin
+    /// had set it lower; `None` when the server has no such setting (pouchdb-server).
+    pub revs_limit: Option<u32>,
 }
 
 /// What [`Ledger::init`] did to the database of accounts and transfers of a split ledger.
@@ -538,6 +542,7 @@ impl Ledger {
         } else {
             None
         };
+        let revs_limit = tune_revs_limit(&self.inner.hot).await?;
         // Learn the database's copies now (the `w` of ledger writes on a cluster), not in the
         // first transfer.
         self.inner.quorum.write_options(&self.inner.hot, true).await;
@@ -546,6 +551,117 @@ impl Ledger {
             created,
             design_docs,
             hot,
+            revs_limit,
         })
+    }
+}
+
+/// Lowers the database's `_revs_limit` to [`REVS_LIMIT`] (never raises it): the revision
+/// history CouchDB rewrites with every update of an account stays short.
+async fn tune_revs_limit(client: &Client) -> Result<Option<u32>> {
+    match client.revs_limit().await? {
+        Some(current) if current > REVS_LIMIT => {
+            client.set_revs_limit(REVS_LIMIT).await?;
+            Ok(Some(REVS_LIMIT))
+        }
+        other => Ok(other),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wiremock::matchers::{body_string, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    /// A mock server whose database `db` answers `GET _revs_limit` with `answer`, and takes a
+    /// `PUT _revs_limit` of [`REVS_LIMIT`] exactly `puts` times.
+    async fn server(answer: ResponseTemplate, puts: u64) -> (MockServer, Client) {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/db/_revs_limit"))
+            .respond_with(answer)
+            .mount(&server)
+            .await;
+        Mock::given(method("PUT"))
+            .and(path("/db/_revs_limit"))
+            .and(body_string(REVS_LIMIT.to_string()))
+            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({"ok": true})))
+            .expect(puts)
+            .mount(&server)
+            .await;
+        let client = Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap();
+        (server, client)
+    }
+
+    #[tokio::test]
+    async fn init_lowers_couchdbs_default_revs_limit() {
+        let (server, client) = server(ResponseTemplate::new(200).set_body_string("1000"), 1).await;
+        assert_eq!(tune_revs_limit(&client).await.unwrap(), Some(REVS_LIMIT));
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn init_leaves_a_lower_revs_limit_alone() {
+        let lower = REVS_LIMIT - 1;
+        let (server, client) = server(
+            ResponseTemplate::new(200).set_body_string(lower.to_string()),
+            0,
+        )
+        .await;
+        assert_eq!(tune_revs_limit(&client).await.unwrap(), Some(lower));
+        server.verify().await;
+    }
+
+    #[tokio::test]
+    async fn a_server_without_revs_limit_is_left_alone() {
+        // pouchdb-server takes the path for a document id.
+        let refused = ResponseTemplate::new(400).set_body_json(serde_json::json!({
+            "error": "bad_request",
+            "reason": "Only reserved document ids may start with underscore."
+        }));
+        let (server, client) = server(refused, 0).await;
+        assert_eq!(tune_revs_limit(&client).await.unwrap(), None);
+        server.verify().await;
+        let (server, client) = server_404().await;
+        assert_eq!(tune_revs_limit(&client).await.unwrap(), None);
+        drop(server);
+    }
+
+    async fn server_404() -> (MockServer, Client) {
+        server(
+            ResponseTemplate::new(404)
+                .set_body_json(serde_json::json!({"error": "not_found", "reason": "missing"})),
+            0,
+        )
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_refused_revs_limit_fails_init() {
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/db/_revs_limit"))
+            .respond_with(ResponseTemplate::new(200).set_body_string("1000"))
+            .mount(&server)
+            .await;
+        Mock::given(method("PUT"))
+            .and(path("/db/_revs_limit"))
+            .respond_with(ResponseTemplate::new(403).set_body_json(
+                serde_json::json!({"error": "forbidden", "reason": "You are not a db or server admin."}),
+            ))
+            .mount(&server)
+            .await;
+        let client = Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap();
+        let error = tune_revs_limit(&client).await.unwrap_err();
+        assert!(error.is_forbidden(), "{error}");
     }
 }

@@ -41,6 +41,18 @@ pub const CLOCK_SKEW_MAX_MS: u64 = 30_000;
 /// would need it.
 pub const SETTLED_AGE_MIN_MS: u64 = LEASE_MS + CLOCK_SKEW_MAX_MS;
 
+/// The `_revs_limit` `init` gives the database of accounts and transfers (CouchDB's default
+/// is 1,000). CouchDB stores a document's revision path beside it and rewrites it with every
+/// update, so an account written a thousand times costs about 20 times what a new one costs
+/// to update (measured on CouchDB 3.4.3: `p8` 192 transfers/s on accounts at 1,000 revisions,
+/// 668 at 50, ~770 on new accounts; BENCHMARKS.md, session 7). Nothing in the ledger reads old
+/// revisions; conflicts are found from the leaves, which stemming keeps. On a cluster a copy
+/// that missed more than this many writes of an account (it was down: those writes were
+/// answered 202) meets the rest as a conflict instead of catching up, and the account merge
+/// (docs/CLUSTER.md) resolves it: the stale leaf is an ancestor, and no prune can have passed
+/// it (a prune needs every copy, `w` = n).
+pub const REVS_LIMIT: u32 = 20;
+
 /// Serialized bytes of one `pending` or `settled` entry besides its transfer id: the field
 /// names, quotes, a delta or `undone: true`, a 20-digit `at`, the comma.
 pub const MARKER_OVERHEAD_BYTES: usize = 72;

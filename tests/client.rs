@@ -177,6 +177,44 @@ async fn continuous_changes_stream_yields_rows() {
     assert_eq!(second.id, "s2");
 }
 
+/// `init` keeps the accounts' revision history short where the server has `_revs_limit`
+/// (CouchDB, Cloudant; pouchdb-server has none, and `init` says so with `None`), and never
+/// raises a limit an admin set lower.
+#[tokio::test]
+async fn init_lowers_the_revs_limit_and_never_raises_it() {
+    use couch_ledger::limits::REVS_LIMIT;
+    let l = couch_ledger::Ledger::new(support::builder("revs_limit").build().unwrap());
+    let first = l.init().await.unwrap();
+    let now = l.client().revs_limit().await.unwrap();
+    assert_eq!(first.revs_limit, now, "init reports what the server has");
+    let Some(limit) = now else {
+        return; // a server without the setting: nothing more to see
+    };
+    assert_eq!(limit, REVS_LIMIT);
+    l.client().set_revs_limit(REVS_LIMIT - 15).await.unwrap();
+    assert_eq!(l.init().await.unwrap().revs_limit, Some(REVS_LIMIT - 15));
+    assert_eq!(
+        l.client().revs_limit().await.unwrap(),
+        Some(REVS_LIMIT - 15)
+    );
+    l.client().set_revs_limit(1000).await.unwrap();
+    assert_eq!(l.init().await.unwrap().revs_limit, Some(REVS_LIMIT));
+    assert_eq!(l.client().revs_limit().await.unwrap(), Some(REVS_LIMIT));
+
+    // Split: the limit is the hot database's, where the accounts are.
+    let hot = format!("{}_hot", l.client().database());
+    let split = couch_ledger::Ledger::new(l.client().clone())
+        .with_hot_database(&hot)
+        .unwrap();
+    let report = split.init().await.unwrap();
+    assert_eq!(report.revs_limit, Some(REVS_LIMIT));
+    assert_eq!(
+        split.hot_client().revs_limit().await.unwrap(),
+        Some(REVS_LIMIT)
+    );
+    split.hot_client().delete_database().await.unwrap();
+}
+
 #[tokio::test]
 async fn init_installs_design_docs_once() {
     let l = couch_ledger::Ledger::new(support::builder("init_twice").build().unwrap());

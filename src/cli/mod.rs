@@ -167,6 +167,11 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
             "  (accounts and transfers: no validation here; guard it with --member-role)\n",
         );
     }
+    if let Some(limit) = report.revs_limit {
+        text.push_str(&format!(
+            "  _revs_limit              {limit} (accounts' revision history kept short)\n"
+        ));
+    }
     if let Some(role) = &args.member_role {
         text.push_str(&format!(
             "  _security                only admins and role {role:?} may read and write\n"
@@ -177,6 +182,7 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     if let Some(security) = security {
         value["security"] = security;
     }
+    value["revs_limit"] = json!(report.revs_limit);
     if let Some(hot) = &report.hot {
         value["hot"] = json!({
             "database": hot.database,
