@@ -204,6 +204,12 @@ const FIGURES: &[Figure] = &[
         enabled: always,
         measure: |b| Box::pin(aged_transfers(b)),
     },
+    // p8's workload without pause for minutes (opt-in: BENCH_LONG_S), session 7.
+    Figure {
+        key: "p8_long",
+        enabled: |_| long_seconds().is_some(),
+        measure: |b| Box::pin(long_transfers(b)),
+    },
     // The same transfers through the HTTP service, against the library path (p8's workload).
     Figure {
         key: "p9",
@@ -2309,6 +2315,91 @@ const P8_POOL_ACCOUNTS: usize = 512;
 /// Raw `_bulk_docs` batches per raw round of `p8` and `p6`.
 const RAW_BULK_BATCHES: usize = 3;
 const GOAL_P8: Goal = Goal::AtLeast(0.5);
+
+/// `BENCH_LONG_S`: how long `p8_long` runs, in seconds (unset: it does not run).
+fn long_seconds() -> Option<u64> {
+    std::env::var("BENCH_LONG_S")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&s| s > 0)
+}
+
+/// `p8_long`'s windows, in seconds: each reports its rate and the accounts' size.
+const P8_LONG_WINDOW_S: u64 = 30;
+
+/// `p8_long` (opt-in, `BENCH_LONG_S=N`): `p8`'s workload (64 callers, the same pool and
+/// finish) without pause for N seconds on one ledger, reported per window of
+/// [`P8_LONG_WINDOW_S`]: transfers/s (to the last `done`: each chunk of transfers is flushed
+/// inside its window), and the settled entries and bytes the pool's accounts carry. It shows
+/// what `p8`'s rounds are too short to: a settled entry may be pruned only after
+/// `SETTLED_AGE_MIN_MS` (60 s), so an account's size, and every write's cost, settles only
+/// after a minute or more. The figure: the last window's rate ÷ the first's.
+async fn long_transfers(bench: &Bench) -> Result<Vec<Row>> {
+    let total = Duration::from_secs(long_seconds().unwrap_or(0));
+    let window = Duration::from_secs(P8_LONG_WINDOW_S);
+    let c = P8_CONCURRENCY;
+    let finish = p8_finish();
+    let ledger = finish.apply(fresh_ledger(bench, "p8l").await?);
+    let accounts: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("p", i)).collect();
+    let keys: Vec<String> = accounts.iter().map(|a| format!("account:{a}")).collect();
+    load_accounts(&ledger, &accounts).await?;
+    let chunk = P8_TRANSFERS_PER_ROUND;
+    let started = Instant::now();
+    let mut next = 0;
+    let mut rates = Vec::new();
+    while started.elapsed() < total {
+        let begun = Instant::now();
+        let mut made = 0;
+        while begun.elapsed() < window {
+            run_transfers(&ledger, "t", next..next + chunk, c, pool_pair).await?;
+            next += chunk;
+            made += chunk;
+        }
+        let rate = made as f64 / begun.elapsed().as_secs_f64();
+        let rows = ledger.hot_client().all_docs(&keys, true).await?;
+        let (mut entries, mut bytes) = (0usize, 0usize);
+        for doc in rows.iter().filter_map(|r| r.doc.as_ref()) {
+            entries += doc["settled"].as_array().map_or(0, Vec::len);
+            bytes += serde_json::to_vec(doc)?.len();
+        }
+        let n = rows.len().max(1);
+        eprintln!(
+            "  p8_long {:>4} s: {rate:7.1} transfers/s; accounts carry {:.1} settled entries, \
+             {} bytes on average",
+            started.elapsed().as_secs(),
+            entries as f64 / n as f64,
+            bytes / n
+        );
+        rates.push(rate);
+    }
+    ensure!(!rates.is_empty(), "p8_long ran no window");
+    let verified = verify_and_drop(&ledger).await?;
+    let first = rates[0];
+    let last = *rates.last().expect("a window");
+    let row = Row::new(
+        "p8_long",
+        format!(
+            "transfers/s, c{c}, after {} s ÷ in the first {P8_LONG_WINDOW_S} s",
+            total.as_secs()
+        ),
+        "xfers/s",
+        &[last],
+        &[first],
+    )
+    .note(format!(
+        "p8's workload ({}) without pause for {} s in windows of {P8_LONG_WINDOW_S} s: {}; \
+         audited in {:.1} s",
+        finish.name(),
+        total.as_secs(),
+        rates
+            .iter()
+            .map(|r| format!("{r:.1}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        verified.as_secs_f64()
+    ));
+    Ok(vec![row])
+}
 
 /// Revisions each account of `p8_aged` starts with: what CouchDB keeps, at its default
 /// `_revs_limit`, of an account written a thousand times or more.
