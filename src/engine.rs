@@ -46,8 +46,8 @@ use crate::error::{Error, Result};
 use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
     CLOCK_SKEW_MAX_MS, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX, ID_CHARS_MAX, MARKERS_BYTES_MAX,
-    MARKERS_PRUNE_AT_BYTES, MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX,
-    SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN, SETTLED_RETENTION_MS, TXN_BATCH_DOCS_MAX,
+    MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS,
+    SETTLED_PRUNE_BATCH_MIN, TXN_BATCH_DOCS_MAX,
 };
 use crate::money::Amount;
 
@@ -1427,16 +1427,16 @@ pub(crate) fn evaluate(
     }
 }
 
-/// The settled entries of `doc` worth reading the transfer of, to prune them: none unless
-/// enough have gathered — the markers pass [`MARKERS_PRUNE_AT_BYTES`] with at least
-/// [`SETTLED_PRUNE_BATCH_MIN`] entries older than [`SETTLED_AGE_MIN_MS`], or the account is about
-/// full, or that many are past [`SETTLED_RETENTION_MS`] — so the common write reads nothing
-/// more. None either when a marker is dated more than [`CLOCK_SKEW_MAX_MS`] ahead of this host:
+/// The settled entries of `doc` worth reading the transfer of, to prune them: those older than
+/// [`SETTLED_AGE_MIN_MS`] (the youngest the rule lets go), once at least
+/// [`SETTLED_PRUNE_BATCH_MIN`] of them have gathered (one read serves them all) or the account
+/// is about full — so most writes read nothing more, and a busy account carries about a
+/// minute of entries rather than an hour's (each one rewritten by every write of the account:
+/// BENCHMARKS.md, session 7). None either when a marker is dated more than [`CLOCK_SKEW_MAX_MS`] ahead of this host:
 /// a clock is off by more than the pruning rule allows for.
 pub(crate) fn prune_candidates(doc: &AccountDoc, now: i64) -> Vec<String> {
     let skew = i64::try_from(CLOCK_SKEW_MAX_MS).expect("fits");
     let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
-    let retention = i64::try_from(SETTLED_RETENTION_MS).expect("fits");
     let ahead = doc
         .pending
         .iter()
@@ -1458,14 +1458,9 @@ pub(crate) fn prune_candidates(doc: &AccountDoc, now: i64) -> Vec<String> {
     if old.is_empty() {
         return Vec::new();
     }
-    let expired = old
-        .iter()
-        .filter(|s| s.at <= now.saturating_sub(retention))
-        .count();
-    let bytes = doc.markers_bytes();
-    let nearly_full = bytes + 4 * ID_CHARS_MAX + MARKER_OVERHEAD_BYTES > MARKERS_BYTES_MAX;
-    let crowded = bytes >= MARKERS_PRUNE_AT_BYTES && old.len() >= SETTLED_PRUNE_BATCH_MIN;
-    if nearly_full || crowded || expired >= SETTLED_PRUNE_BATCH_MIN {
+    let nearly_full =
+        doc.markers_bytes() + 4 * ID_CHARS_MAX + MARKER_OVERHEAD_BYTES > MARKERS_BYTES_MAX;
+    if nearly_full || old.len() >= SETTLED_PRUNE_BATCH_MIN {
         old.into_iter().map(|s| s.txn.clone()).collect()
     } else {
         Vec::new()
@@ -1969,7 +1964,7 @@ mod tests {
     #[test]
     fn pruning_needs_a_terminal_transfer_and_an_old_entry() {
         let now = 10_000_000_000i64;
-        let old = now - i64::try_from(SETTLED_RETENTION_MS).unwrap() - 1;
+        let old = now - i64::try_from(SETTLED_AGE_MIN_MS).unwrap() - 1;
         let young = now - 1;
         let mut doc = account(0, None);
         for i in 0..SETTLED_PRUNE_BATCH_MIN {

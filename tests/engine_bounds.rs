@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_ledger::limits::{MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, SETTLED_RETENTION_MS};
+use couch_ledger::limits::{MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, SETTLED_AGE_MIN_MS};
 use couch_ledger::{
     AccountSpec, Amount, Client, Currency, Ledger, PauseHook, RetryPolicy, State, TransferRequest,
 };
@@ -88,12 +88,12 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
         .await
         .unwrap();
     assert!(!matches!(open_t.state, State::Done | State::Cancelled));
-    let old = now_ms() - i64::try_from(SETTLED_RETENTION_MS).unwrap() - 60_000;
+    let old = now_ms() - i64::try_from(SETTLED_AGE_MIN_MS).unwrap() - 60_000;
     let mut settled = vec![
         json!({"txn": "t-open", "at": old}),
         json!({"txn": "t-done", "at": old}),
     ];
-    // Enough expired entries (of transfers that never existed) to make pruning worth a read.
+    // Enough old entries (of transfers that never existed) to make pruning worth a read.
     settled.extend((0..40).map(|i| json!({"txn": format!("gone-{i}"), "at": old})));
     plant_settled(&l, "A", settled).await;
 
