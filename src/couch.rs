@@ -847,8 +847,26 @@ impl Client {
             .map(serde_json::to_value)
             .collect::<std::result::Result<_, _>>()
             .map_err(|e| Error::invalid_input(e.to_string()))?;
+        let docs: Vec<&Value> = docs.iter().collect();
+        self.bulk_docs_values(&docs, options).await
+    }
+
+    /// [`Client::bulk_docs_with`] for documents already in JSON: serialized once, straight into
+    /// the request body (the engine's writes; an account can carry hundreds of entries).
+    pub(crate) async fn bulk_docs_values(
+        &self,
+        docs: &[&Value],
+        options: &WriteOptions,
+    ) -> Result<Vec<BulkResult>> {
+        #[derive(Serialize)]
+        struct Body<'a> {
+            docs: &'a [&'a Value],
+        }
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut retry = Retry::Safe;
-        for doc in &docs {
+        for doc in docs {
             match doc.get("_id").and_then(Value::as_str) {
                 Some(id) => {
                     encode_doc_id(id)?;
@@ -861,7 +879,7 @@ impl Client {
         if let Some(w) = options.w {
             query.push(("w", w.to_string()));
         }
-        let body = serde_json::to_vec(&json!({ "docs": docs })).expect("serializable");
+        let body = serde_json::to_vec(&Body { docs }).expect("serializable");
         let reply = self
             .send(Method::POST, &path, &query, Some(body), retry)
             .await?;
@@ -888,7 +906,7 @@ impl Client {
                 observer.bulk_conflicts(conflicts);
             }
         }
-        Ok(in_request_order(&docs, results))
+        Ok(in_request_order(docs, results))
     }
 
     /// `_all_docs` for these keys, in order, one row per key.
@@ -1337,7 +1355,7 @@ pub fn take_conflicts(doc: &mut Value) -> Vec<String> {
 /// CouchDB answers `_bulk_docs` in request order; pouchdb-server answers validation refusals
 /// first. Put results back in request order by id, so callers can match by position on any
 /// server. When ids are missing or repeated, the server's order is all there is.
-fn in_request_order(docs: &[Value], mut results: Vec<BulkResult>) -> Vec<BulkResult> {
+fn in_request_order(docs: &[&Value], mut results: Vec<BulkResult>) -> Vec<BulkResult> {
     let ids: Vec<Option<&str>> = docs
         .iter()
         .map(|d| d.get("_id").and_then(Value::as_str))
@@ -1510,7 +1528,7 @@ mod tests {
 
     #[test]
     fn bulk_results_come_back_in_request_order() {
-        let docs = vec![
+        let docs = [
             json!({"_id": "a"}),
             json!({"_id": "b"}),
             json!({"_id": "c"}),
@@ -1523,6 +1541,7 @@ mod tests {
             accepted: false,
         };
         let shuffled = vec![r("b", Some("forbidden")), r("c", None), r("a", None)];
+        let docs: Vec<&Value> = docs.iter().collect();
         let ordered = in_request_order(&docs, shuffled);
         let ids: Vec<_> = ordered.iter().map(|r| r.id.clone().unwrap()).collect();
         assert_eq!(ids, ["a", "b", "c"]);

@@ -1713,14 +1713,15 @@ impl BulkWriter {
         self.requests.fetch_add(1, Ordering::Relaxed);
         if group.len() == 1 {
             let q = group.pop().expect("one batch");
-            let answer = self.client.bulk_docs_with(&q.docs, &q.options).await;
+            let docs: Vec<&Value> = q.docs.iter().collect();
+            let answer = self.client.bulk_docs_values(&docs, &q.options).await;
             let _ = q.reply.send(answer);
             return;
         }
         self.shared.fetch_add(1, Ordering::Relaxed);
         let options = group[0].options;
         let docs: Vec<&Value> = group.iter().flat_map(|q| &q.docs).collect();
-        match self.client.bulk_docs_with(&docs, &options).await {
+        match self.client.bulk_docs_values(&docs, &options).await {
             Ok(results) => {
                 let mut by_id = results_by_id(results);
                 for q in group {
@@ -1739,7 +1740,8 @@ impl BulkWriter {
             Err(e) if e.is_too_large() => {
                 for q in group {
                     self.requests.fetch_add(1, Ordering::Relaxed);
-                    let answer = self.client.bulk_docs_with(&q.docs, &q.options).await;
+                    let docs: Vec<&Value> = q.docs.iter().collect();
+                    let answer = self.client.bulk_docs_values(&docs, &q.options).await;
                     let _ = q.reply.send(answer);
                 }
             }
