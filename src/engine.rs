@@ -45,9 +45,9 @@ use crate::couch::{take_conflicts, BulkResult, Client, WriteOptions};
 use crate::error::{Error, Result};
 use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
-    CLOCK_SKEW_MAX_MS, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX, ID_CHARS_MAX, MARKERS_BYTES_MAX,
-    MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS,
-    SETTLED_PRUNE_BATCH_MIN, TXN_BATCH_DOCS_MAX,
+    CLOCK_SKEW_MAX_MS, ENDED_KNOWN_MAX, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX, ID_CHARS_MAX,
+    MARKERS_BYTES_MAX, MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX,
+    SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN, TXN_BATCH_DOCS_MAX,
 };
 use crate::money::Amount;
 
@@ -425,6 +425,36 @@ pub(crate) struct AccountEngine {
     /// Held ops that went out with another op of their account (not those released at the end
     /// of their hold or by a flush).
     folded: AtomicU64,
+    /// Transfers this ledger wrote `done` or `cancelled`: their settled entries are pruned
+    /// without reading them again.
+    ended: Mutex<Ended>,
+    /// Reads of transfers made to prune settled entries.
+    prune_reads: AtomicU64,
+}
+
+/// Transfers known to have ended, because this ledger wrote their end (`done` or `cancelled`,
+/// answered 201). An end is final, so a settled entry of one of them may be pruned, once old
+/// enough, without reading its transfer: the read an engine round would otherwise make before
+/// deciding anything (measured in `p8_long`: the rate fell from ~610 to ~340 transfers/s when
+/// pruning began). At most [`ENDED_KNOWN_MAX`] ids, the oldest forgotten first; a forgotten or
+/// never-known one (another process ended it) is read as before.
+#[derive(Default)]
+struct Ended {
+    ids: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl Ended {
+    fn note(&mut self, txn: &str) {
+        if self.ids.insert(txn.to_owned()) {
+            self.order.push_back(txn.to_owned());
+            while self.order.len() > ENDED_KNOWN_MAX {
+                if let Some(old) = self.order.pop_front() {
+                    self.ids.remove(&old);
+                }
+            }
+        }
+    }
 }
 
 /// An op waiting to be folded into its account's next write, until `due`.
@@ -458,7 +488,22 @@ impl AccountEngine {
             rounds: AtomicU64::new(0),
             held: Mutex::new(Vec::new()),
             folded: AtomicU64::new(0),
+            ended: Mutex::new(Ended::default()),
+            prune_reads: AtomicU64::new(0),
         }
+    }
+
+    /// Records that this ledger wrote `txn`'s end (`done` or `cancelled`, answered 201).
+    pub(crate) fn note_ended(&self, txn: &str) {
+        self.ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .note(txn);
+    }
+
+    /// Reads of transfers made to prune settled entries, so far.
+    pub(crate) fn prune_reads(&self) -> u64 {
+        self.prune_reads.load(Ordering::Relaxed)
     }
 
     fn held(&self) -> MutexGuard<'_, Vec<HeldOp>> {
@@ -729,7 +774,14 @@ impl AccountEngine {
                     .filter(|t| !checked.contains(t) && seen.insert(t.clone()))
                     .collect()
             };
+            let (known, candidates): (Vec<String>, Vec<String>) = {
+                let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
+                candidates.into_iter().partition(|t| ended.ids.contains(t))
+            };
+            checked.extend(known.iter().cloned());
+            terminal.extend(known);
             if !candidates.is_empty() {
+                self.prune_reads.fetch_add(1, Ordering::Relaxed);
                 match self.read_terminal(&candidates).await {
                     Ok(done) => {
                         checked.extend(candidates);

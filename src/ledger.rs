@@ -467,6 +467,13 @@ impl Ledger {
         self.inner.accounts.folded()
     }
 
+    /// Test support: reads of transfers the account engine made to prune settled entries
+    /// (none for transfers this ledger ended itself).
+    #[doc(hidden)]
+    pub fn prune_reads(&self) -> u64 {
+        self.inner.accounts.prune_reads()
+    }
+
     /// How long this worker's claims on transfers last.
     pub fn lease(&self) -> Duration {
         self.inner.lease

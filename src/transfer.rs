@@ -420,7 +420,12 @@ impl Ledger {
             .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))?;
         let value = serde_json::to_value(doc).map_err(|e| Error::invalid_input(e.to_string()))?;
         match self.inner.txns.write(doc.id.clone(), value).await {
-            Ok(crate::engine::TxnWrite::Written(rev)) => Ok(Some(rev)),
+            Ok(crate::engine::TxnWrite::Written(rev)) => {
+                if matches!(doc.state, State::Done | State::Cancelled) {
+                    self.inner.accounts.note_ended(&doc.txn_id);
+                }
+                Ok(Some(rev))
+            }
             Ok(crate::engine::TxnWrite::Conflict) => Ok(None),
             // 202: maybe landed, maybe beside a rival. Like a conflict, the caller reads the
             // document again — with its conflicts, resolved — and follows what it finds.

@@ -115,6 +115,61 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
     assert!(ids.contains(&"t-next".to_owned()), "{ids:?}");
 }
 
+/// Session 7: the settled entries of transfers this ledger ended itself are pruned, once old
+/// enough, without reading those transfers again (that read held up every engine round that
+/// pruned); entries of transfers it did not end are still read first.
+#[tokio::test]
+async fn entries_of_transfers_this_ledger_ended_are_pruned_without_a_read() {
+    let l = support::ledger("eb-ended").await;
+    open(&l, "A", 100_000).await;
+    open(&l, "B", 0).await;
+    let ids: Vec<String> = (0..40).map(|i| format!("t-own-{i}")).collect();
+    for id in &ids {
+        let outcome = l.submit(request(id, "A", "B", 10), true).await.unwrap();
+        assert_eq!(outcome.state, State::Done);
+    }
+    // The same entries, dated old enough to be pruned.
+    let old = now_ms() - i64::try_from(SETTLED_AGE_MIN_MS).unwrap() - 60_000;
+    plant_settled(
+        &l,
+        "A",
+        ids.iter().map(|t| json!({"txn": t, "at": old})).collect(),
+    )
+    .await;
+    let reads = l.prune_reads();
+    let next = l
+        .submit(request("t-next", "A", "B", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(next.state, State::Done);
+    let left = settled_ids(&account_doc(&l, "A").await);
+    assert_eq!(
+        left,
+        ["t-next"],
+        "every old entry of an ended transfer goes"
+    );
+    assert_eq!(l.prune_reads(), reads, "no transfer was read to prune them");
+
+    // Another ledger on the same databases did not end them: it reads them first.
+    let other = l.another_worker();
+    plant_settled(
+        &l,
+        "A",
+        ids.iter().map(|t| json!({"txn": t, "at": old})).collect(),
+    )
+    .await;
+    let done = other
+        .submit(request("t-other", "A", "B", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(done.state, State::Done);
+    assert_eq!(settled_ids(&account_doc(&l, "A").await), ["t-other"]);
+    assert!(
+        other.prune_reads() > 0,
+        "the other ledger read the transfers"
+    );
+}
+
 /// Item 5: the lease is checked at every engine attempt, not only when the op is queued. A
 /// worker stalled right before its apply (past its deadline) writes nothing.
 #[tokio::test]
