@@ -956,12 +956,21 @@ async fn design_functions_agree_with_the_table_on_the_server() {
     let rows = rows_by_doc(&client, &views).await;
     let none = BTreeMap::new();
     for c in cases.iter().filter(|c| c.accepted() && !c.is_design()) {
-        failures.extend(judge_rows(
-            c,
-            &views,
-            rows.get(c.id()).unwrap_or(&none),
-            "server:",
-        ));
+        let mut got = rows.get(c.id()).unwrap_or(&none).clone();
+        if c.write == WriteKind::ReplicateRoot && c.old.is_some() {
+            // CouchDB keeps the old revision beside the new root as a conflict and hands the
+            // map `_conflicts`: the conflicts view lists the document, as the sweeper needs.
+            // (Harness-only on pouchdb-server, which drops such a write.)
+            let emitted = got.remove("transactions/conflicts");
+            let listed = json!([[c.new["type"], c.id()], 1]);
+            if emitted != Some(vec![listed.clone()]) {
+                failures.push(format!(
+                    "{}: server: transactions/conflicts emitted {emitted:?}, expected [{listed}]",
+                    c.name
+                ));
+            }
+        }
+        failures.extend(judge_rows(c, &views, &got, "server:"));
     }
     // Every new document mapped, without validation.
     let plain = support::client("design_table_views").await;

@@ -773,6 +773,14 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
     let db = l.client().database().to_owned();
     plant_b_without_c2(&db, &"f".repeat(32)).await;
     let (name, password) = support::test_user("member_conflict").await;
+    // CouchDB 3 makes new databases admin-only: let the user in as a member.
+    l.client()
+        .set_security(&json!({
+            "admins": {"names": [], "roles": []},
+            "members": {"names": [&name], "roles": []}
+        }))
+        .await
+        .unwrap();
     let member = Ledger::new(
         couch_ledger::Client::builder()
             .url(support::server().url.clone())
