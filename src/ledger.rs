@@ -578,22 +578,27 @@ async fn tune_revs_limit(client: &Client) -> Result<Option<u32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use wiremock::matchers::{body_string, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
-    /// A mock server whose database `db` answers `GET _revs_limit` with `answer`, and takes a
-    /// `PUT _revs_limit` of [`REVS_LIMIT`] exactly `puts` times.
-    async fn server(answer: ResponseTemplate, puts: u64) -> (MockServer, Client) {
+    /// A mock server whose database `db` answers `GET _revs_limit` with `get`, and a `PUT
+    /// _revs_limit` of [`REVS_LIMIT`] with `put`, expected exactly `puts` times.
+    async fn server(
+        get: ResponseTemplate,
+        put: ResponseTemplate,
+        puts: u64,
+    ) -> (MockServer, Client) {
         let server = MockServer::start().await;
         Mock::given(method("GET"))
             .and(path("/db/_revs_limit"))
-            .respond_with(answer)
+            .respond_with(get)
             .mount(&server)
             .await;
         Mock::given(method("PUT"))
             .and(path("/db/_revs_limit"))
             .and(body_string(REVS_LIMIT.to_string()))
-            .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({"ok": true})))
+            .respond_with(put)
             .expect(puts)
             .mount(&server)
             .await;
@@ -605,69 +610,55 @@ mod tests {
         (server, client)
     }
 
+    fn limit(n: u32) -> ResponseTemplate {
+        ResponseTemplate::new(200).set_body_string(n.to_string())
+    }
+
+    fn ok() -> ResponseTemplate {
+        ResponseTemplate::new(200).set_body_json(json!({"ok": true}))
+    }
+
     #[tokio::test]
     async fn init_lowers_couchdbs_default_revs_limit() {
-        let (server, client) = server(ResponseTemplate::new(200).set_body_string("1000"), 1).await;
+        let (server, client) = server(limit(1000), ok(), 1).await;
         assert_eq!(tune_revs_limit(&client).await.unwrap(), Some(REVS_LIMIT));
         server.verify().await;
     }
 
     #[tokio::test]
     async fn init_leaves_a_lower_revs_limit_alone() {
-        let lower = REVS_LIMIT - 1;
-        let (server, client) = server(
-            ResponseTemplate::new(200).set_body_string(lower.to_string()),
-            0,
-        )
-        .await;
-        assert_eq!(tune_revs_limit(&client).await.unwrap(), Some(lower));
+        let (server, client) = server(limit(REVS_LIMIT - 1), ok(), 0).await;
+        assert_eq!(
+            tune_revs_limit(&client).await.unwrap(),
+            Some(REVS_LIMIT - 1)
+        );
         server.verify().await;
     }
 
     #[tokio::test]
     async fn a_server_without_revs_limit_is_left_alone() {
-        // pouchdb-server takes the path for a document id.
-        let refused = ResponseTemplate::new(400).set_body_json(serde_json::json!({
-            "error": "bad_request",
-            "reason": "Only reserved document ids may start with underscore."
-        }));
-        let (server, client) = server(refused, 0).await;
-        assert_eq!(tune_revs_limit(&client).await.unwrap(), None);
-        server.verify().await;
-        let (server, client) = server_404().await;
-        assert_eq!(tune_revs_limit(&client).await.unwrap(), None);
-        drop(server);
-    }
-
-    async fn server_404() -> (MockServer, Client) {
-        server(
+        // pouchdb-server takes the path for a document id: 400; or a 404.
+        let answers = [
+            ResponseTemplate::new(400).set_body_json(json!({
+                "error": "bad_request",
+                "reason": "Only reserved document ids may start with underscore."
+            })),
             ResponseTemplate::new(404)
-                .set_body_json(serde_json::json!({"error": "not_found", "reason": "missing"})),
-            0,
-        )
-        .await
+                .set_body_json(json!({"error": "not_found", "reason": "missing"})),
+        ];
+        for answer in answers {
+            let (server, client) = server(answer, ok(), 0).await;
+            assert_eq!(tune_revs_limit(&client).await.unwrap(), None);
+            server.verify().await;
+        }
     }
 
     #[tokio::test]
     async fn a_refused_revs_limit_fails_init() {
-        let server = MockServer::start().await;
-        Mock::given(method("GET"))
-            .and(path("/db/_revs_limit"))
-            .respond_with(ResponseTemplate::new(200).set_body_string("1000"))
-            .mount(&server)
-            .await;
-        Mock::given(method("PUT"))
-            .and(path("/db/_revs_limit"))
-            .respond_with(ResponseTemplate::new(403).set_body_json(
-                serde_json::json!({"error": "forbidden", "reason": "You are not a db or server admin."}),
-            ))
-            .mount(&server)
-            .await;
-        let client = Client::builder()
-            .url(server.uri())
-            .database("db")
-            .build()
-            .unwrap();
+        let refused = ResponseTemplate::new(403).set_body_json(
+            json!({"error": "forbidden", "reason": "You are not a db or server admin."}),
+        );
+        let (_server, client) = server(limit(1000), refused, 1).await;
         let error = tune_revs_limit(&client).await.unwrap_err();
         assert!(error.is_forbidden(), "{error}");
     }
