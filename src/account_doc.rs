@@ -65,7 +65,7 @@ pub(crate) struct AccountDoc {
     pub(crate) min_balance: Option<Amount>,
     #[serde(default)]
     pub(crate) pending: Vec<Marker>,
-    #[serde(default)]
+    #[serde(default, with = "settled_groups")]
     pub(crate) settled: Vec<Settled>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) created_at: Option<i64>,
@@ -85,14 +85,135 @@ pub(crate) struct Marker {
 }
 
 /// One entry of `settled`: the transfer is finished on this account, either settled (its delta
-/// stays) or undone (`undone: true`, its delta was reversed). Either way a later apply, settle
-/// or undo of it on this account is skipped.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// stays) or undone (its delta was reversed). Either way a later apply, settle or undo of it on
+/// this account is skipped. Stored grouped by `at` ([`settled_groups`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Settled {
     pub(crate) txn: String,
+    /// When it was settled or undone, rounded up to [`SETTLED_AT_STEP_MS`](crate::limits::SETTLED_AT_STEP_MS)
+    /// ([`settled_at`]): never earlier than the truth, so pruning by age stays on the safe side,
+    /// and the entries of a few seconds share one group.
     pub(crate) at: i64,
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) undone: bool,
+}
+
+impl Settled {
+    /// An entry recorded at `now` (wall ms).
+    pub(crate) fn new(txn: &str, now: i64, undone: bool) -> Settled {
+        Settled {
+            txn: txn.to_owned(),
+            at: settled_at(now),
+            undone,
+        }
+    }
+}
+
+/// `now` rounded up to the next multiple of
+/// [`SETTLED_AT_STEP_MS`](crate::limits::SETTLED_AT_STEP_MS).
+pub(crate) fn settled_at(now: i64) -> i64 {
+    let step = crate::limits::SETTLED_AT_STEP_MS;
+    match now.checked_rem(step) {
+        Some(0) | None => now,
+        Some(r) if r > 0 => now.saturating_add(step - r),
+        Some(r) => now.saturating_sub(r),
+    }
+}
+
+/// How `settled` is stored (docs/DOCUMENTS.md): a list of groups, one per run of entries with the
+/// same `at`, `{"at": ms, "txns": [settled ids], "undone": [undone ids]}` (an empty list is left
+/// out) — 3 bytes an entry besides its id where an object per entry took ~45, and each byte of
+/// an account is rewritten by every write of it (BENCHMARKS.md, session 8). Reading also takes
+/// the entries of earlier versions, one object each, `{"txn": id, "at": ms, "undone": true}`,
+/// in any mix; the next write stores them grouped. An earlier version cannot read a grouped
+/// entry: it refuses the account as malformed rather than skip its entries.
+pub(crate) mod settled_groups {
+    use serde::de::Error as _;
+    use serde::ser::SerializeSeq;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::Settled;
+
+    #[derive(Serialize)]
+    struct GroupOut<'a> {
+        at: i64,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        txns: Vec<&'a str>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        undone: Vec<&'a str>,
+    }
+
+    pub(crate) fn serialize<S: Serializer>(settled: &[Settled], s: S) -> Result<S::Ok, S::Error> {
+        let mut seq = s.serialize_seq(None)?;
+        let mut rest = settled;
+        while let Some(first) = rest.first() {
+            let run = rest.iter().take_while(|e| e.at == first.at).count();
+            let (group, tail) = rest.split_at(run);
+            let ids = |undone: bool| {
+                group
+                    .iter()
+                    .filter(|e| e.undone == undone)
+                    .map(|e| e.txn.as_str())
+                    .collect()
+            };
+            seq.serialize_element(&GroupOut {
+                at: first.at,
+                txns: ids(false),
+                undone: ids(true),
+            })?;
+            rest = tail;
+        }
+        seq.end()
+    }
+
+    /// `undone` is a flag in an entry of earlier versions, a list of ids in a group.
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Undone {
+        Flag(bool),
+        Ids(Vec<String>),
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct EntryIn {
+        at: i64,
+        #[serde(default)]
+        txn: Option<String>,
+        #[serde(default)]
+        txns: Option<Vec<String>>,
+        #[serde(default)]
+        undone: Option<Undone>,
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Settled>, D::Error> {
+        let mut settled = Vec::new();
+        for entry in Vec::<EntryIn>::deserialize(d)? {
+            let at = entry.at;
+            match (entry.txn, entry.txns, entry.undone) {
+                (Some(txn), None, undone @ (None | Some(Undone::Flag(_)))) => {
+                    let undone = matches!(undone, Some(Undone::Flag(true)));
+                    settled.push(Settled { txn, at, undone });
+                }
+                (None, txns, undone @ (None | Some(Undone::Ids(_)))) => {
+                    for txn in txns.unwrap_or_default() {
+                        settled.push(Settled { txn, at, undone: false });
+                    }
+                    if let Some(Undone::Ids(ids)) = undone {
+                        for txn in ids {
+                            settled.push(Settled { txn, at, undone: true });
+                        }
+                    }
+                }
+                _ => {
+                    return Err(D::Error::custom(
+                        "a settled entry is either {txn, at, undone: bool} or {at, txns: [..], \
+                         undone: [..]}",
+                    ))
+                }
+            }
+        }
+        Ok(settled)
+    }
 }
 
 /// Serialized bytes of one `pending` or `settled` entry of transfer `txn`, at most (JSON escapes

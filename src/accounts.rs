@@ -115,7 +115,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account_doc::{marker_bytes, Marker, Settled};
+    use crate::account_doc::{marker_bytes, settled_at, settled_groups, Marker, Settled};
     use crate::limits::ID_CHARS_MAX;
     use serde_json::json;
 
@@ -161,13 +161,118 @@ mod tests {
                 at: i64::MIN,
                 undone: true,
             };
-            // +1: the comma between two entries of a list.
+            // +1: the comma between two entries of a list. A settled entry at worst is a group
+            // of its own: `[{"at":…,"undone":["…"]}]` less the brackets.
             let p = serde_json::to_vec(&pending).unwrap().len() + 1;
-            let s = serde_json::to_vec(&settled).unwrap().len() + 1;
+            let mut out = Vec::new();
+            settled_groups::serialize(&[settled], &mut serde_json::Serializer::new(&mut out))
+                .unwrap();
+            let s = out.len() - 2 + 1;
             assert!(p <= marker_bytes(txn), "{p} > {}", marker_bytes(txn));
             assert!(s <= marker_bytes(txn), "{s} > {}", marker_bytes(txn));
         }
         assert!(marker_bytes("") == MARKER_OVERHEAD_BYTES);
+    }
+
+    fn account_with(settled: serde_json::Value) -> crate::error::Result<AccountDoc> {
+        AccountDoc::from_value(json!({
+            "_id": "account:a", "type": "account", "account_id": "a", "currency": "EUR",
+            "opening": 0, "balance": 0, "min_balance": null, "pending": [], "settled": settled
+        }))
+    }
+
+    fn entry(txn: &str, at: i64, undone: bool) -> Settled {
+        Settled {
+            txn: txn.into(),
+            at,
+            undone,
+        }
+    }
+
+    #[test]
+    fn settled_entries_are_stored_in_groups_of_one_date() {
+        let mut doc = account_with(json!([])).unwrap();
+        doc.settled = vec![
+            entry("t1", 5_000, false),
+            entry("t2", 5_000, true),
+            entry("t3", 5_000, false),
+            entry("t4", 10_000, true),
+            entry("t5", 5_000, false),
+        ];
+        let stored = serde_json::to_value(&doc).unwrap();
+        assert_eq!(
+            stored["settled"],
+            json!([
+                {"at": 5_000, "txns": ["t1", "t3"], "undone": ["t2"]},
+                {"at": 10_000, "undone": ["t4"]},
+                {"at": 5_000, "txns": ["t5"]}
+            ])
+        );
+        // Read back: the same entries (settled before undone within a group).
+        let back = AccountDoc::from_value(stored).unwrap();
+        let mut want = doc.settled.clone();
+        want.swap(1, 2);
+        assert_eq!(back.settled, want);
+    }
+
+    #[test]
+    fn settled_entries_of_earlier_versions_are_read_and_rewritten_grouped() {
+        let doc = account_with(json!([
+            {"txn": "old1", "at": 7},
+            {"txn": "old2", "at": 7, "undone": true},
+            {"txn": "old3", "at": 8, "undone": false},
+            {"at": 10_000, "txns": ["new1"], "undone": ["new2"]},
+            {"at": 15_000}
+        ]))
+        .unwrap();
+        assert_eq!(
+            doc.settled,
+            [
+                entry("old1", 7, false),
+                entry("old2", 7, true),
+                entry("old3", 8, false),
+                entry("new1", 10_000, false),
+                entry("new2", 10_000, true),
+            ]
+        );
+        assert_eq!(
+            serde_json::to_value(&doc).unwrap()["settled"],
+            json!([
+                {"at": 7, "txns": ["old1"], "undone": ["old2"]},
+                {"at": 8, "txns": ["old3"]},
+                {"at": 10_000, "txns": ["new1"], "undone": ["new2"]}
+            ])
+        );
+    }
+
+    #[test]
+    fn malformed_settled_entries_are_refused() {
+        for bad in [
+            json!([{"txn": "t", "at": 1, "undone": ["u"]}]),
+            json!([{"txn": "t", "at": 1, "txns": ["u"]}]),
+            json!([{"at": 1, "undone": true}]),
+            json!([{"txns": ["t"]}]),
+            json!([{"at": 1, "txns": "t"}]),
+            json!([{"at": 1, "txns": [1]}]),
+            json!([{"at": 1.5, "txns": ["t"]}]),
+            json!([{"at": 1, "txns": ["t"], "other": 1}]),
+            json!(["t"]),
+            json!({"at": 1}),
+        ] {
+            assert!(account_with(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn settled_dates_are_rounded_up_never_down() {
+        use crate::limits::SETTLED_AT_STEP_MS as STEP;
+        for now in [0, 1, STEP - 1, STEP, STEP + 1, 1_763_800_001_234, -1, -STEP - 1, i64::MAX] {
+            let at = settled_at(now);
+            assert!(at >= now, "{now} → {at}");
+            assert!(at == i64::MAX || at % STEP == 0, "{now} → {at}");
+            assert!(at - now < STEP, "{now} → {at}");
+        }
+        assert_eq!(Settled::new("t", 1, true), entry("t", STEP, true));
     }
 
     #[test]

@@ -1371,11 +1371,7 @@ pub(crate) fn evaluate(
                     let applied = doc.pending[pos].delta;
                     doc.balance = doc.balance.checked_sub(applied)?;
                     doc.pending.remove(pos);
-                    doc.settled.push(Settled {
-                        txn: op.txn.clone(),
-                        at: now,
-                        undone: true,
-                    });
+                    doc.settled.push(Settled::new(&op.txn, now, true));
                     tracing::warn!(
                         account = %doc.account_id,
                         txn = %op.txn,
@@ -1434,11 +1430,7 @@ pub(crate) fn evaluate(
         OpKind::Settle => match in_pending {
             Some(pos) => {
                 doc.pending.remove(pos);
-                doc.settled.push(Settled {
-                    txn: op.txn.clone(),
-                    at: now,
-                    undone: false,
-                });
+                doc.settled.push(Settled::new(&op.txn, now, false));
                 Ok(OpResult::Applied)
             }
             None if in_settled => Ok(OpResult::Finished),
@@ -1451,11 +1443,7 @@ pub(crate) fn evaluate(
                 doc.pending.remove(pos);
                 // Recorded like a settle so that a late apply of this transfer is skipped
                 // instead of re-adding a marker someone would have to undo again.
-                doc.settled.push(Settled {
-                    txn: op.txn.clone(),
-                    at: now,
-                    undone: true,
-                });
+                doc.settled.push(Settled::new(&op.txn, now, true));
                 Ok(OpResult::Applied)
             }
             None if in_settled => Ok(OpResult::Finished),
@@ -1468,11 +1456,7 @@ pub(crate) fn evaluate(
                 // way (a worker that read it pending): the undone entry makes it skip, instead
                 // of landing for a moment (a wrong balance, a spurious insufficient_funds) until
                 // an orphan repair takes it back.
-                doc.settled.push(Settled {
-                    txn: op.txn.clone(),
-                    at: now,
-                    undone: true,
-                });
+                doc.settled.push(Settled::new(&op.txn, now, true));
                 Ok(OpResult::Applied)
             }
         },

@@ -44,6 +44,12 @@ pub const CLOCK_SKEW_MAX_MS: u64 = 30_000;
 /// would need it.
 pub const SETTLED_AGE_MIN_MS: u64 = LEASE_MS + CLOCK_SKEW_MAX_MS;
 
+/// Settled entries are dated rounded up to a multiple of this (so never earlier than they
+/// happened, which keeps pruning by age safe): the entries of five seconds share one stored
+/// group and one date (`settled_groups` in src/account_doc.rs). Pruning waits up to this much
+/// longer.
+pub const SETTLED_AT_STEP_MS: i64 = 5_000;
+
 /// The `_revs_limit` `init` gives the database of accounts and transfers (CouchDB's default
 /// is 1,000). CouchDB stores a document's revision path beside it and rewrites it with every
 /// update, so an account written a thousand times costs about 20 times what a new one costs

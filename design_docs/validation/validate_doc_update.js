@@ -264,12 +264,31 @@ function (newDoc, oldDoc, userCtx, secObj) {
       }
     }
     if (!Array.isArray(newDoc.settled)) { deny(type, "field 'settled' must be an array"); }
+    // An entry per transfer {txn, at, undone: bool} (earlier versions), or a group of one date
+    // {at, txns: [ids], undone: [ids]} (docs/DOCUMENTS.md).
     for (var k = 0; k < newDoc.settled.length; k++) {
       var se = newDoc.settled[k];
-      if (!isObj(se)) { deny(type, "field 'settled[" + k + "]' must be an object {txn, at}"); }
-      if (!isStr(se.txn)) { deny(type, "field 'settled[" + k + "].txn' must be a non-empty string"); }
+      var sp = "field 'settled[" + k + "]";
+      if (!isObj(se)) { deny(type, sp + "' must be an object {at, txns, undone} or {txn, at}"); }
       if (typeof se.at !== 'number' || !isFinite(se.at)) {
-        deny(type, "field 'settled[" + k + "].at' must be a number (ms since epoch)");
+        deny(type, sp + ".at' must be a number (ms since epoch)");
+      }
+      if (se.txn !== undefined) {
+        if (!isStr(se.txn)) { deny(type, sp + ".txn' must be a non-empty string"); }
+        if (se.txns !== undefined) { deny(type, sp + "' has both 'txn' and 'txns'"); }
+        if (se.undone !== undefined && typeof se.undone !== 'boolean') {
+          deny(type, sp + ".undone' must be true or false in an entry with 'txn'");
+        }
+      } else {
+        var lists = ['txns', 'undone'];
+        for (var l = 0; l < lists.length; l++) {
+          var ids = se[lists[l]];
+          if (ids === undefined) { continue; }
+          if (!Array.isArray(ids)) { deny(type, sp + '.' + lists[l] + "' must be an array of transfer ids"); }
+          for (var m = 0; m < ids.length; m++) {
+            if (!isStr(ids[m])) { deny(type, sp + '.' + lists[l] + '[' + m + "]' must be a non-empty string"); }
+          }
+        }
       }
     }
     if (creating) {
