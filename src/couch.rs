@@ -1234,14 +1234,22 @@ impl Client {
     ///
     /// The database is missing, or the server failed.
     pub async fn copies(&self) -> Result<u32> {
+        Ok(self.stated_copies().await?.unwrap_or(1))
+    }
+
+    /// `GET /db`'s `cluster.n`, `None` when the server does not say (pouchdb-server).
+    ///
+    /// # Errors
+    ///
+    /// The database is missing, or the server failed.
+    pub async fn stated_copies(&self) -> Result<Option<u32>> {
         let info = self.database_info().await?;
         Ok(info
             .get("cluster")
             .and_then(|c| c.get("n"))
             .and_then(Value::as_u64)
             .and_then(|n| u32::try_from(n).ok())
-            .filter(|n| *n > 0)
-            .unwrap_or(1))
+            .filter(|n| *n > 0))
     }
 
     /// `_all_docs` for these keys with the documents, each carrying `_conflicts` (the losing

@@ -13,7 +13,7 @@ use crate::couch::Client;
 use crate::design::{self, Installed};
 use crate::engine::{AccountEngine, BulkWriter, ConflictTally, Quorum, TxnWriter, WriteQuorum};
 use crate::error::{Error, Result};
-use crate::limits::{LEASE_MS, REVS_LIMIT};
+use crate::limits::{LEASE_MS, REVS_LIMIT, REVS_LIMIT_ONE_COPY};
 
 /// The ledger in one database. Cheap to clone; create one and reuse it.
 #[derive(Clone, Debug)]
@@ -143,7 +143,9 @@ pub struct InitReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hot: Option<HotReport>,
     /// The `_revs_limit` of the database of accounts and transfers after this call: lowered to
-    /// [`REVS_LIMIT`](crate::limits::REVS_LIMIT) when it was higher, left alone when an admin
+    /// [`REVS_LIMIT`](crate::limits::REVS_LIMIT), or to
+    /// [`REVS_LIMIT_ONE_COPY`](crate::limits::REVS_LIMIT_ONE_COPY) where the server keeps one
+    /// copy of each document, when it was higher; left alone when an admin
     /// had set it lower; `None` when the server has no such setting (pouchdb-server).
     pub revs_limit: Option<u32>,
 }
@@ -563,15 +565,30 @@ impl Ledger {
     }
 }
 
-/// Lowers the database's `_revs_limit` to [`REVS_LIMIT`] (never raises it): the revision
-/// history CouchDB rewrites with every update of an account stays short.
+/// Sets the database's `_revs_limit` for the copies it keeps ([`revs_limit_for`]): lowers a
+/// higher limit, never raises a lower one, except [`REVS_LIMIT_ONE_COPY`] on a database that
+/// now keeps several copies (it was set for one copy; a copy that falls behind by more writes
+/// than the limit meets the rest as a conflict). `None` on a server without `_revs_limit`.
 async fn tune_revs_limit(client: &Client) -> Result<Option<u32>> {
-    match client.revs_limit().await? {
-        Some(current) if current > REVS_LIMIT => {
-            client.set_revs_limit(REVS_LIMIT).await?;
-            Ok(Some(REVS_LIMIT))
-        }
-        other => Ok(other),
+    let Some(current) = client.revs_limit().await? else {
+        return Ok(None);
+    };
+    let target = revs_limit_for(client.stated_copies().await?);
+    let raise_ours = current == REVS_LIMIT_ONE_COPY && target > current;
+    if current > target || raise_ours {
+        client.set_revs_limit(target).await?;
+        return Ok(Some(target));
+    }
+    Ok(Some(current))
+}
+
+/// [`REVS_LIMIT_ONE_COPY`] where the server says it keeps one copy of each document, else
+/// [`REVS_LIMIT`].
+fn revs_limit_for(copies: Option<u32>) -> u32 {
+    if copies == Some(1) {
+        REVS_LIMIT_ONE_COPY
+    } else {
+        REVS_LIMIT
     }
 }
 
@@ -582,10 +599,13 @@ mod tests {
     use wiremock::matchers::{body_string, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
-    /// A mock server whose database `db` answers `GET _revs_limit` with `get`, and a `PUT
-    /// _revs_limit` of [`REVS_LIMIT`] with `put`, expected exactly `puts` times.
+    /// A mock server whose database `db` answers `GET _revs_limit` with `get` and `GET /db`
+    /// with `cluster.n` = `copies` (no `cluster` when `None`), and a `PUT _revs_limit` of `to`
+    /// with `put`, expected exactly `puts` times.
     async fn server(
         get: ResponseTemplate,
+        copies: Option<u32>,
+        to: u32,
         put: ResponseTemplate,
         puts: u64,
     ) -> (MockServer, Client) {
@@ -595,9 +615,18 @@ mod tests {
             .respond_with(get)
             .mount(&server)
             .await;
+        let mut info = json!({"db_name": "db", "doc_count": 0});
+        if let Some(n) = copies {
+            info["cluster"] = json!({"q": 2, "n": n, "w": 1, "r": 1});
+        }
+        Mock::given(method("GET"))
+            .and(path("/db"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(info))
+            .mount(&server)
+            .await;
         Mock::given(method("PUT"))
             .and(path("/db/_revs_limit"))
-            .and(body_string(REVS_LIMIT.to_string()))
+            .and(body_string(to.to_string()))
             .respond_with(put)
             .expect(puts)
             .mount(&server)
@@ -619,20 +648,48 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn init_lowers_couchdbs_default_revs_limit() {
-        let (server, client) = server(limit(1000), ok(), 1).await;
-        assert_eq!(tune_revs_limit(&client).await.unwrap(), Some(REVS_LIMIT));
-        server.verify().await;
+    async fn init_lowers_couchdbs_default_revs_limit_by_the_copies_kept() {
+        for (copies, to) in [
+            (Some(1), REVS_LIMIT_ONE_COPY),
+            (Some(3), REVS_LIMIT),
+            (None, REVS_LIMIT),
+        ] {
+            let (server, client) = server(limit(1000), copies, to, ok(), 1).await;
+            assert_eq!(tune_revs_limit(&client).await.unwrap(), Some(to), "{copies:?}");
+            server.verify().await;
+        }
     }
 
     #[tokio::test]
     async fn init_leaves_a_lower_revs_limit_alone() {
-        let (server, client) = server(limit(REVS_LIMIT - 1), ok(), 0).await;
-        assert_eq!(
-            tune_revs_limit(&client).await.unwrap(),
-            Some(REVS_LIMIT - 1)
-        );
-        server.verify().await;
+        for (copies, lower) in [
+            (Some(3), REVS_LIMIT - 1),
+            (Some(1), REVS_LIMIT_ONE_COPY),
+            (Some(1), 1),
+            (Some(3), 1),
+        ] {
+            let (server, client) = server(limit(lower), copies, 0, ok(), 0).await;
+            assert_eq!(
+                tune_revs_limit(&client).await.unwrap(),
+                Some(lower),
+                "{copies:?}"
+            );
+            server.verify().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn init_raises_the_one_copy_limit_where_copies_were_added() {
+        for copies in [Some(3), None] {
+            let (server, client) =
+                server(limit(REVS_LIMIT_ONE_COPY), copies, REVS_LIMIT, ok(), 1).await;
+            assert_eq!(
+                tune_revs_limit(&client).await.unwrap(),
+                Some(REVS_LIMIT),
+                "{copies:?}"
+            );
+            server.verify().await;
+        }
     }
 
     #[tokio::test]
@@ -647,7 +704,7 @@ mod tests {
                 .set_body_json(json!({"error": "not_found", "reason": "missing"})),
         ];
         for answer in answers {
-            let (server, client) = server(answer, ok(), 0).await;
+            let (server, client) = server(answer, Some(1), 0, ok(), 0).await;
             assert_eq!(tune_revs_limit(&client).await.unwrap(), None);
             server.verify().await;
         }
@@ -658,7 +715,7 @@ mod tests {
         let refused = ResponseTemplate::new(403).set_body_json(
             json!({"error": "forbidden", "reason": "You are not a db or server admin."}),
         );
-        let (_server, client) = server(limit(1000), refused, 1).await;
+        let (_server, client) = server(limit(1000), Some(1), REVS_LIMIT_ONE_COPY, refused, 1).await;
         let error = tune_revs_limit(&client).await.unwrap_err();
         assert!(error.is_forbidden(), "{error}");
     }

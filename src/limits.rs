@@ -50,17 +50,26 @@ pub const SETTLED_AGE_MIN_MS: u64 = LEASE_MS + CLOCK_SKEW_MAX_MS;
 /// longer.
 pub const SETTLED_AT_STEP_MS: i64 = 5_000;
 
-/// The `_revs_limit` `init` gives the database of accounts and transfers (CouchDB's default
-/// is 1,000). CouchDB stores a document's revision path beside it and rewrites it with every
-/// update, so an account written a thousand times costs about 20 times what a new one costs
-/// to update (measured on CouchDB 3.4.3: `p8` 192 transfers/s on accounts at 1,000 revisions,
-/// 668 at 50, ~770 on new accounts; BENCHMARKS.md, session 7). Nothing in the ledger reads old
-/// revisions; conflicts are found from the leaves, which stemming keeps. On a cluster a copy
-/// that missed more than this many writes of an account (it was down: those writes were
+/// The `_revs_limit` `init` gives the database of accounts and transfers when it keeps several
+/// copies of each document (a cluster's `n` > 1, or a server that does not say; CouchDB's
+/// default is 1,000). CouchDB stores a document's revision path beside it and rewrites it with
+/// every update, so an account written a thousand times costs about 20 times what a new one
+/// costs to update (measured on CouchDB 3.4.3: `p8` 192 transfers/s on accounts at 1,000
+/// revisions, 668 at 50, ~770 on new accounts; BENCHMARKS.md, session 7). Nothing in the ledger
+/// reads old revisions; conflicts are found from the leaves, which stemming keeps. On a cluster
+/// a copy that missed more than this many writes of an account (it was down: those writes were
 /// answered 202) meets the rest as a conflict instead of catching up, and the account merge
 /// (docs/CLUSTER.md) resolves it: the stale leaf is an ancestor, and no prune can have passed
 /// it (a prune needs every copy, `w` = n).
 pub const REVS_LIMIT: u32 = 20;
+
+/// The `_revs_limit` `init` gives the database of accounts and transfers when the server says it
+/// keeps one copy of each document (`cluster.n` = 1: CouchDB's single node). No copy can fall
+/// behind there, so a long path buys nothing, and a short one is cheaper still: 69 updates in
+/// one `_bulk_docs` took 11.2 ms at a limit of 3, 14.6 at 5, 21.5 at 20, 29.3 at 50 (CouchDB
+/// 3.4.3, BENCHMARKS.md, session 8). A database whose copies are raised later is brought to
+/// [`REVS_LIMIT`] by the next `init`.
+pub const REVS_LIMIT_ONE_COPY: u32 = 3;
 
 /// Serialized bytes of one `pending` or `settled` entry besides its transfer id: the field
 /// names, quotes, a delta or `undone: true`, a 20-digit `at`, the comma.

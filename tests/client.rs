@@ -178,11 +178,12 @@ async fn continuous_changes_stream_yields_rows() {
 }
 
 /// `init` keeps the accounts' revision history short where the server has `_revs_limit`
-/// (CouchDB, Cloudant; pouchdb-server has none, and `init` says so with `None`), and never
-/// raises a limit an admin set lower.
+/// (CouchDB, Cloudant; pouchdb-server has none, and `init` says so with `None`): to
+/// `REVS_LIMIT_ONE_COPY` where the database keeps one copy of each document, else to
+/// `REVS_LIMIT`; and never raises a limit an admin set lower.
 #[tokio::test]
 async fn init_lowers_the_revs_limit_and_never_raises_it() {
-    use couch_ledger::limits::REVS_LIMIT;
+    use couch_ledger::limits::{REVS_LIMIT, REVS_LIMIT_ONE_COPY};
     let l = couch_ledger::Ledger::new(support::builder("revs_limit").build().unwrap());
     let first = l.init().await.unwrap();
     let now = l.client().revs_limit().await.unwrap();
@@ -190,16 +191,18 @@ async fn init_lowers_the_revs_limit_and_never_raises_it() {
     let Some(limit) = now else {
         return; // a server without the setting: nothing more to see
     };
-    assert_eq!(limit, REVS_LIMIT);
-    l.client().set_revs_limit(REVS_LIMIT - 15).await.unwrap();
-    assert_eq!(l.init().await.unwrap().revs_limit, Some(REVS_LIMIT - 15));
-    assert_eq!(
-        l.client().revs_limit().await.unwrap(),
-        Some(REVS_LIMIT - 15)
-    );
+    let target = if l.client().stated_copies().await.unwrap() == Some(1) {
+        REVS_LIMIT_ONE_COPY
+    } else {
+        REVS_LIMIT
+    };
+    assert_eq!(limit, target);
+    l.client().set_revs_limit(target - 1).await.unwrap();
+    assert_eq!(l.init().await.unwrap().revs_limit, Some(target - 1));
+    assert_eq!(l.client().revs_limit().await.unwrap(), Some(target - 1));
     l.client().set_revs_limit(1000).await.unwrap();
-    assert_eq!(l.init().await.unwrap().revs_limit, Some(REVS_LIMIT));
-    assert_eq!(l.client().revs_limit().await.unwrap(), Some(REVS_LIMIT));
+    assert_eq!(l.init().await.unwrap().revs_limit, Some(target));
+    assert_eq!(l.client().revs_limit().await.unwrap(), Some(target));
 
     // Split: the limit is the hot database's, where the accounts are.
     let hot = format!("{}_hot", l.client().database());
@@ -207,11 +210,8 @@ async fn init_lowers_the_revs_limit_and_never_raises_it() {
         .with_hot_database(&hot)
         .unwrap();
     let report = split.init().await.unwrap();
-    assert_eq!(report.revs_limit, Some(REVS_LIMIT));
-    assert_eq!(
-        split.hot_client().revs_limit().await.unwrap(),
-        Some(REVS_LIMIT)
-    );
+    assert_eq!(report.revs_limit, Some(target));
+    assert_eq!(split.hot_client().revs_limit().await.unwrap(), Some(target));
     split.hot_client().delete_database().await.unwrap();
 }
 
