@@ -822,14 +822,7 @@ async fn plant_b_without_c2(db: &str, hash: &str) {
     support::plant_sibling(db, "account:B", hash, |doc| {
         doc["balance"] = json!(100);
         doc["pending"] = json!([]);
-        let settled: Vec<Value> = doc["settled"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| s["txn"] != "c2")
-            .cloned()
-            .collect();
-        doc["settled"] = json!(settled);
+        support::retain_settled(doc, |txn| txn != "c2");
     })
     .await;
 }

@@ -943,7 +943,7 @@ async fn a_transfer_to_an_unreadable_account_ends_cancelled_and_a_retry_writes_n
         .json()
         .await
         .unwrap();
-    doc["settled"] = json!([{"txn": "elsewhere", "at": 1, "undone": "not a bool"}]);
+    doc["settled"] = json!([{"txn": "elsewhere", "at": 1.5}]);
     let put = support::auth(support::raw().put(&url))
         .header("Content-Type", "application/json")
         .body(doc.to_string())

@@ -280,6 +280,48 @@ pub async fn test_user(test: &str) -> (String, String) {
     make_user(&s.url, admin, test).await
 }
 
+/// An account document's settled entries as `(transfer, undone)`, in either stored form
+/// (docs/DOCUMENTS.md): groups `{at, txns, undone: [..]}`, or one object per entry
+/// `{txn, at, undone: bool}` as earlier versions wrote them.
+pub fn settled_entries(doc: &serde_json::Value) -> Vec<(String, bool)> {
+    let ids = |list: &serde_json::Value| -> Vec<String> {
+        list.as_array()
+            .into_iter()
+            .flatten()
+            .map(|t| t.as_str().expect("a transfer id").to_owned())
+            .collect()
+    };
+    let mut entries = Vec::new();
+    for e in doc["settled"].as_array().expect("settled is a list") {
+        if let Some(txn) = e["txn"].as_str() {
+            entries.push((txn.to_owned(), e["undone"] == true));
+        } else {
+            entries.extend(ids(&e["txns"]).into_iter().map(|t| (t, false)));
+            entries.extend(ids(&e["undone"]).into_iter().map(|t| (t, true)));
+        }
+    }
+    entries
+}
+
+/// Drops from an account document's `settled` every entry of a transfer `keep` refuses, in
+/// either stored form (a group left empty is dropped).
+pub fn retain_settled(doc: &mut serde_json::Value, keep: impl Fn(&str) -> bool) {
+    let list = doc["settled"].as_array_mut().expect("settled is a list");
+    for e in list.iter_mut() {
+        for field in ["txns", "undone"] {
+            if let Some(ids) = e.get_mut(field).and_then(|v| v.as_array_mut()) {
+                ids.retain(|t| keep(t.as_str().expect("a transfer id")));
+            }
+        }
+    }
+    list.retain(|e| match e["txn"].as_str() {
+        Some(txn) => keep(txn),
+        None => ["txns", "undone"]
+            .iter()
+            .any(|f| e[*f].as_array().is_some_and(|ids| !ids.is_empty())),
+    });
+}
+
 /// Plants a sibling of document `id`'s current revision in database `db`, as a cluster's
 /// concurrent writer or a replication would (a `_bulk_docs` with `"new_edits": false`): the
 /// same parent, the body `edit` makes of the current one, revision hash `hash` (32 hex
