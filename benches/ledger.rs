@@ -2327,6 +2327,24 @@ fn long_seconds() -> Option<u64> {
 /// `p8_long`'s windows, in seconds: each reports its rate and the accounts' size.
 const P8_LONG_WINDOW_S: u64 = 30;
 
+/// The settled entries of an account document, stored grouped (`{at, txns, undone}`) or one
+/// object each (`{txn, at}`, before session 8).
+fn settled_count(doc: &Value) -> usize {
+    let list = |v: &Value| v.as_array().map_or(0, Vec::len);
+    doc["settled"].as_array().map_or(0, |entries| {
+        entries
+            .iter()
+            .map(|e| {
+                if e.get("txn").is_some() {
+                    1
+                } else {
+                    list(&e["txns"]) + list(&e["undone"])
+                }
+            })
+            .sum()
+    })
+}
+
 /// `p8_long` (opt-in, `BENCH_LONG_S=N`): `p8`'s workload (64 callers, the same pool and
 /// finish) without pause for N seconds on one ledger, reported per window of
 /// [`P8_LONG_WINDOW_S`]: transfers/s (to the last `done`: each chunk of transfers is flushed
@@ -2359,7 +2377,7 @@ async fn long_transfers(bench: &Bench) -> Result<Vec<Row>> {
         let rows = ledger.hot_client().all_docs(&keys, true).await?;
         let (mut entries, mut bytes) = (0usize, 0usize);
         for doc in rows.iter().filter_map(|r| r.doc.as_ref()) {
-            entries += doc["settled"].as_array().map_or(0, Vec::len);
+            entries += settled_count(doc);
             bytes += serde_json::to_vec(doc)?.len();
         }
         let n = rows.len().max(1);
