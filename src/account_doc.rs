@@ -196,11 +196,19 @@ pub(crate) mod settled_groups {
                 }
                 (None, txns, undone @ (None | Some(Undone::Ids(_)))) => {
                     for txn in txns.unwrap_or_default() {
-                        settled.push(Settled { txn, at, undone: false });
+                        settled.push(Settled {
+                            txn,
+                            at,
+                            undone: false,
+                        });
                     }
                     if let Some(Undone::Ids(ids)) = undone {
                         for txn in ids {
-                            settled.push(Settled { txn, at, undone: true });
+                            settled.push(Settled {
+                                txn,
+                                at,
+                                undone: true,
+                            });
                         }
                     }
                 }

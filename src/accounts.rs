@@ -266,7 +266,17 @@ mod tests {
     #[test]
     fn settled_dates_are_rounded_up_never_down() {
         use crate::limits::SETTLED_AT_STEP_MS as STEP;
-        for now in [0, 1, STEP - 1, STEP, STEP + 1, 1_763_800_001_234, -1, -STEP - 1, i64::MAX] {
+        for now in [
+            0,
+            1,
+            STEP - 1,
+            STEP,
+            STEP + 1,
+            1_763_800_001_234,
+            -1,
+            -STEP - 1,
+            i64::MAX,
+        ] {
             let at = settled_at(now);
             assert!(at >= now, "{now} → {at}");
             assert!(at == i64::MAX || at % STEP == 0, "{now} → {at}");

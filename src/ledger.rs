@@ -655,7 +655,11 @@ mod tests {
             (None, REVS_LIMIT),
         ] {
             let (server, client) = server(limit(1000), copies, to, ok(), 1).await;
-            assert_eq!(tune_revs_limit(&client).await.unwrap(), Some(to), "{copies:?}");
+            assert_eq!(
+                tune_revs_limit(&client).await.unwrap(),
+                Some(to),
+                "{copies:?}"
+            );
             server.verify().await;
         }
     }

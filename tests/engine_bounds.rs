@@ -240,7 +240,11 @@ async fn an_account_under_a_burst_stays_under_the_cap() {
     let pending = doc["pending"].as_array().unwrap().iter();
     let markers: usize = pending
         .map(|m| m["txn"].as_str().unwrap().to_owned())
-        .chain(support::settled_entries(&doc).into_iter().map(|(txn, _)| txn))
+        .chain(
+            support::settled_entries(&doc)
+                .into_iter()
+                .map(|(txn, _)| txn),
+        )
         .map(|txn| txn.len() + MARKER_OVERHEAD_BYTES)
         .sum();
     assert!(
