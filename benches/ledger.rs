@@ -545,6 +545,8 @@ enum Side {
     OtherLayout,
     /// `p8_aged`: our transfers in a database left at CouchDB's default `_revs_limit`.
     DefaultRevsLimit,
+    /// `p8_floor`: only the documents a transfer cannot do without ([`DocumentFloor`]).
+    Floor,
 }
 
 impl Side {
@@ -558,6 +560,7 @@ impl Side {
             Side::Serve => "serve",
             Side::OtherLayout => "other_layout",
             Side::DefaultRevsLimit => "default_revs_limit",
+            Side::Floor => "floor",
         }
     }
 }
@@ -914,7 +917,8 @@ impl Writer {
             | Side::Validated
             | Side::Serve
             | Side::OtherLayout
-            | Side::DefaultRevsLimit => {
+            | Side::DefaultRevsLimit
+            | Side::Floor => {
                 unreachable!("{side:?} writes transfers")
             }
         })
@@ -1069,7 +1073,8 @@ impl BulkWriter {
             | Side::Validated
             | Side::Serve
             | Side::OtherLayout
-            | Side::DefaultRevsLimit => {
+            | Side::DefaultRevsLimit
+            | Side::Floor => {
                 unreachable!("bulk writes are ours or raw")
             }
         }
@@ -1782,6 +1787,167 @@ fn initial_transfer_doc(i: usize, prefix: &str, then: i64, pool: usize) -> Value
         "created_at": then + i as i64,
         "last_modified": then + i as i64,
     })
+}
+
+/// `p8_floor`'s writers, each with its own share of the account pool (their writes never meet).
+/// One: with `p8`'s 64 transfers in flight, one request of 64 at a time measured highest on
+/// CouchDB 3.4.3 here (session 9: 3,529 transfers/s, against 2,412 for two writers of 32 and
+/// 2,394 for four of 16), and the floor is the best the server does.
+const FLOOR_WRITERS: usize = 1;
+/// Transfers per `_bulk_docs` of one floor writer: with [`FLOOR_WRITERS`], `p8`'s 64 transfers
+/// in flight.
+const FLOOR_TRANSFERS_PER_REQUEST: usize = P8_CONCURRENCY / FLOOR_WRITERS;
+
+/// What no protocol can write less of (issue 15): for each transfer, its transfer document
+/// created once, already in its final state, and one update of each of its two accounts (the
+/// balance only, no markers). Written into the hot database of a fresh split ledger (the same
+/// `_revs_limit` and design documents as `p8`'s), [`FLOOR_TRANSFERS_PER_REQUEST`] transfers per
+/// `_bulk_docs` by [`FLOOR_WRITERS`] writers at once, never a read, never a conflict: the rate
+/// at which this server takes the documents a ledger of SPEC §3's shape must write. A protocol
+/// that keeps one document per transfer and changes both accounts by compare-and-swap cannot
+/// go faster on this server, whatever it does between the writes.
+struct DocumentFloor {
+    ledger: Ledger,
+    /// Each writer's accounts, as last written (with `_rev`).
+    accounts: std::sync::Mutex<Vec<Vec<Value>>>,
+    next_transfer: AtomicUsize,
+}
+
+impl DocumentFloor {
+    async fn new(bench: &Bench) -> Result<DocumentFloor> {
+        let ledger = fresh_ledger_in(bench, "p8_floor", Layout::Split).await?;
+        let ids: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("f", i)).collect();
+        let mut docs = account_docs(&ids);
+        let results = ledger.hot_client().bulk_docs(&docs).await?;
+        ensure!(
+            results.len() == docs.len(),
+            "p8_floor: short _bulk_docs answer"
+        );
+        for (doc, result) in docs.iter_mut().zip(results) {
+            let rev = result
+                .rev
+                .ok_or_else(|| anyhow!("p8_floor: loading accounts: {:?}", result.error))?;
+            doc["_rev"] = json!(rev);
+        }
+        let writers: Vec<Vec<Value>> = docs
+            .chunks(P8_POOL_ACCOUNTS / FLOOR_WRITERS)
+            .map(<[Value]>::to_vec)
+            .collect();
+        let floor = DocumentFloor {
+            ledger,
+            accounts: std::sync::Mutex::new(writers),
+            next_transfer: AtomicUsize::new(0),
+        };
+        floor
+            .round(FLOOR_WRITERS * FLOOR_TRANSFERS_PER_REQUEST)
+            .await?; // connections; untimed
+        Ok(floor)
+    }
+
+    /// Transfers/s of `transfers` transfers' documents (rounded up to whole requests).
+    /// An error leaves the floor unusable (its accounts' revisions are lost with the writer).
+    async fn round(&self, transfers: usize) -> Result<f64> {
+        let per_writer = transfers.div_ceil(FLOOR_WRITERS);
+        let requests = per_writer.div_ceil(FLOOR_TRANSFERS_PER_REQUEST);
+        let taken = std::mem::take(&mut *self.accounts.lock().expect("not poisoned"));
+        ensure!(
+            taken.len() == FLOOR_WRITERS,
+            "p8_floor: a round failed before"
+        );
+        let first = self.next_transfer.fetch_add(
+            FLOOR_WRITERS * requests * FLOOR_TRANSFERS_PER_REQUEST,
+            Ordering::Relaxed,
+        );
+        let started = Instant::now();
+        let mut writers = JoinSet::new();
+        for (w, accounts) in taken.into_iter().enumerate() {
+            let client = self.ledger.hot_client().clone();
+            let first = first + w * requests * FLOOR_TRANSFERS_PER_REQUEST;
+            writers.spawn(floor_writer(client, accounts, first, requests));
+        }
+        let mut back = Vec::with_capacity(FLOOR_WRITERS);
+        while let Some(writer) = writers.join_next().await {
+            back.push(writer??);
+        }
+        let span = started.elapsed();
+        *self.accounts.lock().expect("not poisoned") = back;
+        let written = FLOOR_WRITERS * requests * FLOOR_TRANSFERS_PER_REQUEST;
+        Ok(written as f64 / span.as_secs_f64())
+    }
+
+    async fn drop_databases(self) -> Result<()> {
+        self.ledger.client().delete_database().await?;
+        self.ledger.hot_client().delete_database().await?;
+        Ok(())
+    }
+}
+
+/// One [`DocumentFloor`] writer: `requests` `_bulk_docs` one after another, each creating
+/// [`FLOOR_TRANSFERS_PER_REQUEST`] transfer documents and updating the two accounts of each
+/// (all distinct within a request). Returns its accounts as last written.
+async fn floor_writer(
+    client: Client,
+    mut accounts: Vec<Value>,
+    first: usize,
+    requests: usize,
+) -> Result<Vec<Value>> {
+    let pairs_per_request = FLOOR_TRANSFERS_PER_REQUEST;
+    ensure!(
+        accounts.len() >= 2 * pairs_per_request,
+        "p8_floor: too few accounts per writer"
+    );
+    let now = unix_ms();
+    for r in 0..requests {
+        let mut docs = Vec::with_capacity(3 * pairs_per_request);
+        let mut touched = Vec::with_capacity(2 * pairs_per_request);
+        for k in 0..pairs_per_request {
+            let i = first + r * pairs_per_request + k;
+            let from = (2 * (r * pairs_per_request + k)) % accounts.len();
+            let to = (from + 1) % accounts.len();
+            let amount = transfer_amount(i);
+            for (slot, delta) in [(from, -amount), (to, amount)] {
+                let balance = accounts[slot]["balance"]
+                    .as_i64()
+                    .and_then(|b| b.checked_add(delta))
+                    .ok_or_else(|| anyhow!("p8_floor: balance out of range"))?;
+                accounts[slot]["balance"] = json!(balance);
+                touched.push(slot);
+            }
+            let id = format!("floor{i:07}");
+            docs.push(json!({
+                "_id": format!("txn:{id}"),
+                "type": "transaction",
+                "txn_id": id,
+                "source": accounts[from]["account_id"],
+                "destination": accounts[to]["account_id"],
+                "value": amount,
+                "currency": TRANSFER_CURRENCY,
+                "state": "done",
+                "reason": null,
+                "reverses": null,
+                "claim": null,
+                "created_at": now,
+                "last_modified": now,
+            }));
+        }
+        docs.extend(touched.iter().map(|&slot| accounts[slot].clone()));
+        let results = client.bulk_docs(&docs).await?;
+        ensure!(
+            results.len() == docs.len(),
+            "p8_floor: short _bulk_docs answer"
+        );
+        for (&slot, result) in touched.iter().zip(&results[pairs_per_request..]) {
+            let rev = result
+                .rev
+                .clone()
+                .ok_or_else(|| anyhow!("p8_floor: an account write failed: {:?}", result.error))?;
+            accounts[slot]["_rev"] = json!(rev);
+        }
+        if let Some(bad) = results[..pairs_per_request].iter().find(|r| !r.is_ok()) {
+            bail!("p8_floor: a transfer document failed: {bad:?}");
+        }
+    }
+    Ok(accounts)
 }
 
 /// What `p3` measured, for the figures after it.
@@ -2522,6 +2688,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     load_accounts(&ledger, &accounts).await?;
     let raw = RawBulk::new(bench, "p8", false).await?;
     let validated = RawBulk::new(bench, "p8", true).await?;
+    let floor = DocumentFloor::new(bench).await?;
     // The other layout, for comparison in the same rounds (issue 15: what the split buys).
     // Opt-in (`BENCH_OTHER_LAYOUT=1`): a fourth side in the same rounds lowers `p8` itself on
     // this two-core machine (measured in session 4: 0.183 with one, 0.222 without).
@@ -2547,12 +2714,12 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         update_seq(ledger.client()).await?,
     );
     let (account_rounds_before, txn_rounds_before) = ledger.engine_rounds();
-    let mut sides = vec![Side::Ours, Side::Raw, Side::Validated];
+    let mut sides = vec![Side::Ours, Side::Raw, Side::Validated, Side::Floor];
     if with_other {
         sides.push(Side::OtherLayout);
     }
     let samples = interleaved(&sides, rounds, |side, round| {
-        let (ledger, raw, validated, other) = (&ledger, &raw, &validated, &other);
+        let (ledger, raw, validated, other, floor) = (&ledger, &raw, &validated, &other, &floor);
         async move {
             match side {
                 Side::Ours => {
@@ -2564,6 +2731,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
                     transfer_round(other, "t", jobs, c, pool_pair).await
                 }
                 Side::Raw => Ok(raw.round(RAW_BULK_BATCHES).await? / cost.docs_written),
+                Side::Floor => floor.round(P8_TRANSFERS_PER_ROUND).await,
                 _ => Ok(validated.round(RAW_BULK_BATCHES).await? / cost.docs_written),
             }
         }
@@ -2597,6 +2765,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     );
     raw.drop_database().await?;
     validated.drop_database().await?;
+    floor.drop_databases().await?;
     let verified = verify_and_drop(&ledger).await?;
     if with_other {
         verify_and_drop(&other).await?;
@@ -2692,6 +2861,35 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
          rounds (issue 15: 2,000 transfers/s on CouchDB 3.4 here is about 0.085)"
             .to_owned(),
     );
+    // What the document model allows (issue 15, session 9): the floor's transfers/s, and the
+    // best `p10` any protocol writing those documents could show.
+    let p8_floor = Row::new(
+        "p8_floor",
+        format!("transfers/s, c{c}, ÷ the document floor"),
+        "xfers/s",
+        &samples.figures[&Side::Ours],
+        &samples.figures[&Side::Floor],
+    )
+    .note(format!(
+        "p8's transfers/s over the floor's (DocumentFloor): per transfer only what SPEC §3's \
+         documents make necessary, its transfer document created once in its final state and \
+         one update of each account (balance only), {FLOOR_TRANSFERS_PER_REQUEST} transfers \
+         per _bulk_docs from {FLOOR_WRITERS} writer(s) at once ({c} in flight, as p8), no read, \
+         no conflict, same rounds; the floor is the most transfers/s this server takes from \
+         any protocol with one document per transfer and a write of each account"
+    ));
+    let p10_floor = Row::new(
+        "p10_floor",
+        "the document floor's transfers/s ÷ plain _bulk_docs docs/s".to_owned(),
+        "xfers/s",
+        &samples.figures[&Side::Floor],
+        &raw_docs_per_s,
+    )
+    .note(
+        "the highest p10 a protocol writing one transfer document and both accounts per \
+         transfer could reach on this server (same rounds as p10)"
+            .to_owned(),
+    );
     let other_name = other_layout.name();
     let p10_other = with_other.then(|| {
         Row::new(
@@ -2715,7 +2913,15 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         plain: p8.raw,
         validated: p8_validated.raw,
     });
-    let mut rows = vec![p8, p8_validated, p8_docs, p8_validated_docs, p10];
+    let mut rows = vec![
+        p8,
+        p8_validated,
+        p8_docs,
+        p8_validated_docs,
+        p10,
+        p8_floor,
+        p10_floor,
+    ];
     rows.extend(p10_other);
     Ok(rows)
 }
