@@ -76,12 +76,91 @@ pub(crate) struct AccountDoc {
 /// One entry of `pending`. `at` (when it was applied, wall ms) is our addition to the documented
 /// `{txn, delta}`: the `accounts/pending` view orders markers by it so the sweeper finds old
 /// (possibly orphaned) ones without reading young, in-flight ones.
+///
+/// A marker applied on the one-write path (docs/ONE_WRITE.md) also carries the `attempt` that
+/// applied it, which the transfer's decision names, and `peer`, the transfer's other account
+/// (with the delta and the account's currency: the transfer's terms, for the sweeper's
+/// `abandoned` decision). Markers of the stepwise protocol have neither.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Marker {
     pub(crate) txn: String,
     pub(crate) delta: Amount,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) at: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) attempt: Option<Attempt>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) peer: Option<String>,
+    /// The other attempts this marker stands for: on a cluster two attempts of one transfer can
+    /// each add a marker on its own branch of an account; the merge keeps one marker (the delta
+    /// counted once) carrying every attempt, so whichever the decision names is this one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) aliases: Vec<Attempt>,
+}
+
+impl Marker {
+    /// Whether this marker is the one of attempt `a` (its own, or one merged into it).
+    pub(crate) fn carries(&self, a: Attempt) -> bool {
+        self.attempt == Some(a) || self.aliases.contains(&a)
+    }
+}
+
+/// One worker's try at applying a transfer on the one-write path: 48 random bits, stored as 12
+/// lower-case hex digits. A transfer's decision names the attempt of the marker it counts on
+/// each account; a marker of any other attempt (a late retry after the entry was pruned) is
+/// undone, never counted (docs/ONE_WRITE.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct Attempt(u64);
+
+impl Attempt {
+    /// The largest token: 48 bits.
+    const MAX: u64 = (1 << 48) - 1;
+
+    /// A new random attempt.
+    pub(crate) fn random() -> Attempt {
+        let bits = uuid::Uuid::new_v4().as_u128();
+        Attempt((bits as u64) & Attempt::MAX)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn from_bits(bits: u64) -> Attempt {
+        Attempt(bits & Attempt::MAX)
+    }
+}
+
+impl std::fmt::Display for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:012x}", self.0)
+    }
+}
+
+impl std::str::FromStr for Attempt {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Attempt, String> {
+        let ok = s.len() == 12 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        if !ok {
+            return Err(format!(
+                "{s:?} is not an attempt (12 lower-case hex digits)"
+            ));
+        }
+        u64::from_str_radix(s, 16)
+            .map(Attempt)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl Serialize for Attempt {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Attempt {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Attempt, D::Error> {
+        let s = std::borrow::Cow::<str>::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// One entry of `settled`: the transfer is finished on this account, either settled (its delta
@@ -231,11 +310,23 @@ pub(crate) fn marker_bytes(txn: &str) -> usize {
     txn.len() + escapes + crate::limits::MARKER_OVERHEAD_BYTES
 }
 
+/// Serialized bytes of one pending marker, at most: [`marker_bytes`] for `{txn, delta, at}`, and
+/// what its `attempt` (`,"attempt":"` + 12 digits + `"`) and `peer` (an account id, escaped like
+/// a transfer id) add.
+pub(crate) fn pending_bytes(m: &Marker) -> usize {
+    let attempt = if m.attempt.is_some() { 25 } else { 0 } + 15 * m.aliases.len();
+    let peer = m.peer.as_deref().map_or(0, |p| {
+        let escapes = p.bytes().filter(|b| matches!(b, b'"' | b'\\')).count();
+        p.len() + escapes + 10
+    });
+    marker_bytes(&m.txn) + attempt + peer
+}
+
 impl AccountDoc {
     /// Serialized bytes of all markers, at most: what
     /// [`MARKERS_BYTES_MAX`](crate::limits::MARKERS_BYTES_MAX) bounds.
     pub(crate) fn markers_bytes(&self) -> usize {
-        let pending: usize = self.pending.iter().map(|m| marker_bytes(&m.txn)).sum();
+        let pending: usize = self.pending.iter().map(pending_bytes).sum();
         let settled: usize = self.settled.iter().map(|s| marker_bytes(&s.txn)).sum();
         pending + settled
     }

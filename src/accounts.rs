@@ -115,7 +115,9 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account_doc::{marker_bytes, settled_at, settled_groups, Marker, Settled};
+    use crate::account_doc::{
+        marker_bytes, pending_bytes, settled_at, settled_groups, Marker, Settled,
+    };
     use crate::limits::ID_CHARS_MAX;
     use serde_json::json;
 
@@ -155,7 +157,19 @@ mod tests {
                 txn: txn.to_owned(),
                 delta: Amount::new(-9_007_199_254_740_991).unwrap(),
                 at: Some(i64::MIN),
+                attempt: None,
+                peer: None,
+                aliases: Vec::new(),
             };
+            // With the one-write path's attempt and peer (an id of quotes and 4-byte characters).
+            let peer = format!("\"\\{}", "\u{1F600}".repeat(ID_CHARS_MAX - 2));
+            let once = Marker {
+                attempt: Some(crate::account_doc::Attempt::from_bits(u64::MAX)),
+                peer: Some(peer),
+                ..pending.clone()
+            };
+            let o = serde_json::to_vec(&once).unwrap().len() + 1;
+            assert!(o <= pending_bytes(&once), "{o} > {}", pending_bytes(&once));
             let settled = Settled {
                 txn: txn.to_owned(),
                 at: i64::MIN,

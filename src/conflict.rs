@@ -14,7 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::account_doc::{AccountDoc, Marker, Settled};
+use crate::account_doc::{AccountDoc, Attempt, Marker, Settled};
 use crate::limits::SETTLED_AGE_MIN_MS;
 use crate::money::Amount;
 use crate::state::State;
@@ -23,7 +23,8 @@ use crate::state::State;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Status {
     Absent,
-    Pending(Amount, Option<i64>),
+    /// The delta, when it was applied, and the attempt that applied it (the one-write path).
+    Pending(Amount, Option<i64>, Option<Attempt>),
     Settled(i64),
     Undone(i64),
 }
@@ -31,7 +32,7 @@ pub(crate) enum Status {
 impl Status {
     fn of(doc: &AccountDoc, txn: &str) -> Status {
         if let Some(m) = doc.pending.iter().find(|m| m.txn == txn) {
-            return Status::Pending(m.delta, m.at);
+            return Status::Pending(m.delta, m.at, m.attempt);
         }
         match doc.settled.iter().find(|s| s.txn == txn) {
             Some(s) if s.undone => Status::Undone(s.at),
@@ -48,6 +49,8 @@ pub(crate) struct TxnFacts {
     /// The transfer's delta on the account being merged (−value on its source, +value on its
     /// destination).
     pub(crate) delta: Amount,
+    /// The attempt a one-write decision names for the account being merged.
+    pub(crate) named: Option<Attempt>,
 }
 
 /// Why an account cannot be merged yet.
@@ -84,17 +87,25 @@ pub(crate) fn facts_needed(winner: &AccountDoc, losers: &[AccountDoc]) -> Vec<St
                 .map(|d| Status::of(d, t))
                 .collect();
             let agree = all.windows(2).all(|w| same_kind(w[0], w[1]));
-            !agree
+            let attempts: std::collections::HashSet<Option<Attempt>> = all
+                .iter()
+                .filter_map(|s| match s {
+                    Status::Pending(_, _, a) => Some(*a),
+                    _ => None,
+                })
+                .collect();
+            (!agree
                 && all
                     .iter()
-                    .any(|s| matches!(s, Status::Settled(_) | Status::Undone(_)))
+                    .any(|s| matches!(s, Status::Settled(_) | Status::Undone(_))))
+                || attempts.len() > 1
         })
         .collect()
 }
 
 fn same_kind(a: Status, b: Status) -> bool {
     match (a, b) {
-        (Status::Pending(x, _), Status::Pending(y, _)) => x == y,
+        (Status::Pending(x, ..), Status::Pending(y, ..)) => x == y,
         _ => std::mem::discriminant(&a) == std::mem::discriminant(&b),
     }
 }
@@ -122,12 +133,19 @@ pub(crate) fn merge_account(
         let mine = Status::of(winner, &t);
         let theirs: Vec<Status> = losers.iter().map(|d| Status::of(d, &t)).collect();
         let fact = facts.get(&t);
+        // Whether some leaf's pending marker of `t` is the one of attempt `n`.
+        let carried = |t: &str, n: Attempt| {
+            std::iter::once(winner)
+                .chain(losers.iter())
+                .flat_map(|d| d.pending.iter())
+                .any(|m| m.txn == t && m.carries(n))
+        };
         // The join over all leaves.
         let mut joined = mine;
         for s in theirs.iter().copied() {
             joined = match (joined, s) {
                 (Status::Absent, x) | (x, Status::Absent) => x,
-                (Status::Pending(a, at), Status::Pending(b, _)) => {
+                (Status::Pending(a, at, x), Status::Pending(b, bt, y)) => {
                     if a != b {
                         return Err(blocked(
                             &t,
@@ -138,7 +156,21 @@ pub(crate) fn merge_account(
                             ),
                         ));
                     }
-                    Status::Pending(a, at)
+                    // Two attempts of one transfer, each on its own branch (one-write path,
+                    // docs/ONE_WRITE.md): one marker, the delta counted once, carrying both
+                    // attempts (written below), so whichever a decision names is this one.
+                    Status::Pending(a, at.or(bt), x.min(y).or(x).or(y))
+                }
+                // A one-write `done` names the marker it counts: an undone entry beside it can
+                // only be another attempt's (undone entries carry no attempt), never the named
+                // marker's end — which is settling, not undoing.
+                (p @ Status::Pending(..), Status::Undone(_))
+                | (Status::Undone(_), p @ Status::Pending(..))
+                    if fact.is_some_and(|f| {
+                        f.state == State::Done && f.named.is_some_and(|n| carried(&t, n))
+                    }) =>
+                {
+                    p
                 }
                 (Status::Pending(..), x @ (Status::Settled(_) | Status::Undone(_)))
                 | (x @ (Status::Settled(_) | Status::Undone(_)), Status::Pending(..)) => x,
@@ -173,12 +205,12 @@ pub(crate) fn merge_account(
         }
         let delta_of = |s: Status| -> Result<Amount, Blocked> {
             match s {
-                Status::Pending(d, _) => Ok(d),
+                Status::Pending(d, ..) => Ok(d),
                 _ => theirs
                     .iter()
                     .chain(std::iter::once(&mine))
                     .find_map(|x| match x {
-                        Status::Pending(d, _) => Some(*d),
+                        Status::Pending(d, ..) => Some(*d),
                         _ => None,
                     })
                     .or(fact.map(|f| f.delta))
@@ -193,7 +225,7 @@ pub(crate) fn merge_account(
         let contribution = |s: Status| -> Result<Amount, Blocked> {
             match s {
                 Status::Absent | Status::Undone(_) => Ok(Amount::ZERO),
-                Status::Pending(d, _) => Ok(d),
+                Status::Pending(d, ..) => Ok(d),
                 Status::Settled(_) => delta_of(s),
             }
         };
@@ -211,11 +243,33 @@ pub(crate) fn merge_account(
         }
         match joined {
             Status::Absent => {}
-            Status::Pending(delta, at) => pending.push(Marker {
-                txn: t.clone(),
-                delta,
-                at,
-            }),
+            Status::Pending(delta, at, attempt) => {
+                // Every leaf's marker of it: one marker carrying all their attempts, the one a
+                // decision names first; the peer from any of them.
+                let markers: Vec<&Marker> = std::iter::once(winner)
+                    .chain(losers.iter())
+                    .flat_map(|d| d.pending.iter())
+                    .filter(|m| m.txn == t)
+                    .collect();
+                let mut all: Vec<Attempt> = markers
+                    .iter()
+                    .flat_map(|m| m.attempt.into_iter().chain(m.aliases.iter().copied()))
+                    .collect();
+                all.sort_unstable();
+                all.dedup();
+                let named = fact.and_then(|f| f.named).filter(|n| all.contains(n));
+                let primary = named.or(attempt);
+                all.retain(|a| Some(*a) != primary);
+                let peer = markers.iter().find_map(|m| m.peer.clone());
+                pending.push(Marker {
+                    txn: t.clone(),
+                    delta,
+                    at,
+                    attempt: primary,
+                    peer,
+                    aliases: all,
+                });
+            }
             Status::Settled(at) => {
                 settled.insert(
                     order,
@@ -330,6 +384,7 @@ mod tests {
                     TxnFacts {
                         state: *state,
                         delta: Amount::new(*d).expect("fits"),
+                        named: None,
                     },
                 )
             })
@@ -337,6 +392,60 @@ mod tests {
     }
 
     const NOW: i64 = 10_000;
+
+    /// A one-write marker of `txn` by attempt `a`.
+    fn once(doc: &mut AccountDoc, txn: &str, delta: i64, a: u64) {
+        doc.pending.push(Marker {
+            txn: txn.into(),
+            delta: Amount::new(delta).unwrap(),
+            at: Some(1000),
+            attempt: Some(Attempt::from_bits(a)),
+            peer: Some("b".into()),
+            aliases: Vec::new(),
+        });
+        doc.balance = doc
+            .balance
+            .checked_add(Amount::new(delta).unwrap())
+            .unwrap();
+    }
+
+    #[test]
+    fn two_attempts_of_one_transfer_on_two_branches_count_once_carrying_both() {
+        let (mut w, mut l) = (account(1000, &[], &[]), account(1000, &[], &[]));
+        once(&mut w, "t", -100, 5);
+        once(&mut l, "t", -100, 3);
+        // Undecided: one marker, the delta once, both attempts carried.
+        let m = merge_account(&w, std::slice::from_ref(&l), &HashMap::new(), NOW).unwrap();
+        assert_eq!(m.balance.minor(), 900);
+        assert_eq!(m.pending.len(), 1);
+        let marker = &m.pending[0];
+        assert!(marker.carries(Attempt::from_bits(5)) && marker.carries(Attempt::from_bits(3)));
+        assert_eq!(marker.peer.as_deref(), Some("b"));
+        // Decided naming one of them: that one first.
+        let mut f = facts(&[("t", State::Done, -100)]);
+        f.get_mut("t").unwrap().named = Some(Attempt::from_bits(5));
+        let m = merge_account(&w, &[l], &f, NOW).unwrap();
+        assert_eq!(m.pending[0].attempt, Some(Attempt::from_bits(5)));
+        assert_eq!(m.pending[0].aliases, vec![Attempt::from_bits(3)]);
+    }
+
+    #[test]
+    fn the_named_marker_outlives_an_undo_of_another_attempt_on_a_branch() {
+        // One branch holds the marker a done transfer names; another undid a different attempt
+        // of it (a settle that read a copy without the named marker).
+        let mut w = account(1000, &[], &[]);
+        once(&mut w, "t", -100, 5);
+        let l = account(1000, &[], &[("t", true)]);
+        let mut f = facts(&[("t", State::Done, -100)]);
+        f.get_mut("t").unwrap().named = Some(Attempt::from_bits(5));
+        let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
+        assert_eq!(m.balance.minor(), 900, "the debit counts");
+        assert_eq!(m.pending.len(), 1);
+        // Not named (a cancelled transfer, or another attempt named): the undo stands.
+        let f = facts(&[("t", State::Cancelled, -100)]);
+        let m = merge_account(&w, &[l], &f, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
+    }
 
     #[test]
     fn two_branches_with_different_markers_count_both_once() {

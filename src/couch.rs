@@ -716,13 +716,38 @@ impl Client {
     ///
     /// The server refused (e.g. 401/403 without admin rights).
     pub async fn ensure_database(&self) -> Result<bool> {
+        self.ensure_database_with(None).await
+    }
+
+    /// [`Client::ensure_database`], creating it with `shards` shards (CouchDB's `q`) when
+    /// given. A server that refuses the parameter (400) gets the plain creation instead: the
+    /// shard count is a matter of speed, never of correctness.
+    ///
+    /// # Errors
+    ///
+    /// The server refused (e.g. 401/403 without admin rights).
+    pub async fn ensure_database_with(&self, shards: Option<u32>) -> Result<bool> {
         let path = self.db_path();
         match self.send(Method::GET, &path, &[], None, Retry::Safe).await {
             Ok(_) => return Ok(false),
             Err(e) if e.is_not_found() => {}
             Err(e) => return Err(e),
         }
-        match self.send(Method::PUT, &path, &[], None, Retry::Safe).await {
+        let query: Vec<(&str, String)> = shards.iter().map(|q| ("q", q.to_string())).collect();
+        let created = match self
+            .send(Method::PUT, &path, &query, None, Retry::Safe)
+            .await
+        {
+            Err(e) if e.status_code() == Some(400) && !query.is_empty() => {
+                tracing::info!(
+                    ?shards,
+                    "the server refused q for a new database; creating it with its default"
+                );
+                self.send(Method::PUT, &path, &[], None, Retry::Safe).await
+            }
+            other => other,
+        };
+        match created {
             Ok(_) => Ok(true),
             // Someone else (or our own retried request) created it first.
             Err(e) if e.status_code() == Some(412) => Ok(false),
@@ -852,7 +877,7 @@ impl Client {
     }
 
     /// [`Client::bulk_docs_with`] for documents already in JSON: serialized once, straight into
-    /// the request body (the engine's writes; an account can carry hundreds of entries).
+    /// the request body.
     pub(crate) async fn bulk_docs_values(
         &self,
         docs: &[&Value],
@@ -865,9 +890,49 @@ impl Client {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
+        let ids: Vec<Option<&str>> = docs
+            .iter()
+            .map(|d| d.get("_id").and_then(Value::as_str))
+            .collect();
+        let body = serde_json::to_vec(&Body { docs }).expect("serializable");
+        self.bulk_docs_body(body, &ids, options).await
+    }
+
+    /// [`Client::bulk_docs_with`] for documents serialized already (the engine's writes, each
+    /// serialized once: an account is rewritten whole by every write of it).
+    pub(crate) async fn bulk_docs_raw(
+        &self,
+        docs: &[&RawDoc],
+        options: &WriteOptions,
+    ) -> Result<Vec<BulkResult>> {
+        if docs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let size: usize = docs.iter().map(|d| d.json.get().len() + 1).sum();
+        let mut body = Vec::with_capacity(size + 12);
+        body.extend_from_slice(b"{\"docs\":[");
+        for (i, doc) in docs.iter().enumerate() {
+            if i > 0 {
+                body.push(b',');
+            }
+            body.extend_from_slice(doc.json.get().as_bytes());
+        }
+        body.extend_from_slice(b"]}");
+        let ids: Vec<Option<&str>> = docs.iter().map(|d| Some(d.id.as_str())).collect();
+        self.bulk_docs_body(body, &ids, options).await
+    }
+
+    /// Sends a `_bulk_docs` body of documents with these ids (`None`: no `_id`, a create the
+    /// server names, never retried blindly).
+    async fn bulk_docs_body(
+        &self,
+        body: Vec<u8>,
+        ids: &[Option<&str>],
+        options: &WriteOptions,
+    ) -> Result<Vec<BulkResult>> {
         let mut retry = Retry::Safe;
-        for doc in docs {
-            match doc.get("_id").and_then(Value::as_str) {
+        for id in ids {
+            match id {
                 Some(id) => {
                     encode_doc_id(id)?;
                 }
@@ -879,17 +944,16 @@ impl Client {
         if let Some(w) = options.w {
             query.push(("w", w.to_string()));
         }
-        let body = serde_json::to_vec(&Body { docs }).expect("serializable");
         let reply = self
             .send(Method::POST, &path, &query, Some(body), retry)
             .await?;
         let mut results: Vec<BulkResult> =
             decode(&reply.body).map_err(|e| e.with_request("POST", &path))?;
-        if results.len() != docs.len() {
+        if results.len() != ids.len() {
             return Err(Error::decode(format!(
                 "_bulk_docs answered {} results for {} documents",
                 results.len(),
-                docs.len()
+                ids.len()
             ))
             .with_request("POST", &path));
         }
@@ -906,7 +970,7 @@ impl Client {
                 observer.bulk_conflicts(conflicts);
             }
         }
-        Ok(in_request_order(docs, results))
+        Ok(in_request_order(ids, results))
     }
 
     /// `_all_docs` for these keys, in order, one row per key.
@@ -1363,25 +1427,52 @@ pub fn take_conflicts(doc: &mut Value) -> Vec<String> {
 /// CouchDB answers `_bulk_docs` in request order; pouchdb-server answers validation refusals
 /// first. Put results back in request order by id, so callers can match by position on any
 /// server. When ids are missing or repeated, the server's order is all there is.
-fn in_request_order(docs: &[&Value], mut results: Vec<BulkResult>) -> Vec<BulkResult> {
-    let ids: Vec<Option<&str>> = docs
-        .iter()
-        .map(|d| d.get("_id").and_then(Value::as_str))
-        .collect();
+fn in_request_order(ids: &[Option<&str>], results: Vec<BulkResult>) -> Vec<BulkResult> {
     let unique = ids.iter().all(Option::is_some)
         && ids.iter().collect::<std::collections::HashSet<_>>().len() == ids.len();
     let answered = results.iter().all(|r| r.id.is_some());
     if !unique || !answered {
         return results;
     }
-    let mut ordered = Vec::with_capacity(results.len());
-    for id in ids {
-        let Some(at) = results.iter().position(|r| r.id.as_deref() == id) else {
-            return ordered.into_iter().chain(results).collect();
-        };
-        ordered.push(results.swap_remove(at));
+    let mut by_id: std::collections::HashMap<String, BulkResult> = results
+        .into_iter()
+        .map(|r| (r.id.clone().unwrap_or_default(), r))
+        .collect();
+    let mut ordered = Vec::with_capacity(by_id.len());
+    for id in ids.iter().flatten() {
+        match by_id.remove(*id) {
+            Some(r) => ordered.push(r),
+            // An id the server did not answer: keep what there is, in any order.
+            None => break,
+        }
     }
+    ordered.extend(by_id.into_values());
     ordered
+}
+
+/// A document serialized once, with its id: what the engine hands the bulk writer.
+#[derive(Debug)]
+pub(crate) struct RawDoc {
+    pub(crate) id: String,
+    pub(crate) json: Box<serde_json::value::RawValue>,
+}
+
+impl RawDoc {
+    /// Serializes `doc`, whose `_id` is `id`.
+    pub(crate) fn new<T: Serialize>(id: &str, doc: &T) -> Result<RawDoc> {
+        let text = serde_json::to_string(doc).map_err(|e| Error::invalid_input(e.to_string()))?;
+        let json = serde_json::value::RawValue::from_string(text)
+            .map_err(|e| Error::invalid_input(e.to_string()))?;
+        Ok(RawDoc {
+            id: id.to_owned(),
+            json,
+        })
+    }
+
+    /// Bytes the document takes in a request body (with its comma).
+    pub(crate) fn bytes(&self) -> usize {
+        self.json.get().len() + 1
+    }
 }
 
 fn changes_params(q: &ChangesQuery, feed: &str) -> (Vec<(&'static str, String)>, Option<Vec<u8>>) {
@@ -1536,11 +1627,6 @@ mod tests {
 
     #[test]
     fn bulk_results_come_back_in_request_order() {
-        let docs = [
-            json!({"_id": "a"}),
-            json!({"_id": "b"}),
-            json!({"_id": "c"}),
-        ];
         let r = |id: &str, error: Option<&str>| BulkResult {
             id: Some(id.into()),
             rev: error.is_none().then(|| "1-x".into()),
@@ -1549,8 +1635,7 @@ mod tests {
             accepted: false,
         };
         let shuffled = vec![r("b", Some("forbidden")), r("c", None), r("a", None)];
-        let docs: Vec<&Value> = docs.iter().collect();
-        let ordered = in_request_order(&docs, shuffled);
+        let ordered = in_request_order(&[Some("a"), Some("b"), Some("c")], shuffled);
         let ids: Vec<_> = ordered.iter().map(|r| r.id.clone().unwrap()).collect();
         assert_eq!(ids, ["a", "b", "c"]);
         assert!(ordered[1].is_forbidden());

@@ -39,9 +39,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tokio::sync::oneshot;
 
-use crate::account_doc::{account_doc_id, marker_bytes, AccountDoc, Marker, Settled};
+use crate::account_doc::{
+    account_doc_id, marker_bytes, pending_bytes, AccountDoc, Attempt, Marker, Settled,
+};
 use crate::conflict::{facts_needed, merge_account, TxnFacts};
-use crate::couch::{take_conflicts, BulkResult, Client, WriteOptions};
+use crate::couch::{take_conflicts, BulkResult, Client, RawDoc, WriteOptions};
 use crate::error::{Error, Result};
 use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
@@ -139,13 +141,36 @@ pub enum WriteQuorum {
 pub(crate) struct Quorum {
     mode: WriteQuorum,
     copies: tokio::sync::OnceCell<u32>,
+    /// `cluster.n` as the server states it (`None`: it does not say).
+    stated: tokio::sync::OnceCell<Option<u32>>,
+    /// Act as on a database that keeps one copy whatever the server says (tests).
+    one_copy: bool,
 }
 
 impl Quorum {
-    pub(crate) fn new(mode: WriteQuorum) -> Quorum {
+    pub(crate) fn new(mode: WriteQuorum, one_copy: bool) -> Quorum {
         Quorum {
             mode,
             copies: tokio::sync::OnceCell::new(),
+            stated: tokio::sync::OnceCell::new(),
+            one_copy,
+        }
+    }
+
+    /// Whether the database is known to keep one copy of each document (`cluster.n` = 1, as
+    /// CouchDB's single node says): no two branches of an account can meet in a merge there,
+    /// so a one-write settle needs no settled entry (docs/ONE_WRITE.md). `false` when the
+    /// server does not say or cannot be asked.
+    pub(crate) async fn one_copy(&self, client: &Client) -> bool {
+        if self.one_copy {
+            return true;
+        }
+        match self.stated.get_or_try_init(|| client.stated_copies()).await {
+            Ok(n) => *n == Some(1),
+            Err(e) => {
+                tracing::debug!("could not read the database's copies: {e}");
+                false
+            }
         }
     }
 
@@ -290,9 +315,24 @@ pub(crate) enum OpKind {
         /// ([`OpResult::NotApplied`]) and writes nothing. Checked at every attempt of a round, after
         /// the accounts were read, so a decision always rests on a state read before it.
         deadline: Option<Instant>,
+        /// The one-write path (docs/ONE_WRITE.md): the marker carries this attempt and `peer`,
+        /// and a pending marker of the transfer already there is adopted
+        /// ([`OpResult::Adopted`]) or found to hold other terms ([`OpResult::Mismatch`]).
+        /// `None`: the stepwise protocol.
+        attempt: Option<Attempt>,
+        /// The transfer's other account (the one-write path).
+        peer: Option<String>,
+        /// The transfer's document exists with these terms (always on the stepwise protocol;
+        /// on the one-write path when deciding a transfer left `initial`). A pending marker of
+        /// it with other terms is then a one-write attempt under the same id that no decision
+        /// can ever name: it is undone before this apply (docs/ONE_WRITE.md).
+        exists: bool,
     },
-    /// Move the marker from pending to settled (step 6).
-    Settle,
+    /// Move the marker from pending to settled (step 6). With `named` (the one-write path) only
+    /// the marker of that attempt is settled; a pending marker of the transfer with another
+    /// attempt (or none) is not the one its decision counts: it is undone
+    /// ([`OpResult::Repaired`]).
+    Settle { named: Option<Attempt> },
     /// Reverse a pending marker's delta and record the transfer as finished here (cancel).
     Undo,
     /// Change nothing: read the account fresh, so that a conflict it holds is merged and its
@@ -317,8 +357,22 @@ pub(crate) struct AccountOp {
 pub(crate) enum OpResult {
     /// This op changed the account, and the write carrying it landed.
     Applied,
-    /// Apply: the marker is there already (another worker, or a retry, applied it).
+    /// Apply: the marker is there already (another worker, or a retry, applied it). On the
+    /// one-write path: a marker of the stepwise protocol (the transfer's document exists).
     AlreadyPending,
+    /// Apply on the one-write path: a pending marker of this transfer with the same delta is
+    /// there already, applied by this attempt: it is left as it is and counts as the caller's.
+    Adopted(Attempt),
+    /// Apply on the one-write path: a pending marker of this transfer with another delta or
+    /// another peer (the same id with other terms; the term named). Nothing changed.
+    Mismatch(&'static str),
+    /// Apply on the one-write path of a debit whose marker is there (adopted) on an account a
+    /// cluster merge left below its minimum: nothing changed; the transfer is to be decided
+    /// `cancelled` (insufficient funds) before the marker is undone (docs/ONE_WRITE.md).
+    Overdrawn,
+    /// Settle of a named attempt that found a pending marker of the transfer with another
+    /// attempt (a late apply, never counted): it was undone. The write landed.
+    Repaired,
     /// The transfer is in the account's settled set (settled or undone): nothing to do.
     Finished,
     /// Settle / undo: no marker and no settled entry (never applied here, or long pruned).
@@ -356,6 +410,16 @@ impl OpResult {
                 | OpResult::Overflow
                 | OpResult::Unreadable
                 | OpResult::Withdrawn
+                | OpResult::Mismatch(_)
+                | OpResult::Overdrawn
+        )
+    }
+
+    /// The write carrying this op changed the account.
+    fn changes(self) -> bool {
+        matches!(
+            self,
+            OpResult::Applied | OpResult::Withdrawn | OpResult::Repaired
         )
     }
 }
@@ -413,7 +477,10 @@ pub(crate) struct AccountEngine {
     bulk: Arc<BulkWriter>,
     quorum: Arc<Quorum>,
     conflicts: Arc<ConflictTally>,
-    queue: Queue<QueuedOp>,
+    /// Account ops and transfer-document writes: a round writes both in one `_bulk_docs`.
+    queue: Queue<Work>,
+    /// Rounds that wrote transfer documents.
+    txn_rounds: AtomicU64,
     /// Last known doc + `_rev` per account id. Only the driver touches it; the lock is for
     /// `Sync`, held for no await.
     cache: Mutex<HashMap<String, AccountDoc>>,
@@ -483,6 +550,7 @@ impl AccountEngine {
             quorum,
             conflicts,
             queue: Queue::new(),
+            txn_rounds: AtomicU64::new(0),
             cache: Mutex::new(HashMap::new()),
             links: AtomicU64::new(1),
             rounds: AtomicU64::new(0),
@@ -548,11 +616,11 @@ impl AccountEngine {
 
     /// Moves the held ops `which` picks into the queue (starting its driver if needed).
     fn release(self: &Arc<Self>, which: impl Fn(&HeldOp) -> bool) {
-        let due: Vec<QueuedOp> = {
+        let due: Vec<Work> = {
             let mut held = self.held();
             let (out, keep): (Vec<HeldOp>, Vec<HeldOp>) = held.drain(..).partition(|h| which(h));
             *held = keep;
-            out.into_iter().map(|h| h.queued).collect()
+            out.into_iter().map(|h| Work::Op(h.queued)).collect()
         };
         if !due.is_empty() && self.queue.push(due) {
             tokio::spawn(Arc::clone(self).drive());
@@ -591,12 +659,12 @@ impl AccountEngine {
     /// Enqueues `ops` together (so they can share a round) and waits for every answer, in order.
     pub(crate) async fn run(self: &Arc<Self>, ops: Vec<AccountOp>) -> Vec<Result<OpResult>> {
         let mut receivers = Vec::with_capacity(ops.len());
-        let queued: Vec<QueuedOp> = ops
+        let queued: Vec<Work> = ops
             .into_iter()
             .map(|op| {
                 let (reply, rx) = oneshot::channel();
                 receivers.push(rx);
-                QueuedOp { op, reply }
+                Work::Op(QueuedOp { op, reply })
             })
             .collect();
         if self.queue.push(queued) {
@@ -617,16 +685,35 @@ impl AccountEngine {
                 guard.armed = false;
                 return;
             }
-            let mut folded = self.fold_held(&batch);
-            folded.extend(batch);
+            let mut ops: Vec<QueuedOp> = Vec::with_capacity(batch.len());
+            let mut txns: Vec<QueuedTxn> = Vec::new();
+            let mut later: Vec<Work> = Vec::new();
+            let mut ids: HashSet<String> = HashSet::new();
+            for work in batch {
+                match work {
+                    Work::Op(q) => ops.push(q),
+                    // Two writes of one document in one request would race inside the server:
+                    // the later one waits for the next round (it will most likely conflict, as
+                    // it should).
+                    Work::Txn(q) if txns.len() < TXN_BATCH_DOCS_MAX && ids.insert(q.id.clone()) => {
+                        txns.push(q)
+                    }
+                    Work::Txn(q) => later.push(Work::Txn(q)),
+                }
+            }
+            if !later.is_empty() {
+                self.queue.push_front(later);
+            }
+            let mut folded = self.fold_held(&ops);
+            folded.extend(ops);
             // Settles first: a settle only ever makes an account's credit spendable, so a debit
             // of the same round must not be judged before it (a committed credit answered to its
             // caller, then refused to that caller's next transfer as insufficient funds).
             let (mut ops, rest): (Vec<QueuedOp>, Vec<QueuedOp>) = folded
                 .into_iter()
-                .partition(|q| q.op.kind == OpKind::Settle);
+                .partition(|q| matches!(q.op.kind, OpKind::Settle { .. }));
             ops.extend(rest);
-            self.round(ops).await;
+            self.round(ops, txns).await;
         }
         // Still busy after the bound: hand the queue (still marked as driven) to a new task.
         guard.armed = false;
@@ -638,8 +725,23 @@ impl AccountEngine {
         Box::pin(self.drive())
     }
 
+    /// One round: the account ops, and the transfer documents queued meanwhile, written in the
+    /// same `_bulk_docs` as the round's first account write (or alone when it writes none). So a
+    /// transfer's decision, queued as soon as its accounts' round answered, goes out with the
+    /// next transfers' account writes: one request per round carries both phases.
+    async fn round(&self, ops: Vec<QueuedOp>, txns: Vec<QueuedTxn>) {
+        let mut txns = (!txns.is_empty()).then_some(txns);
+        if !ops.is_empty() {
+            self.round_ops(ops, &mut txns).await;
+        }
+        if let Some(txns) = txns {
+            self.write_txns(txns).await;
+        }
+    }
+
     /// One group of ops: read what is needed, decide in memory, write once, retry conflicts.
-    async fn round(&self, batch: Vec<QueuedOp>) {
+    /// The first write takes `txns` along.
+    async fn round_ops(&self, batch: Vec<QueuedOp>, txns: &mut Option<Vec<QueuedTxn>>) {
         self.rounds.fetch_add(1, Ordering::Relaxed);
         let mut ops: Vec<OpSlot> = batch
             .into_iter()
@@ -677,6 +779,7 @@ impl AccountEngine {
                 .collect()
         };
         let mut open: HashSet<String> = accounts.iter().cloned().collect();
+        let entries = !self.quorum.one_copy(&self.client).await;
         // Links whose failure is final (answered): later attempts keep honouring them.
         let mut failed_links: HashSet<u64> = HashSet::new();
         // Transfers whose state this round read for pruning, and those found done/cancelled.
@@ -826,14 +929,14 @@ impl AccountEngine {
                         continue;
                     }
                 }
-                let result = evaluate(doc.as_mut(), &o.op, now, &links_now);
+                let result = evaluate_with(doc.as_mut(), &o.op, now, &links_now, entries);
                 if let Ok(r) = &result {
                     if r.is_failure() {
                         if let Some(link) = o.op.link {
                             links_now.insert(link);
                         }
                     }
-                    if matches!(r, OpResult::Applied | OpResult::Withdrawn) {
+                    if r.changes() {
                         *changed = true;
                     }
                 }
@@ -871,8 +974,16 @@ impl AccountEngine {
             }
 
             // 4. `_bulk_docs` for every changed account (one request unless they pass
-            //    [`BULK_BYTES_MAX`]), each a CAS on its `_rev`.
-            let results = self.write_accounts(&writes).await;
+            //    [`BULK_BYTES_MAX`]), each a CAS on its `_rev` — with the queued transfer
+            //    documents, handed to the bulk writer at the same moment so they share it.
+            let results = match txns.take() {
+                Some(t) => {
+                    let (results, ()) =
+                        tokio::join!(self.write_accounts(&writes), self.write_txns(t));
+                    results
+                }
+                None => self.write_accounts(&writes).await,
+            };
             for (mut doc, r) in writes.into_iter().zip(results) {
                 let a = doc.account_id.clone();
                 let r = match r {
@@ -951,8 +1062,19 @@ impl AccountEngine {
         let mut chunks: VecDeque<Vec<usize>> = VecDeque::new();
         let mut chunk: Vec<usize> = Vec::new();
         let mut bytes = 0usize;
+        // Each account serialized once: the same bytes size the chunks and go on the wire.
+        let mut raw: Vec<Option<RawDoc>> = Vec::with_capacity(writes.len());
         for (i, doc) in writes.iter().enumerate() {
-            let size = serde_json::to_vec(doc).map_or(0, |v| v.len()) + 1;
+            let serialized = RawDoc::new(&doc.id, doc);
+            let size = serialized.as_ref().map_or(0, RawDoc::bytes);
+            match serialized {
+                Ok(r) => raw.push(Some(r)),
+                Err(e) => {
+                    answers[i] = Some(Err(e));
+                    raw.push(None);
+                    continue;
+                }
+            }
             if !chunk.is_empty() && bytes + size > BULK_BYTES_MAX {
                 chunks.push_back(std::mem::take(&mut chunk));
                 bytes = 0;
@@ -964,9 +1086,14 @@ impl AccountEngine {
             chunks.push_back(chunk);
         }
         while let Some(chunk) = chunks.pop_front() {
-            let docs: Vec<Value> = chunk
+            let docs: Vec<RawDoc> = chunk
                 .iter()
-                .map(|&i| serde_json::to_value(&writes[i]).expect("an account serializes"))
+                .filter_map(|&i| {
+                    raw[i].as_ref().map(|r| RawDoc {
+                        id: r.id.clone(),
+                        json: r.json.clone(),
+                    })
+                })
                 .collect();
             let options = self.quorum.write_options(&self.client, false).await;
             match self.bulk.write(docs, options).await {
@@ -987,7 +1114,7 @@ impl AccountEngine {
                 }
                 Err(e) if e.is_too_large() => {
                     let doc = &writes[chunk[0]];
-                    let size = serde_json::to_vec(doc).map_or(0, |v| v.len());
+                    let size = raw[chunk[0]].as_ref().map_or(0, RawDoc::bytes);
                     let e = Error::status(
                         413,
                         Some("too_large".to_owned()),
@@ -1147,7 +1274,20 @@ impl AccountEngine {
                 };
                 if let (Some(state), Some(value), Some(debit)) = (state, value, side) {
                     let delta = if debit { value.neg() } else { value };
-                    facts.insert(txn.clone(), TxnFacts { state, delta });
+                    let role = if debit { "source" } else { "destination" };
+                    let named = doc
+                        .get("markers")
+                        .and_then(|m| m.get(role))
+                        .and_then(Value::as_str)
+                        .and_then(|a| a.parse().ok());
+                    facts.insert(
+                        txn.clone(),
+                        TxnFacts {
+                            state,
+                            delta,
+                            named,
+                        },
+                    );
                 }
             }
         }
@@ -1284,9 +1424,9 @@ fn unreadable_answer(raw: &Value, op: &AccountOp, e: &Error) -> Result<OpResult>
     match op.kind {
         OpKind::Apply { .. } if holds("pending") => Err(duplicate(e)),
         OpKind::Apply { .. } => Ok(OpResult::Unreadable),
-        OpKind::Settle | OpKind::Undo if holds("pending") => Err(duplicate(e)),
-        OpKind::Settle | OpKind::Undo if holds("settled") => Ok(OpResult::Finished),
-        OpKind::Settle | OpKind::Undo => Ok(OpResult::Absent),
+        OpKind::Settle { .. } | OpKind::Undo if holds("pending") => Err(duplicate(e)),
+        OpKind::Settle { .. } | OpKind::Undo if holds("settled") => Ok(OpResult::Finished),
+        OpKind::Settle { .. } | OpKind::Undo => Ok(OpResult::Absent),
         OpKind::Resolve => Err(duplicate(e)),
     }
 }
@@ -1338,11 +1478,25 @@ fn answer_decided(
 }
 
 /// The rules of SPEC §5 for one op on one account, in memory. `Applied` means `doc` changed.
+#[cfg(test)]
 pub(crate) fn evaluate(
     doc: Option<&mut AccountDoc>,
     op: &AccountOp,
     now: i64,
     failed_links: &HashSet<u64>,
+) -> Result<OpResult> {
+    evaluate_with(doc, op, now, failed_links, true)
+}
+
+/// [`evaluate`]; with `entries` false (a database of one copy) a one-write marker's settle or
+/// undo leaves no settled entry: the attempts its transfer's decision names keep a late apply
+/// from counting (docs/ONE_WRITE.md), and no merge of branches needs the entry.
+pub(crate) fn evaluate_with(
+    doc: Option<&mut AccountDoc>,
+    op: &AccountOp,
+    now: i64,
+    failed_links: &HashSet<u64>,
+    entries: bool,
 ) -> Result<OpResult> {
     let Some(doc) = doc else {
         return Ok(OpResult::UnknownAccount);
@@ -1355,19 +1509,69 @@ pub(crate) fn evaluate(
             delta,
             currency,
             check_funds,
+            attempt,
+            peer,
+            exists,
             ..
         } => {
-            if let Some(pos) = in_pending {
-                // On one node a debit's own check keeps `available >= min_balance` for good;
-                // below it, a conflict merge added a rival debit. This op's issuer holds the
-                // transfer's lease and has not committed (it waits for this answer): its debit
-                // is the one to take back.
-                let merged_overdraft = *check_funds
+            // On one node a debit's own check keeps `available >= min_balance` for good; below
+            // it, a conflict merge added a rival debit.
+            let merged_overdraft = |doc: &AccountDoc| {
+                *check_funds
                     && delta.minor() < 0
                     && doc
                         .min_balance
-                        .is_some_and(|min| doc.available().is_ok_and(|a| a < min));
-                if merged_overdraft {
+                        .is_some_and(|min| doc.available().is_ok_and(|a| a < min))
+            };
+            let mut in_pending = in_pending;
+            if let Some(pos) = in_pending {
+                let found = &doc.pending[pos];
+                let other_peer = found.peer.is_some() && peer.is_some() && found.peer != *peer;
+                let other_terms = found.delta != *delta || other_peer;
+                if other_terms && *exists && found.attempt.is_some() {
+                    // A one-write attempt of this id with other terms than its document's: no
+                    // decision can name it. Taken back (no undone entry: this apply follows).
+                    let stray = doc.pending.remove(pos);
+                    doc.balance = doc.balance.checked_sub(stray.delta)?;
+                    tracing::warn!(
+                        account = %doc.account_id,
+                        txn = %op.txn,
+                        "undid a marker of this transfer's id with other terms than its document's"
+                    );
+                    in_pending = None;
+                } else if other_terms && attempt.is_some() {
+                    let term = if found.delta != *delta {
+                        "value"
+                    } else if delta.minor() < 0 {
+                        "destination"
+                    } else {
+                        "source"
+                    };
+                    return Ok(OpResult::Mismatch(term));
+                }
+            }
+            if let (Some(_), Some(pos)) = (attempt, in_pending) {
+                // The one-write path: the marker of an attempt of this very transfer (a retry
+                // still running, or one that died before deciding) counts as this one's; a
+                // stepwise marker means the transfer's document exists and is followed. Never
+                // undone here: no marker is undone before its transfer is decided
+                // (docs/ONE_WRITE.md).
+                let Some(theirs) = doc.pending[pos].attempt else {
+                    return Ok(OpResult::AlreadyPending);
+                };
+                if merged_overdraft(doc) {
+                    return Ok(OpResult::Overdrawn);
+                }
+                return Ok(OpResult::Adopted(theirs));
+            }
+            if attempt.is_some() && in_settled {
+                // Settled or undone here: the transfer was decided; its document says how.
+                return Ok(OpResult::Finished);
+            }
+            if let Some(pos) = in_pending {
+                // This op's issuer holds the transfer's lease and has not committed (it waits
+                // for this answer): its debit is the one to take back.
+                if merged_overdraft(doc) {
                     let applied = doc.pending[pos].delta;
                     doc.balance = doc.balance.checked_sub(applied)?;
                     doc.pending.remove(pos);
@@ -1400,8 +1604,16 @@ pub(crate) fn evaluate(
             if doc.currency != *currency {
                 return Ok(OpResult::CurrencyMismatch);
             }
+            let marker = Marker {
+                txn: op.txn.clone(),
+                delta: *delta,
+                at: Some(now),
+                attempt: *attempt,
+                peer: peer.clone(),
+                aliases: Vec::new(),
+            };
             let bytes = doc.markers_bytes();
-            if bytes + marker_bytes(&op.txn) > MARKERS_BYTES_MAX {
+            if bytes + pending_bytes(&marker) > MARKERS_BYTES_MAX {
                 return Err(account_full(&doc.account_id, bytes));
             }
             if *check_funds && delta.minor() < 0 {
@@ -1420,17 +1632,37 @@ pub(crate) fn evaluate(
                 return Ok(OpResult::Overflow);
             };
             doc.balance = balance;
-            doc.pending.push(Marker {
-                txn: op.txn.clone(),
-                delta: *delta,
-                at: Some(now),
-            });
+            doc.pending.push(marker);
             Ok(OpResult::Applied)
         }
-        OpKind::Settle => match in_pending {
-            Some(pos) => {
+        // A marker without attempt under a named decision: one that a program of an earlier
+        // version rewrote (it drops fields it does not know), never a late apply (such a
+        // program writes the transfer's document first and meets the decision): settled.
+        OpKind::Settle { named } => match in_pending {
+            Some(pos)
+                if named.is_some_and(|n| {
+                    doc.pending[pos].attempt.is_some() && !doc.pending[pos].carries(n)
+                }) =>
+            {
+                // Not the marker the decision counts: a late apply of a decided transfer.
+                let delta = doc.pending[pos].delta;
+                doc.balance = doc.balance.checked_sub(delta)?;
                 doc.pending.remove(pos);
-                doc.settled.push(Settled::new(&op.txn, now, false));
+                if entries {
+                    doc.settled.push(Settled::new(&op.txn, now, true));
+                }
+                tracing::warn!(
+                    account = %doc.account_id,
+                    txn = %op.txn,
+                    "undid a marker of an attempt the transfer's decision does not name"
+                );
+                Ok(OpResult::Repaired)
+            }
+            Some(pos) => {
+                let marker = doc.pending.remove(pos);
+                if entries || marker.attempt.is_none() {
+                    doc.settled.push(Settled::new(&op.txn, now, false));
+                }
                 Ok(OpResult::Applied)
             }
             None if in_settled => Ok(OpResult::Finished),
@@ -1438,12 +1670,14 @@ pub(crate) fn evaluate(
         },
         OpKind::Undo => match in_pending {
             Some(pos) => {
-                let delta = doc.pending[pos].delta;
-                doc.balance = doc.balance.checked_sub(delta)?;
-                doc.pending.remove(pos);
+                let marker = doc.pending.remove(pos);
+                doc.balance = doc.balance.checked_sub(marker.delta)?;
                 // Recorded like a settle so that a late apply of this transfer is skipped
-                // instead of re-adding a marker someone would have to undo again.
-                doc.settled.push(Settled::new(&op.txn, now, true));
+                // instead of re-adding a marker someone would have to undo again (a one-write
+                // marker's late apply is not counted anyway: no decision names it).
+                if entries || marker.attempt.is_none() {
+                    doc.settled.push(Settled::new(&op.txn, now, true));
+                }
                 Ok(OpResult::Applied)
             }
             None if in_settled => Ok(OpResult::Finished),
@@ -1528,44 +1762,26 @@ pub(crate) enum TxnWrite {
     Uncertain,
 }
 
+type TxnReply = oneshot::Sender<Result<TxnWrite>>;
+
 struct QueuedTxn {
     id: String,
-    doc: Value,
+    doc: RawDoc,
     reply: oneshot::Sender<Result<TxnWrite>>,
 }
 
-/// Batches concurrent transfer-document writes into one `_bulk_docs`.
-pub(crate) struct TxnWriter {
-    client: Client,
-    bulk: Arc<BulkWriter>,
-    quorum: Arc<Quorum>,
-    queue: Queue<QueuedTxn>,
-    rounds: AtomicU64,
+/// What the account engine's queue holds: account ops, and transfer-document writes.
+enum Work {
+    Op(QueuedOp),
+    Txn(QueuedTxn),
 }
 
-impl fmt::Debug for TxnWriter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxnWriter")
-            .field("rounds", &self.rounds.load(Ordering::Relaxed))
-            .finish_non_exhaustive()
-    }
-}
-
-impl TxnWriter {
-    pub(crate) fn new(bulk: Arc<BulkWriter>, quorum: Arc<Quorum>) -> TxnWriter {
-        TxnWriter {
-            client: bulk.client.clone(),
-            bulk,
-            quorum,
-            queue: Queue::new(),
-            rounds: AtomicU64::new(0),
-        }
-    }
-
-    /// Writes one document (a create without `_rev`, a CAS with one).
-    pub(crate) async fn write(self: &Arc<Self>, id: String, doc: Value) -> Result<TxnWrite> {
+impl AccountEngine {
+    /// Writes one transfer document (a create without `_rev`, a CAS with one) in the engine's
+    /// next round, beside that round's account writes.
+    pub(crate) async fn write_txn(self: &Arc<Self>, id: String, doc: RawDoc) -> Result<TxnWrite> {
         let (reply, rx) = oneshot::channel();
-        if self.queue.push([QueuedTxn { id, doc, reply }]) {
+        if self.queue.push([Work::Txn(QueuedTxn { id, doc, reply })]) {
             tokio::spawn(Arc::clone(self).drive());
         }
         rx.await.unwrap_or_else(|_| {
@@ -1575,53 +1791,24 @@ impl TxnWriter {
         })
     }
 
-    async fn drive(self: Arc<Self>) {
-        let mut guard = DriverGuard {
-            queue: &self.queue,
-            armed: true,
-        };
-        for _ in 0..ENGINE_ROUNDS_MAX {
-            self.queue.gather().await;
-            let batch = self.queue.take(TXN_BATCH_DOCS_MAX);
-            if batch.is_empty() {
-                guard.armed = false;
-                return;
-            }
-            self.round(batch).await;
-        }
-        guard.armed = false;
-        tokio::spawn(Arc::clone(&self).drive_boxed());
-    }
-
-    /// `drive` behind a box: a task that spawns its own successor needs a named future type.
-    fn drive_boxed(self: Arc<Self>) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(self.drive())
-    }
-
-    async fn round(&self, batch: Vec<QueuedTxn>) {
-        self.rounds.fetch_add(1, Ordering::Relaxed);
-        // Two writes of one document in one request would race inside the server: the later
-        // one waits for the next round (it will most likely conflict, as it should).
-        let mut seen = HashSet::new();
-        let (now, later): (Vec<QueuedTxn>, Vec<QueuedTxn>) =
-            batch.into_iter().partition(|q| seen.insert(q.id.clone()));
-        if !later.is_empty() {
-            self.queue.push_front(later);
-        }
-        let docs: Vec<Value> = now.iter().map(|q| q.doc.clone()).collect();
+    /// Writes a round's transfer documents (each id at most once) and answers each.
+    async fn write_txns(&self, batch: Vec<QueuedTxn>) {
+        self.txn_rounds.fetch_add(1, Ordering::Relaxed);
+        let (docs, batch): (Vec<RawDoc>, Vec<(String, TxnReply)>) =
+            batch.into_iter().map(|q| (q.doc, (q.id, q.reply))).unzip();
         let options = self.quorum.write_options(&self.client, true).await;
         match self.bulk.write(docs, options).await {
             Err(e) => {
-                for q in now {
-                    let _ = q.reply.send(Err(duplicate(&e)));
+                for (_, reply) in batch {
+                    let _ = reply.send(Err(duplicate(&e)));
                 }
             }
             Ok(results) => {
                 let mut by_id = results_by_id(results);
-                for q in now {
-                    let Some(r) = by_id.remove(&q.id) else {
-                        let e = Error::decode(format!("_bulk_docs did not answer for {}", q.id));
-                        let _ = q.reply.send(Err(e));
+                for (id, reply) in batch {
+                    let Some(r) = by_id.remove(&id) else {
+                        let e = Error::decode(format!("_bulk_docs did not answer for {id}"));
+                        let _ = reply.send(Err(e));
                         continue;
                     };
                     let answer = if r.is_ok() && r.accepted {
@@ -1631,17 +1818,46 @@ impl TxnWriter {
                     } else if r.is_conflict() {
                         Ok(TxnWrite::Conflict)
                     } else {
-                        Err(bulk_error(&q.id, &r))
+                        Err(bulk_error(&id, &r))
                     };
-                    let _ = q.reply.send(answer);
+                    let _ = reply.send(answer);
                 }
             }
         }
     }
 
-    /// Rounds run so far.
+    /// Rounds that wrote transfer documents so far.
+    pub(crate) fn txn_rounds(&self) -> u64 {
+        self.txn_rounds.load(Ordering::Relaxed)
+    }
+}
+
+/// Transfer-document writes, batched by the account engine with its account writes.
+pub(crate) struct TxnWriter {
+    engine: Arc<AccountEngine>,
+}
+
+impl fmt::Debug for TxnWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TxnWriter")
+            .field("rounds", &self.engine.txn_rounds())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TxnWriter {
+    pub(crate) fn new(engine: Arc<AccountEngine>) -> TxnWriter {
+        TxnWriter { engine }
+    }
+
+    /// Writes one document (a create without `_rev`, a CAS with one).
+    pub(crate) async fn write(&self, id: String, doc: RawDoc) -> Result<TxnWrite> {
+        self.engine.write_txn(id, doc).await
+    }
+
+    /// Rounds that wrote transfer documents so far.
     pub(crate) fn rounds(&self) -> u64 {
-        self.rounds.load(Ordering::Relaxed)
+        self.engine.txn_rounds()
     }
 }
 
@@ -1649,8 +1865,7 @@ impl TxnWriter {
 
 /// A batch one writer hands over, and where its answer goes.
 struct QueuedBulk {
-    docs: Vec<Value>,
-    ids: Vec<String>,
+    docs: Vec<RawDoc>,
     options: WriteOptions,
     bytes: usize,
     reply: oneshot::Sender<Result<Vec<BulkResult>>>,
@@ -1692,24 +1907,16 @@ impl BulkWriter {
     /// order, or the error of the request that carried them (unknown whether they landed).
     pub(crate) async fn write(
         self: &Arc<Self>,
-        docs: Vec<Value>,
+        docs: Vec<RawDoc>,
         options: WriteOptions,
     ) -> Result<Vec<BulkResult>> {
         if docs.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<String> = docs
-            .iter()
-            .map(|d| d["_id"].as_str().unwrap_or_default().to_owned())
-            .collect();
-        let bytes = docs
-            .iter()
-            .map(|d| serde_json::to_vec(d).map_or(0, |v| v.len()) + 1)
-            .sum();
+        let bytes = docs.iter().map(RawDoc::bytes).sum();
         let (reply, rx) = oneshot::channel();
         let queued = QueuedBulk {
             docs,
-            ids,
             options,
             bytes,
             reply,
@@ -1749,21 +1956,21 @@ impl BulkWriter {
         self.requests.fetch_add(1, Ordering::Relaxed);
         if group.len() == 1 {
             let q = group.pop().expect("one batch");
-            let docs: Vec<&Value> = q.docs.iter().collect();
-            let answer = self.client.bulk_docs_values(&docs, &q.options).await;
+            let docs: Vec<&RawDoc> = q.docs.iter().collect();
+            let answer = self.client.bulk_docs_raw(&docs, &q.options).await;
             let _ = q.reply.send(answer);
             return;
         }
         self.shared.fetch_add(1, Ordering::Relaxed);
         let options = group[0].options;
-        let docs: Vec<&Value> = group.iter().flat_map(|q| &q.docs).collect();
-        match self.client.bulk_docs_values(&docs, &options).await {
+        let docs: Vec<&RawDoc> = group.iter().flat_map(|q| &q.docs).collect();
+        match self.client.bulk_docs_raw(&docs, &options).await {
             Ok(results) => {
                 let mut by_id = results_by_id(results);
                 for q in group {
                     let mine: Vec<BulkResult> =
-                        q.ids.iter().filter_map(|id| by_id.remove(id)).collect();
-                    let answer = if mine.len() == q.ids.len() {
+                        q.docs.iter().filter_map(|d| by_id.remove(&d.id)).collect();
+                    let answer = if mine.len() == q.docs.len() {
                         Ok(mine)
                     } else {
                         Err(Error::decode(
@@ -1776,8 +1983,8 @@ impl BulkWriter {
             Err(e) if e.is_too_large() => {
                 for q in group {
                     self.requests.fetch_add(1, Ordering::Relaxed);
-                    let docs: Vec<&Value> = q.docs.iter().collect();
-                    let answer = self.client.bulk_docs_values(&docs, &q.options).await;
+                    let docs: Vec<&RawDoc> = q.docs.iter().collect();
+                    let answer = self.client.bulk_docs_raw(&docs, &q.options).await;
                     let _ = q.reply.send(answer);
                 }
             }
@@ -1808,14 +2015,14 @@ fn group_bulks(batch: Vec<QueuedBulk>) -> Vec<Vec<QueuedBulk>> {
         let joins = groups.last().is_some_and(|g| {
             g[0].options == q.options
                 && bytes + q.bytes <= BULK_BYTES_MAX
-                && q.ids.iter().all(|id| !ids.contains(id))
+                && q.docs.iter().all(|d| !ids.contains(&d.id))
         });
         if !joins {
             groups.push(Vec::new());
             ids.clear();
             bytes = 0;
         }
-        ids.extend(q.ids.iter().cloned());
+        ids.extend(q.docs.iter().map(|d| d.id.clone()));
         bytes += q.bytes;
         groups.last_mut().expect("a group").push(q);
     }
@@ -1845,9 +2052,177 @@ mod tests {
                 currency: "EUR".into(),
                 check_funds: check,
                 deadline: None,
+                attempt: None,
+                peer: None,
+                exists: true,
             },
             link,
         }
+    }
+
+    /// A one-write apply of `txn` by attempt `a`, `peer` the other account.
+    fn once(txn: &str, delta: i64, a: u64, peer: &str, exists: bool) -> AccountOp {
+        AccountOp {
+            account: "a".into(),
+            txn: txn.into(),
+            kind: OpKind::Apply {
+                delta: Amount::new(delta).unwrap(),
+                currency: "EUR".into(),
+                check_funds: delta < 0,
+                deadline: None,
+                attempt: Some(Attempt::from_bits(a)),
+                peer: Some(peer.into()),
+                exists,
+            },
+            link: None,
+        }
+    }
+
+    fn settle_named(txn: &str, a: u64) -> AccountOp {
+        op(
+            txn,
+            OpKind::Settle {
+                named: Some(Attempt::from_bits(a)),
+            },
+        )
+    }
+
+    #[test]
+    fn a_one_write_apply_adopts_the_marker_of_another_attempt_with_the_same_terms() {
+        let none = HashSet::new();
+        let mut doc = account(1_000, Some(0));
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 1, "b", false), 1, &none).unwrap(),
+            OpResult::Applied
+        );
+        let m = &doc.pending[0];
+        assert_eq!(
+            (m.attempt, m.peer.as_deref()),
+            (Some(Attempt::from_bits(1)), Some("b"))
+        );
+        // A second attempt: the first's marker counts as its own, nothing changes.
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 2, "b", false), 2, &none).unwrap(),
+            OpResult::Adopted(Attempt::from_bits(1))
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
+        // Other terms under the same id: a mismatch naming the term, nothing changes.
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -200, 3, "b", false), 3, &none).unwrap(),
+            OpResult::Mismatch("value")
+        );
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 3, "c", false), 3, &none).unwrap(),
+            OpResult::Mismatch("destination")
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
+        // Where the transfer's document says other terms, that marker can never be named: it
+        // is taken back and this apply lands.
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 4, "c", true), 4, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(doc.pending.len(), 1);
+        assert_eq!(doc.pending[0].peer.as_deref(), Some("c"));
+        assert!(
+            doc.settled.is_empty(),
+            "no entry: this transfer is being applied"
+        );
+    }
+
+    #[test]
+    fn a_one_write_apply_follows_a_decided_transfer_and_a_stepwise_marker() {
+        let none = HashSet::new();
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &apply("s", -100, true, None), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("s", -100, 1, "b", false), 2, &none).unwrap(),
+            OpResult::AlreadyPending,
+            "a stepwise marker: its document exists, follow it"
+        );
+        evaluate(
+            Some(&mut doc),
+            &op("s", OpKind::Settle { named: None }),
+            3,
+            &none,
+        )
+        .unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("s", -100, 1, "b", false), 4, &none).unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(doc.balance.minor(), 900);
+    }
+
+    #[test]
+    fn a_named_settle_settles_its_marker_and_undoes_another_attempts() {
+        let none = HashSet::new();
+        // The named attempt: settled, with an entry (several copies) or none (one copy).
+        for entries in [true, false] {
+            let mut doc = account(1_000, Some(0));
+            evaluate(Some(&mut doc), &once("t", 250, 7, "b", false), 1, &none).unwrap();
+            assert_eq!(
+                evaluate_with(Some(&mut doc), &settle_named("t", 7), 2, &none, entries).unwrap(),
+                OpResult::Applied
+            );
+            assert_eq!((doc.balance.minor(), doc.pending.len()), (1_250, 0));
+            assert_eq!(doc.settled.len(), usize::from(entries));
+            // Again: nothing left to do.
+            let again = evaluate_with(Some(&mut doc), &settle_named("t", 7), 3, &none, entries);
+            let expect = if entries {
+                OpResult::Finished
+            } else {
+                OpResult::Absent
+            };
+            assert_eq!(again.unwrap(), expect);
+        }
+        // Another attempt's marker (a late apply after the entry went): undone, never counted.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", 250, 8, "b", false), 1, &none).unwrap();
+        assert_eq!(
+            evaluate_with(Some(&mut doc), &settle_named("t", 7), 2, &none, false).unwrap(),
+            OpResult::Repaired
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
+        // A marker that carries the named attempt among its merged ones, and one whose attempt
+        // an earlier version dropped: both are the decision's marker.
+        for (attempt, aliases) in [(Some(9), vec![7]), (None, vec![])] {
+            let mut doc = account(1_000, Some(0));
+            doc.balance = Amount::new(1_250).unwrap();
+            doc.pending.push(Marker {
+                txn: "t".into(),
+                delta: Amount::new(250).unwrap(),
+                at: Some(1),
+                attempt: attempt.map(Attempt::from_bits),
+                peer: Some("b".into()),
+                aliases: aliases.into_iter().map(Attempt::from_bits).collect(),
+            });
+            assert_eq!(
+                evaluate(Some(&mut doc), &settle_named("t", 7), 2, &none).unwrap(),
+                OpResult::Applied
+            );
+            assert_eq!((doc.balance.minor(), doc.pending.len()), (1_250, 0));
+        }
+    }
+
+    #[test]
+    fn an_adopted_debit_on_an_account_a_merge_overdrew_is_refused_not_taken_back() {
+        let none = HashSet::new();
+        let mut doc = account(500, Some(0));
+        evaluate(Some(&mut doc), &once("t1", -300, 1, "b", false), 1, &none).unwrap();
+        // A rival branch's debit merged in: below the minimum.
+        doc.balance = Amount::new(-100).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t1", -300, 2, "b", false), 2, &none).unwrap(),
+            OpResult::Overdrawn
+        );
+        assert_eq!(
+            doc.pending.len(),
+            1,
+            "undone only after its transfer is decided"
+        );
+        assert_eq!(doc.balance.minor(), -100);
     }
 
     fn op(txn: &str, kind: OpKind) -> AccountOp {
@@ -1870,6 +2245,9 @@ mod tests {
             txn: "t2".into(),
             delta: Amount::new(-300).unwrap(),
             at: Some(1),
+            attempt: None,
+            peer: None,
+            aliases: Vec::new(),
         });
         assert_eq!(
             evaluate(Some(&mut doc), &apply("t2", -300, true, None), 2, &none).unwrap(),
@@ -1901,7 +2279,13 @@ mod tests {
         );
         assert_eq!(doc.balance.minor(), 700);
         assert_eq!(
-            evaluate(Some(&mut doc), &op("t", OpKind::Settle), 3, &none).unwrap(),
+            evaluate(
+                Some(&mut doc),
+                &op("t", OpKind::Settle { named: None }),
+                3,
+                &none
+            )
+            .unwrap(),
             OpResult::Applied
         );
         assert!(doc.pending.is_empty());
@@ -1930,7 +2314,13 @@ mod tests {
         );
         assert_eq!(doc.balance.minor(), 700);
         assert_eq!(
-            evaluate(Some(&mut doc), &op("v", OpKind::Settle), 7, &none).unwrap(),
+            evaluate(
+                Some(&mut doc),
+                &op("v", OpKind::Settle { named: None }),
+                7,
+                &none
+            )
+            .unwrap(),
             OpResult::Absent
         );
     }
@@ -2098,7 +2488,7 @@ mod tests {
         let bulk = Arc::new(BulkWriter::new(client));
         Arc::new(AccountEngine::new(
             bulk,
-            Arc::new(Quorum::new(WriteQuorum::default())),
+            Arc::new(Quorum::new(WriteQuorum::default(), false)),
             Arc::new(ConflictTally::default()),
         ))
     }
@@ -2111,7 +2501,7 @@ mod tests {
                 op: AccountOp {
                     account: account.to_owned(),
                     txn: txn.to_owned(),
-                    kind: OpKind::Settle,
+                    kind: OpKind::Settle { named: None },
                     link: None,
                 },
                 reply,
@@ -2128,7 +2518,7 @@ mod tests {
         hold(&engine, "a", "t3", later);
         let (reply, _rx) = oneshot::channel();
         let batch = vec![QueuedOp {
-            op: op("t9", OpKind::Settle),
+            op: op("t9", OpKind::Settle { named: None }),
             reply,
         }];
         // `op` is on account "a": both of a's held settles join, b's stays held.
@@ -2147,10 +2537,13 @@ mod tests {
 
     // ---- the bulk writer ------------------------------------------------------------------
 
+    fn raw(id: &str) -> RawDoc {
+        RawDoc::new(id, &json!({ "_id": id })).unwrap()
+    }
+
     fn queued(ids: &[&str], w: Option<u32>) -> QueuedBulk {
-        let docs: Vec<Value> = ids.iter().map(|id| json!({"_id": id})).collect();
+        let docs: Vec<RawDoc> = ids.iter().map(|id| raw(id)).collect();
         QueuedBulk {
-            ids: ids.iter().map(|s| (*s).to_owned()).collect(),
             bytes: docs.len() * 20,
             docs,
             options: WriteOptions { w },
@@ -2161,7 +2554,11 @@ mod tests {
     fn group_ids(groups: &[Vec<QueuedBulk>]) -> Vec<Vec<Vec<String>>> {
         groups
             .iter()
-            .map(|g| g.iter().map(|q| q.ids.clone()).collect())
+            .map(|g| {
+                g.iter()
+                    .map(|q| q.docs.iter().map(|d| d.id.clone()).collect())
+                    .collect()
+            })
             .collect()
     }
 
@@ -2238,7 +2635,7 @@ mod tests {
         let first = {
             let bulk = Arc::clone(&bulk);
             tokio::spawn(async move {
-                bulk.write(vec![json!({"_id": "txn:first"})], WriteOptions::default())
+                bulk.write(vec![raw("txn:first")], WriteOptions::default())
                     .await
             })
         };
@@ -2257,10 +2654,10 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
         let accounts = bulk.write(
-            vec![json!({"_id": "account:a"}), json!({"_id": "account:bb"})],
+            vec![raw("account:a"), raw("account:bb")],
             WriteOptions::default(),
         );
-        let txns = bulk.write(vec![json!({"_id": "txn:ccc"})], WriteOptions::default());
+        let txns = bulk.write(vec![raw("txn:ccc")], WriteOptions::default());
         let (accounts, txns) = tokio::join!(accounts, txns);
         let first = first.await.unwrap().unwrap();
         assert_eq!(first.len(), 1);

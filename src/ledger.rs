@@ -13,7 +13,7 @@ use crate::couch::Client;
 use crate::design::{self, Installed};
 use crate::engine::{AccountEngine, BulkWriter, ConflictTally, Quorum, TxnWriter, WriteQuorum};
 use crate::error::{Error, Result};
-use crate::limits::{LEASE_MS, REVS_LIMIT, REVS_LIMIT_ONE_COPY};
+use crate::limits::{HOT_DB_SHARDS, LEASE_MS, REVS_LIMIT, REVS_LIMIT_ONE_COPY};
 
 /// The ledger in one database. Cheap to clone; create one and reuse it.
 #[derive(Clone, Debug)]
@@ -52,6 +52,11 @@ pub(crate) struct LedgerInner {
     pub(crate) background: bool,
     /// The transfers finishing in the background.
     pub(crate) finishing: Finishing,
+    /// `submit(…, wait = true)` follows SPEC §5's stepwise protocol instead of the one-write
+    /// path ([`Ledger::with_stepwise_transfers`]).
+    pub(crate) stepwise: bool,
+    /// [`Ledger::with_one_copy`].
+    pub(crate) one_copy: bool,
 }
 
 /// How often [`Ledger::flush`] sends the settles held meanwhile.
@@ -74,6 +79,8 @@ struct Settings {
     progress: Option<ProgressHook>,
     write_quorum: WriteQuorum,
     background: bool,
+    stepwise: bool,
+    one_copy: bool,
 }
 
 /// How far a long piece of work has got: a sweep pass driving its candidates, `verify`
@@ -173,6 +180,8 @@ impl Ledger {
             progress: None,
             write_quorum: WriteQuorum::default(),
             background: false,
+            stepwise: false,
+            one_copy: false,
         })
     }
 
@@ -186,18 +195,21 @@ impl Ledger {
             progress,
             write_quorum,
             background,
+            stepwise,
+            one_copy,
         } = settings;
-        let quorum = Arc::new(Quorum::new(write_quorum));
+        let quorum = Arc::new(Quorum::new(write_quorum, one_copy));
         let conflicts = Arc::new(ConflictTally::default());
         let bulk = Arc::new(BulkWriter::new(hot.clone()));
+        let accounts = Arc::new(AccountEngine::new(
+            Arc::clone(&bulk),
+            Arc::clone(&quorum),
+            Arc::clone(&conflicts),
+        ));
         Ledger {
             inner: Arc::new(LedgerInner {
-                accounts: Arc::new(AccountEngine::new(
-                    Arc::clone(&bulk),
-                    Arc::clone(&quorum),
-                    Arc::clone(&conflicts),
-                )),
-                txns: Arc::new(TxnWriter::new(Arc::clone(&bulk), Arc::clone(&quorum))),
+                txns: Arc::new(TxnWriter::new(Arc::clone(&accounts))),
+                accounts,
                 bulk,
                 client,
                 hot,
@@ -210,6 +222,8 @@ impl Ledger {
                 progress,
                 background,
                 finishing: Finishing::default(),
+                stepwise,
+                one_copy,
             }),
         }
     }
@@ -226,6 +240,8 @@ impl Ledger {
             progress: i.progress.clone(),
             write_quorum: i.write_quorum,
             background: i.background,
+            stepwise: i.stepwise,
+            one_copy: i.one_copy,
         }
     }
 
@@ -239,24 +255,55 @@ impl Ledger {
         })
     }
 
-    /// The same ledger finishing committed transfers in the background: `submit(…, wait =
-    /// true)` returns as soon as its transfer is decided — `committed` (the money has moved:
-    /// both balances carry it) or `cancelled` — and the transfer's settle and `done` follow in
-    /// this process, the settles folded into the accounts' next writes (held at most
-    /// [`SETTLE_HOLD_MS`](crate::limits::SETTLE_HOLD_MS)). About half the requests and a
-    /// quarter fewer documents per transfer under load (BENCHMARKS.md, `p8`), for the price of
-    /// an answer that says `committed` instead of `done`, and a destination's credit that stays
-    /// unavailable (SPEC §5: `available`) a little longer in other processes.
+    /// The same ledger finishing transfers in the background: `submit(…, wait = true)` returns
+    /// as soon as its transfer is decided — on the one-write path (the default) `done` or
+    /// `cancelled`, the decision written and both balances carrying it; on the stepwise
+    /// protocol `committed` — and what is left follows in this process: the settles of the
+    /// accounts' markers, folded into the accounts' next writes (held at most
+    /// [`SETTLE_HOLD_MS`](crate::limits::SETTLE_HOLD_MS)), and on the stepwise protocol `done`.
+    /// Fewer requests and documents per transfer under load (BENCHMARKS.md, `p8`), for the
+    /// price of a destination's credit that stays unavailable (SPEC §5: `available`) a little
+    /// longer in other processes.
     ///
-    /// Nothing is lost if the process stops before they finish: a committed transfer is decided,
-    /// and the sweeper settles it like any transfer whose worker crashed after its commit. Call
-    /// [`Ledger::flush`] before a clean stop (or before reading the ledger as a whole, e.g.
-    /// [`Ledger::verify`]) to let them finish here. A long-running process (the service) is the
-    /// natural user; a command that exits after one transfer is not. Configure before sharing:
-    /// clones made earlier keep theirs.
+    /// Nothing is lost if the process stops before they finish: the transfer is decided, and
+    /// the sweeper settles its markers like any transfer whose worker crashed after its
+    /// decision. Call [`Ledger::flush`] before a clean stop (or before reading the ledger as a
+    /// whole, e.g. [`Ledger::verify`]) to let them finish here. A long-running process (the
+    /// service) is the natural user; a command that exits after one transfer is not. Configure
+    /// before sharing: clones made earlier keep theirs.
     pub fn with_background_finish(self) -> Ledger {
         Ledger::assemble(Settings {
             background: true,
+            ..self.settings()
+        })
+    }
+
+    /// Test support: the same ledger acting as on a database that keeps one copy of each
+    /// document (CouchDB's single node, `cluster.n` = 1) whatever the server says: a one-write
+    /// transfer's settles and undos leave no settled entry (docs/ONE_WRITE.md). On a server
+    /// that keeps several copies this is wrong (an account merge needs the entries): tests only.
+    #[doc(hidden)]
+    pub fn with_one_copy(self) -> Ledger {
+        Ledger::assemble(Settings {
+            one_copy: true,
+            ..self.settings()
+        })
+    }
+
+    /// The same ledger making transfers by SPEC §5's stepwise protocol: `submit(…, wait = true)`
+    /// creates the transfer `pending` under a claim, applies both accounts, writes `committed`,
+    /// settles both and writes `done` — every step its own write, each state visible in the
+    /// `transactions/*` views while it lasts (money in flight in `transactions/pending`).
+    ///
+    /// By default a transfer takes the one-write path instead (docs/ONE_WRITE.md): both accounts
+    /// applied with markers, then the transfer's document created once in its final state —
+    /// three documents and two requests before the answer where this takes seven and four
+    /// (BENCHMARKS.md). Both make the same ledger; every process of one ledger may use either.
+    /// Reversals, [`Ledger::cancel`] of a pending transfer and the sweeper's drive of a transfer
+    /// left `pending`, `committed` or `canceling` are stepwise whatever this says.
+    pub fn with_stepwise_transfers(self) -> Ledger {
+        Ledger::assemble(Settings {
+            stepwise: true,
             ..self.settings()
         })
     }
@@ -537,11 +584,19 @@ impl Ledger {
     ///
     /// The server refused (both steps need admin rights on CouchDB) or failed.
     pub async fn init(&self) -> Result<InitReport> {
-        let created = self.inner.client.ensure_database().await?;
+        // The database of accounts and transfers gets HOT_DB_SHARDS shards (CouchDB's `q`):
+        // their writes touch accounts at random, and more shards take them faster
+        // (limits::HOT_DB_SHARDS). The history alone keeps the server's default.
+        let shards = |hot: bool| hot.then_some(HOT_DB_SHARDS);
+        let created = self
+            .inner
+            .client
+            .ensure_database_with(shards(!self.is_split()))
+            .await?;
         let design_docs = design::install(&self.inner.client).await?;
         let hot = if self.is_split() {
             let hot = &self.inner.hot;
-            let created = hot.ensure_database().await?;
+            let created = hot.ensure_database_with(shards(true)).await?;
             let design_docs = design::install_in(hot, design::Scope::Hot).await?;
             Some(HotReport {
                 database: hot.database().to_owned(),

@@ -68,6 +68,7 @@ mod ledger;
 pub mod limits;
 mod money;
 mod observe;
+mod one_write;
 mod orders;
 mod state;
 mod sweeper;

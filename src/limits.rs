@@ -71,6 +71,15 @@ pub const REVS_LIMIT: u32 = 20;
 /// [`REVS_LIMIT`] by the next `init`.
 pub const REVS_LIMIT_ONE_COPY: u32 = 3;
 
+/// Shards (CouchDB's `q`) `init` gives the database of accounts and transfers when it creates
+/// it (an existing database keeps its own; the server's default is 2). A transfer updates two
+/// accounts picked by its callers, i.e. at random across the database: each shard's updater
+/// rewrites the b-tree nodes its batch touches, and more shards share that work. Measured on
+/// CouchDB 3.4.3, one node, 2 cores: batches of 128 random account updates and 64 creates into
+/// 512 accounts took 39.7 ms at q = 2, 29 at 3, 24–26 at 4, 24–26 at 6 (BENCHMARKS.md, session
+/// 10); consecutive accounts took 21 ms at either.
+pub const HOT_DB_SHARDS: u32 = 4;
+
 /// Serialized bytes of one `pending` or `settled` entry besides its transfer id: the field
 /// names, quotes, a delta or `undone: true`, a 20-digit `at`, the comma.
 pub const MARKER_OVERHEAD_BYTES: usize = 72;
@@ -136,8 +145,11 @@ pub const GATHER_YIELDS_MAX: u32 = 16;
 pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
 /// The longest a background finish ([`crate::Ledger::with_background_finish`]) holds a settle
 /// back so it can go out with its account's next write: far inside a lease, so a held settle
-/// never outlives its worker's claim.
-pub const SETTLE_HOLD_MS: u64 = 250;
+/// never outlives its worker's claim. 250 ms until session 10; on the one-write path an
+/// account's next write comes later than that often enough to matter (under `p8`'s load, 512
+/// accounts written ~8 times a second each, about one settle in seven went out alone at 250 ms):
+/// 1 s took `p8` from 3.29 to 3.20 documents a transfer on CouchDB 3.4.3 (BENCHMARKS.md).
+pub const SETTLE_HOLD_MS: u64 = 1000;
 /// ... and at most this fraction of the ledger's lease, however short it was made
 /// (`Ledger::with_lease`).
 pub const SETTLE_HOLD_LEASE_DIVISOR: u32 = 20;

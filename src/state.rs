@@ -2,10 +2,15 @@
 //!
 //! ```text
 //! initial ──► pending ──► committed ──► done
-//!    │           │
+//!    │           │                        ▲
 //!    │           └──► canceling ──► cancelled
-//!    └──────────────────────────────► cancelled
+//!    ├──────────────────────────────► cancelled
+//!    └───────────────────────────────────┘  (decide: the one-write path)
 //! ```
+//!
+//! On the one-write path (docs/ONE_WRITE.md) a transfer's document is created directly `done`
+//! or `cancelled`, or moved there from `initial` in one write ([`Event::Decide`]), after its
+//! accounts were applied.
 
 use std::fmt;
 
@@ -84,6 +89,9 @@ pub enum Event {
     Cancel,
     /// Every delta undone: `canceling → cancelled`.
     FinishCancel,
+    /// Both accounts applied, the decision written at once: `initial → done` (the one-write
+    /// path; its refusal is [`Event::Reject`], `initial → cancelled`).
+    Decide,
 }
 
 /// A state change the graph does not allow. Each terminal state has its own error so callers
@@ -136,21 +144,22 @@ pub fn transition(from: State, event: Event) -> Result<State, TransitionError> {
     match (from, event) {
         (S::Initial, E::Begin) => Ok(S::Pending),
         (S::Initial, E::Reject | E::Cancel) => Ok(S::Cancelled),
+        (S::Initial, E::Decide) => Ok(S::Done),
         (S::Initial, E::Commit | E::Complete | E::FinishCancel) => {
             Err(TransitionError::NotAllowed { from, event })
         }
         (S::Pending, E::Commit) => Ok(S::Committed),
         (S::Pending, E::Cancel | E::Reject) => Ok(S::Canceling),
-        (S::Pending, E::Begin | E::Complete | E::FinishCancel) => {
+        (S::Pending, E::Begin | E::Complete | E::FinishCancel | E::Decide) => {
             Err(TransitionError::NotAllowed { from, event })
         }
         (S::Committed, E::Complete) => Ok(S::Done),
         (S::Committed, E::Cancel | E::Reject) => Err(TransitionError::AlreadyCommitted),
-        (S::Committed, E::Begin | E::Commit | E::FinishCancel) => {
+        (S::Committed, E::Begin | E::Commit | E::FinishCancel | E::Decide) => {
             Err(TransitionError::NotAllowed { from, event })
         }
         (S::Canceling, E::FinishCancel) => Ok(S::Cancelled),
-        (S::Canceling, E::Commit | E::Complete) => Err(TransitionError::BeingCancelled),
+        (S::Canceling, E::Commit | E::Complete | E::Decide) => Err(TransitionError::BeingCancelled),
         (S::Canceling, E::Begin | E::Cancel | E::Reject) => {
             Err(TransitionError::NotAllowed { from, event })
         }
@@ -172,6 +181,7 @@ mod tests {
             (State::Committed, Event::Complete, State::Done),
             (State::Pending, Event::Cancel, State::Canceling),
             (State::Canceling, Event::FinishCancel, State::Cancelled),
+            (State::Initial, Event::Decide, State::Done),
         ];
         for (from, event, to) in edges {
             assert_eq!(transition(from, event), Ok(to), "{from} {event:?}");
@@ -187,6 +197,7 @@ mod tests {
             Event::Complete,
             Event::Cancel,
             Event::FinishCancel,
+            Event::Decide,
         ];
         for e in events {
             assert_eq!(
@@ -219,6 +230,7 @@ mod tests {
                 Event::Complete,
                 Event::Cancel,
                 Event::FinishCancel,
+                Event::Decide,
             ] {
                 if let Ok(to) = transition(from, e) {
                     assert_ne!(to, State::Initial);

@@ -21,6 +21,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
+use crate::account_doc::{account_doc_id, AccountDoc};
 use crate::couch::{ChangesQuery, Client, ViewQuery};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
@@ -30,10 +31,14 @@ use crate::limits::{
     SWEEP_LIMIT_MAX, WATCH_BACKOFF_MAX_MS, WATCH_WAIT_MAX_MS, WATCH_WAIT_MIN_MS,
 };
 use crate::money::Amount;
+use crate::one_write::convergence;
 use crate::state::State;
 #[cfg(feature = "failpoints")]
 use crate::transfer::crash;
 use crate::transfer::{txn_doc_id, TxnDoc};
+
+/// How often the end of a pass sends the settles its drives still hold.
+const RELEASE_EVERY: Duration = Duration::from_millis(5);
 
 /// The states a transfer can be stuck in.
 const OPEN_STATES: [State; 4] = [
@@ -335,10 +340,13 @@ impl Ledger {
         let docs = self.read_docs(&ids).await?;
         out.examined = ids.len() as u64;
 
-        // 4. Orphan markers: undo those of finished transfers; drive the stuck ones.
+        // 4. Orphan markers: converge those of decided transfers (undo, or settle the marker a
+        //    one-write decision names); decide `abandoned` the one-write transfers nobody
+        //    decided; drive the stuck ones.
         let mut in_candidates: HashSet<String> = candidates.iter().cloned().collect();
         let mut reported: HashSet<String> = HashSet::new();
         let mut undo: Vec<AccountOp> = Vec::new();
+        let mut undecided: Vec<(String, String)> = Vec::new();
         for (account_doc, txn) in &markers {
             let id = txn_doc_id(txn);
             let Some(account) = account_doc.strip_prefix("account:") else {
@@ -348,10 +356,7 @@ impl Ledger {
                 continue;
             };
             let Some(Some(value)) = docs.get(&id) else {
-                out.skipped += 1;
-                out.problem(format!(
-                    "{account_doc} holds a pending marker of transfer {txn}, which does not exist"
-                ));
+                undecided.push((account.to_owned(), txn.clone()));
                 continue;
             };
             let doc = match TxnDoc::from_value(value.clone()) {
@@ -366,29 +371,39 @@ impl Ledger {
                 }
             };
             match doc.state {
-                // `done` is written only after both markers were settled: a pending one is a
-                // late repeat; undoing it keeps the transfer exactly-once.
-                State::Done | State::Cancelled => undo.push(AccountOp {
-                    account: account.to_owned(),
-                    txn: txn.clone(),
-                    kind: OpKind::Undo,
-                    link: None,
-                }),
+                // A one-write `done` names the marker it counts: settled, any other undone. The
+                // stepwise `done` is written only after both markers were settled: a pending
+                // one is a late repeat; undoing it keeps the transfer exactly-once.
+                State::Done | State::Cancelled => {
+                    if let Some(kind) = convergence(&doc, account) {
+                        undo.push(AccountOp {
+                            account: account.to_owned(),
+                            txn: txn.clone(),
+                            kind,
+                            link: None,
+                        });
+                    }
+                }
                 State::Committed | State::Canceling => {
                     if in_candidates.insert(id.clone()) {
                         candidates.push(id);
                     }
                 }
-                // Its own drive applies or undoes it; by_state finds it if it is stuck.
-                State::Pending => {}
-                State::Initial => out.problem(format!(
-                    "{account_doc} holds a marker of transfer {txn}, which is still initial"
-                )),
+                // Its own drive applies or undoes it; by_state finds it if it is stuck (an
+                // `initial` one's driver, on the one-write path, adopts the marker).
+                State::Pending | State::Initial => {}
             }
         }
+        let recovered = if undecided.is_empty() {
+            Vec::new()
+        } else {
+            self.recover_undecided(&undecided, &mut undo, &mut out)
+                .await?
+        };
 
-        // 5. Take over and drive the stale ones, a bounded number at a time.
-        let progress_total = handled(&out) + candidates.len() as u64;
+        // 5. Take over and drive the stale ones, a bounded number at a time (and the undecided
+        //    ones given their document above).
+        let progress_total = handled(&out) + (candidates.len() + recovered.len()) as u64;
         let mut tasks: JoinSet<Swept> = JoinSet::new();
         for id in &candidates {
             let doc = match docs.get(id) {
@@ -423,19 +438,33 @@ impl Ledger {
             let ledger = self.clone();
             tasks.spawn(async move { ledger.sweep_one(doc).await });
         }
-        while let Some(done) = tasks.join_next().await {
-            tally(&mut out, done);
-            self.report_progress("sweep", handled(&out), Some(progress_total));
+        for doc in recovered {
+            while tasks.len() >= SWEEP_CONCURRENCY_MAX {
+                if let Some(done) = tasks.join_next().await {
+                    tally(&mut out, done);
+                    self.report_progress("sweep", handled(&out), Some(progress_total));
+                }
+            }
+            let ledger = self.clone();
+            tasks.spawn(async move { ledger.sweep_one(doc).await });
+        }
+        // The drives hold their settles for their accounts' next writes; none is coming now.
+        while !tasks.is_empty() {
+            self.inner.accounts.release_held();
+            if let Ok(Some(done)) = tokio::time::timeout(RELEASE_EVERY, tasks.join_next()).await {
+                tally(&mut out, done);
+                self.report_progress("sweep", handled(&out), Some(progress_total));
+            }
         }
 
-        // 6. Orphan undos, all in one engine call.
+        // 6. Orphan undos (and settles of named markers), all in one engine call.
         if !undo.is_empty() {
             let answers = self.inner.accounts.run(undo.clone()).await;
             for (answer, op) in answers.into_iter().zip(&undo) {
                 match answer {
-                    Ok(OpResult::Applied) => {
+                    Ok(OpResult::Applied | OpResult::Repaired) => {
                         out.repaired_markers += 1;
-                        tracing::warn!(txn = %op.txn, account = %op.account, "undid an orphan marker");
+                        tracing::warn!(txn = %op.txn, account = %op.account, kind = ?op.kind, "converged an orphan marker");
                     }
                     Ok(_) => {}
                     Err(e) => {
@@ -533,9 +562,148 @@ impl Ledger {
         Ok(())
     }
 
-    /// Takes one candidate over and drives it.
+    /// The one-write transfers whose markers (`marks`: account, transfer) are stale and whose
+    /// document does not exist: nobody decided them (their worker stopped between its apply and
+    /// its decision, docs/ONE_WRITE.md). Each gets its document created `initial`, with the
+    /// terms its marker gives (its account, `peer`, the delta, the account's currency), and is
+    /// returned to be driven like any `initial` transfer: its markers adopted, decided `done`
+    /// (or cancelled if its other account refuses). The create is exclusive: a worker's
+    /// decision written meanwhile makes it a 409, and that decision is followed (its markers
+    /// converge, by ops pushed to `converge`). A marker without attempt (the stepwise protocol
+    /// writes the document first) is reported.
+    async fn recover_undecided(
+        &self,
+        marks: &[(String, String)],
+        converge: &mut Vec<AccountOp>,
+        out: &mut SweepOutcome,
+    ) -> Result<Vec<TxnDoc>> {
+        // The accounts as they are (a conflicted one's winning leaf will do: the terms come
+        // from a marker, and the engine merges the account before anything is applied to it).
+        let ids: Vec<String> = marks.iter().map(|(a, _)| account_doc_id(a)).collect();
+        let mut accounts: HashMap<String, Option<Value>> = HashMap::new();
+        for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
+            let rows = self.inner.hot.all_docs_with_conflicts(chunk).await?;
+            for (id, row) in chunk.iter().zip(rows) {
+                let mut doc = row.doc.filter(Value::is_object);
+                if let Some(d) = doc.as_mut().and_then(Value::as_object_mut) {
+                    d.remove("_conflicts");
+                }
+                accounts.insert(id.clone(), doc);
+            }
+        }
+        let lease_ms = i64::try_from(self.inner.lease.as_millis()).unwrap_or(i64::MAX);
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut recovered = Vec::new();
+        for (account, txn) in marks {
+            let doc = accounts
+                .get(&account_doc_id(account))
+                .cloned()
+                .flatten()
+                .and_then(|v| AccountDoc::from_value(v).ok());
+            let marker = doc
+                .as_ref()
+                .and_then(|d| d.pending.iter().find(|m| &m.txn == txn).cloned());
+            let (Some(doc), Some(marker)) = (doc, marker) else {
+                // Converged since the view was built.
+                continue;
+            };
+            let (Some(_), Some(peer)) = (marker.attempt, marker.peer.clone()) else {
+                out.skipped += 1;
+                out.problem(format!(
+                    "account:{account} holds a pending marker of transfer {txn}, which does not \
+                     exist"
+                ));
+                continue;
+            };
+            // Past any lease of its worker (which decides nothing after it), so that a live
+            // worker is not raced to a decision it was about to make.
+            if marker.at.unwrap_or(0) > now_ms().saturating_sub(lease_ms) {
+                out.skipped += 1;
+                continue;
+            }
+            if !seen.insert(txn.clone()) {
+                continue;
+            }
+            let (source, destination) = if marker.delta.is_positive() {
+                (peer.clone(), account.clone())
+            } else {
+                (account.clone(), peer.clone())
+            };
+            let now = now_ms();
+            let mut initial = TxnDoc {
+                id: txn_doc_id(txn),
+                rev: None,
+                doc_type: "transaction".to_owned(),
+                txn_id: txn.clone(),
+                source,
+                destination,
+                value: if marker.delta.is_positive() {
+                    marker.delta
+                } else {
+                    marker.delta.neg()
+                },
+                currency: doc.currency.clone(),
+                state: State::Initial,
+                reason: None,
+                reverses: None,
+                claim: None,
+                created_at: marker.at.unwrap_or(now),
+                last_modified: now,
+                markers: None,
+                extra: serde_json::Map::new(),
+            };
+            match self.write_txn(&initial).await {
+                Ok(Some(rev)) => {
+                    tracing::warn!(%txn, "nobody decided this transfer; driving it from its markers");
+                    initial.rev = Some(rev);
+                    recovered.push(initial);
+                }
+                // Written meanwhile (by its worker, or another sweeper): follow it.
+                Ok(None) => match self.read_txn(txn).await {
+                    Ok(found) if found.state.is_terminal() => {
+                        for a in [account, &peer] {
+                            if let Some(kind) = convergence(&found, a) {
+                                converge.push(AccountOp {
+                                    account: a.clone(),
+                                    txn: txn.clone(),
+                                    kind,
+                                    link: None,
+                                });
+                            }
+                        }
+                    }
+                    // Open: the by_state scan finds it (its driver adopts the marker).
+                    Ok(_) => {}
+                    Err(e) => {
+                        out.failed += 1;
+                        out.problem(format!("{}: {e}", txn_doc_id(txn)));
+                    }
+                },
+                Err(e) => {
+                    out.failed += 1;
+                    out.problem(format!("{}: {e}", txn_doc_id(txn)));
+                }
+            }
+        }
+        Ok(recovered)
+    }
+
+    /// Takes one candidate over and drives it: an `initial` one on the one-write path (apply,
+    /// then one CAS to its end), any other by the stepwise protocol.
     async fn sweep_one(&self, doc: TxnDoc) -> Swept {
         let id = doc.txn_id.clone();
+        if doc.state == State::Initial && !self.inner.stepwise {
+            return match self.decide_initial(doc).await {
+                Ok((end, true)) => match end.state {
+                    State::Done => Swept::Advanced,
+                    State::Cancelled => Swept::Cancelled,
+                    other => Swept::Failed(format!("{id}: stopped in state {other}")),
+                },
+                // Decided (or taken) by another driver meanwhile.
+                Ok((_, false)) => Swept::Skipped,
+                Err(e) => Swept::Failed(format!("{id}: {e}")),
+            };
+        }
         let drive = match self.take_over(&doc).await {
             Ok(Some(drive)) => drive,
             Ok(None) => return Swept::Skipped,

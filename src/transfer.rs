@@ -35,6 +35,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::account_doc::Attempt;
 use crate::accounts::validate_id;
 use crate::conflict::{choose_transfer_leaf, Evidence};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
@@ -52,6 +53,8 @@ use crate::state::{transition, Event, State, TransitionError};
 /// `fail::cfg(name, "1*return")` makes the next pass through it stop as if the process crashed
 /// there (the call returns an error and writes nothing more).
 pub const FAIL_POINTS: &[&str] = &[
+    "once-after-apply",
+    "once-after-decide",
     "txn-after-create",
     "txn-after-begin",
     "txn-after-debit",
@@ -83,6 +86,10 @@ pub enum Reason {
     /// The source's or destination's document is not a valid account for this program (written
     /// by another tool); `verify` names it.
     UnreadableAccount,
+    /// Another transfer under the same id, with other terms, was being applied at the same time
+    /// (two callers reused one idempotency key): this one did not happen; the other caller, if
+    /// its turn comes second, is told its id is taken (a mismatch).
+    ConflictingTerms,
 }
 
 impl Reason {
@@ -95,6 +102,7 @@ impl Reason {
             Reason::CancelledByUser => "cancelled_by_user",
             Reason::BalanceOverflow => "balance_overflow",
             Reason::UnreadableAccount => "unreadable_account",
+            Reason::ConflictingTerms => "conflicting_terms",
         }
     }
 }
@@ -191,8 +199,19 @@ pub(crate) struct TxnDoc {
     pub(crate) claim: Option<Claim>,
     pub(crate) created_at: i64,
     pub(crate) last_modified: i64,
+    /// A one-write decision `done`: the attempt of the marker it counts on each account
+    /// (docs/ONE_WRITE.md). `None` on the stepwise protocol's documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) markers: Option<Named>,
     #[serde(flatten)]
     pub(crate) extra: Map<String, Value>,
+}
+
+/// The markers a one-write `done` counts: an attempt on each account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Named {
+    pub(crate) source: Attempt,
+    pub(crate) destination: Attempt,
 }
 
 /// `txn:{id}`.
@@ -258,7 +277,7 @@ impl TxnDoc {
         }
     }
 
-    fn outcome(&self, status: RecordStatus) -> TransferOutcome {
+    pub(crate) fn outcome(&self, status: RecordStatus) -> TransferOutcome {
         TransferOutcome {
             id: self.txn_id.clone(),
             state: self.state,
@@ -276,7 +295,7 @@ impl TxnDoc {
     }
 
     /// The first term in which `self` differs from `other`, by its document field name.
-    fn differing_term(&self, other: &TxnDoc) -> Option<&'static str> {
+    pub(crate) fn differing_term(&self, other: &TxnDoc) -> Option<&'static str> {
         if self.source != other.source {
             Some("source")
         } else if self.destination != other.destination {
@@ -353,7 +372,7 @@ impl Drive {
 
 /// Counts a background finish out when it ends, however it ends, and wakes [`Ledger::flush`]
 /// when it was the last.
-struct FinishingGuard<'a>(&'a crate::ledger::Finishing);
+pub(crate) struct FinishingGuard<'a>(pub(crate) &'a crate::ledger::Finishing);
 
 impl Drop for FinishingGuard<'_> {
     fn drop(&mut self) {
@@ -401,7 +420,7 @@ fn judge(debit: OpResult, credit: OpResult) -> Verdict {
 impl Ledger {
     /// A fresh claim for this worker and the monotonic deadline that goes with it. The deadline
     /// is taken before the claim is written, so it is never later than the server-side expiry.
-    fn new_claim(&self) -> (Claim, Instant) {
+    pub(crate) fn new_claim(&self) -> (Claim, Instant) {
         let lease = self.inner.lease;
         let margin = lease / LEASE_MARGIN_DIVISOR;
         let deadline = Instant::now() + (lease - margin);
@@ -415,11 +434,11 @@ impl Ledger {
 
     /// Writes a transfer document through the batching writer: `Some(rev)`, or `None` on a
     /// conflict (stale `_rev`, or the document exists).
-    async fn write_txn(&self, doc: &TxnDoc) -> Result<Option<String>> {
+    pub(crate) async fn write_txn(&self, doc: &TxnDoc) -> Result<Option<String>> {
         doc.check()
             .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))?;
-        let value = serde_json::to_value(doc).map_err(|e| Error::invalid_input(e.to_string()))?;
-        match self.inner.txns.write(doc.id.clone(), value).await {
+        let raw = crate::couch::RawDoc::new(&doc.id, doc)?;
+        match self.inner.txns.write(doc.id.clone(), raw).await {
             Ok(crate::engine::TxnWrite::Written(rev)) => {
                 if matches!(doc.state, State::Done | State::Cancelled) {
                     self.inner.accounts.note_ended(&doc.txn_id);
@@ -757,12 +776,18 @@ impl Ledger {
                                     currency: currency.clone(),
                                     check_funds: true,
                                     deadline: Some(d.deadline),
+                                    attempt: None,
+                                    peer: None,
+                                    exists: true,
                                 },
                                 OpKind::Apply {
                                     delta: value,
                                     currency,
                                     check_funds: false,
                                     deadline: Some(d.deadline),
+                                    attempt: None,
+                                    peer: None,
+                                    exists: true,
                                 },
                             ],
                             link,
@@ -825,7 +850,15 @@ impl Ledger {
                 }
                 State::Committed => {
                     let [source, destination] = self
-                        .account_step(d, "settle", [OpKind::Settle, OpKind::Settle], None)
+                        .account_step(
+                            d,
+                            "settle",
+                            [
+                                OpKind::Settle { named: None },
+                                OpKind::Settle { named: None },
+                            ],
+                            None,
+                        )
                         .await?;
                     // Our markers (if any) are settled now: nothing left to clean up.
                     d.applied.clear();
@@ -905,13 +938,15 @@ impl Ledger {
         if d.applied.is_empty() {
             return;
         }
+        // The decision's own rule for each marker (a one-write `done` names the marker it
+        // counts: settled, any other undone).
         let ops: Vec<AccountOp> = d
             .applied
             .drain(..)
             .map(|account| AccountOp {
+                kind: crate::one_write::convergence(&d.doc, &account).unwrap_or(OpKind::Undo),
                 account,
                 txn: d.doc.txn_id.clone(),
-                kind: OpKind::Undo,
                 link: None,
             })
             .collect();
@@ -1020,16 +1055,20 @@ impl Ledger {
         // can have landed), so every error names it: a caller that retries with the same id
         // finds it instead of making a second transfer.
         // (A mismatch is the exception: the id belongs to another transfer, this call wrote
-        // nothing.)
-        self.create_and_drive(&id, request, reverses, wait)
-            .await
-            .map_err(|e| {
-                if e.is_mismatch() {
-                    e
-                } else {
-                    e.with_transfer(&id)
-                }
-            })
+        // nothing that counts.)
+        let result = if wait && reverses.is_none() && !self.inner.stepwise {
+            // The one-write path (docs/ONE_WRITE.md); reversals keep the stepwise protocol.
+            self.submit_once(&id, &request).await
+        } else {
+            self.create_and_drive(&id, request, reverses, wait).await
+        };
+        result.map_err(|e| {
+            if e.is_mismatch() {
+                e
+            } else {
+                e.with_transfer(&id)
+            }
+        })
     }
 
     async fn create_and_drive(
@@ -1057,6 +1096,7 @@ impl Ledger {
             claim: wait.then_some(claim),
             created_at: now,
             last_modified: now,
+            markers: None,
             extra: Map::new(),
         };
         if let Some(rev) = self.write_txn(&doc).await? {
@@ -1183,6 +1223,12 @@ impl Ledger {
         let mut doc = self.read_txn(id).await?;
         if doc.state == State::Committed {
             doc = self.finish_committed(doc).await?;
+        }
+        if doc.state == State::Done && doc.markers.is_some() {
+            // A one-write transfer's settles may still be held (or left to the sweeper): the
+            // destination's credit is spendable only once settled.
+            let accounts = [doc.source.clone(), doc.destination.clone()];
+            self.converge_now(&doc, &accounts).await;
         }
         if doc.state != State::Done {
             return Err(Error::invalid(

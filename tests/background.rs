@@ -1,6 +1,8 @@
-//! Background finish (`Ledger::with_background_finish`): `submit` answers at the commit, the
-//! settles (held to fold into their accounts' next writes) and `done` follow in a task of the
-//! ledger's own; `flush` waits for them; a finish that stops is the sweeper's to end, once.
+//! Background finish (`Ledger::with_background_finish`) on the stepwise protocol
+//! (`Ledger::with_stepwise_transfers`): `submit` answers at the commit, the settles (held to fold
+//! into their accounts' next writes) and `done` follow in a task of the ledger's own; `flush`
+//! waits for them; a finish that stops is the sweeper's to end, once. (The one-write path's
+//! background finish: tests/one_write.rs, and the split-layout test below runs both.)
 
 use std::time::Duration;
 
@@ -92,6 +94,7 @@ fn now_ms() -> i64 {
 async fn a_background_finish_answers_committed_and_flush_ends_it_done() {
     let l = support::ledger("bg_committed")
         .await
+        .with_stepwise_transfers()
         .with_background_finish();
     assert!(l.finishes_in_background());
     open(&l, "A", 1_000).await;
@@ -183,7 +186,9 @@ async fn settles_held_for_folding_go_out_with_the_accounts_next_write() {
         writes_in(&db).await - before
     }
 
-    let plain = support::ledger("bg_fold_plain").await;
+    let plain = support::ledger("bg_fold_plain")
+        .await
+        .with_stepwise_transfers();
     let unfolded = run(&plain, &customers, n).await;
     assert_eq!(
         unfolded,
@@ -192,7 +197,10 @@ async fn settles_held_for_folding_go_out_with_the_accounts_next_write() {
     );
     assert_eq!(plain.settles_folded(), 0);
 
-    let l = support::ledger("bg_fold").await.with_background_finish();
+    let l = support::ledger("bg_fold")
+        .await
+        .with_stepwise_transfers()
+        .with_background_finish();
     let written = run(&l, &customers, n).await;
     let folded = l.settles_folded();
     eprintln!(
@@ -230,6 +238,7 @@ async fn settles_held_for_folding_go_out_with_the_accounts_next_write() {
 async fn a_held_credit_is_spendable_by_the_next_transfer_in_this_process() {
     let l = support::ledger("bg_held_credit")
         .await
+        .with_stepwise_transfers()
         .with_background_finish();
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
@@ -268,6 +277,7 @@ async fn a_stalled_background_finish_is_finished_by_the_sweeper_exactly_once() {
     let (g, hook) = support::gate("settle");
     let l = support::ledger("bg_stalled")
         .await
+        .with_stepwise_transfers()
         .with_lease(lease)
         .unwrap()
         .with_pause_hook(hook)
@@ -376,13 +386,28 @@ async fn a_refused_transfer_in_background_mode_is_cancelled_before_the_answer() 
     assert_at_rest(&l).await;
 }
 
-/// The same on the split layout: answers at the commit, every transfer `done` after `flush`,
-/// the transfers in the hot database, the audit at rest passes.
+/// The same on the split layout, by either protocol: answers at the decision (`committed`
+/// stepwise, `done` on the one-write path), every transfer `done` after `flush`, the transfers
+/// in the hot database, the audit at rest passes.
 #[tokio::test]
 async fn a_split_ledger_finishes_in_the_background_too() {
-    let l = support::split_ledger("bg_split")
-        .await
-        .with_background_finish();
+    split_ledger_in_background(true).await;
+    split_ledger_in_background(false).await;
+}
+
+async fn split_ledger_in_background(stepwise: bool) {
+    let name = if stepwise {
+        "bg_split"
+    } else {
+        "bg_split_once"
+    };
+    let l = support::split_ledger(name).await;
+    let (l, answer) = if stepwise {
+        (l.with_stepwise_transfers(), State::Committed)
+    } else {
+        (l, State::Done)
+    };
+    let l = l.with_background_finish();
     assert!(l.finishes_in_background() && l.hot_database().is_some());
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
@@ -391,7 +416,7 @@ async fn a_split_ledger_finishes_in_the_background_too() {
             .submit(request(&format!("s{i}"), "A", "B", 100), true)
             .await
             .unwrap();
-        assert_eq!(o.state, State::Committed, "s{i}: {o:?}");
+        assert_eq!(o.state, answer, "s{i}: {o:?}");
         assert!(l.finishing() >= 1);
     }
     assert_eq!(balance(&l, "A").await, 700);

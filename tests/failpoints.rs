@@ -73,20 +73,29 @@ async fn every_fail_point_is_recovered_by_the_sweeper() {
     open(&l, "B", 0).await;
     let mut moved = 0;
 
+    // The stepwise protocol's points (`txn-…`, and the sweeper's takeover and orphan repair,
+    // which only the stepwise protocol meets) crash a stepwise ledger; the one-write path's
+    // (`once-…`) the default one.
+    let stepwise = l.clone().with_stepwise_transfers();
     for (i, &point) in FAIL_POINTS.iter().enumerate() {
         let id = format!("fp{i}");
         let cancels = matches!(point, "txn-after-canceling" | "txn-after-undo");
         let value = if cancels { 10 * opening } else { 100 };
+        let worker = if point.starts_with("once-") {
+            &l
+        } else {
+            &stepwise
+        };
         match point {
             "sweeper-after-takeover" => {
-                l.submit(request(&id, value), false).await.unwrap();
+                worker.submit(request(&id, value), false).await.unwrap();
                 fail::cfg(point, "1*return").unwrap();
-                let o = l.sweep_once(now_sweep()).await.unwrap();
+                let o = worker.sweep_once(now_sweep()).await.unwrap();
                 assert_eq!(o.failed, 1, "{point}: {o:?}");
                 assert!(o.problems.iter().any(|p| p.contains(point)), "{o:?}");
             }
             "sweeper-after-repair" => {
-                let t = l.submit(request(&id, value), true).await.unwrap();
+                let t = worker.submit(request(&id, value), true).await.unwrap();
                 assert_eq!(t.state, State::Done);
                 duplicate_marker(&l, &id, value).await;
                 fail::cfg(point, "1*return").unwrap();
@@ -95,7 +104,7 @@ async fn every_fail_point_is_recovered_by_the_sweeper() {
             }
             _ => {
                 fail::cfg(point, "1*return").unwrap();
-                let e = l.submit(request(&id, value), true).await.unwrap_err();
+                let e = worker.submit(request(&id, value), true).await.unwrap_err();
                 assert!(e.to_string().contains(point), "{point}: {e}");
             }
         }
@@ -107,12 +116,19 @@ async fn every_fail_point_is_recovered_by_the_sweeper() {
             Duration::from_secs(30),
             move || async move {
                 l2.sweep_once(now_sweep()).await.unwrap();
-                let t = l2.transfer(id2).await.unwrap();
+                // A one-write transfer that crashed before its decision has no document yet.
+                let t = match l2.transfer(id2).await {
+                    Ok(t) => t,
+                    Err(e) if e.is_not_found() => return None,
+                    Err(e) => panic!("{e}"),
+                };
                 let markers = l2.status().await.unwrap().pending_markers;
                 (t.state.is_terminal() && markers == 0).then_some(t)
             },
         )
         .await;
+        // (Crashed before its decision, a one-write transfer gets its document from the sweeper
+        // once its markers are older than the lease, and is driven to `done`.)
         if cancels {
             assert_eq!(finished.state, State::Cancelled, "{point}");
             assert_eq!(

@@ -218,6 +218,9 @@ impl Tally {
             return;
         }
         let kind = error_kind(e);
+        if std::env::var("RELIABILITY_ERRORS").is_ok() {
+            eprintln!("ERROR {part}:{kind}: {e}");
+        }
         *self
             .errors
             .lock()
@@ -1657,6 +1660,12 @@ async fn reliability() {
         logs.0.lock().unwrap().len(),
         started.elapsed()
     );
+    // For a person chasing a failure: the library's log lines of the whole run.
+    if let Ok(path) = std::env::var("RELIABILITY_LOG_FILE") {
+        if let Err(e) = std::fs::write(&path, &*logs.0.lock().unwrap()) {
+            eprintln!("could not write the logs to {path}: {e}");
+        }
+    }
     let violations = tally.violations();
     let line = format!(
         "RELIABILITY transfers={} crash_points={} crashes={} kills={} server_restarts={} faults={} bad_inputs={} conflicts_met={} conflicts_resolved={} overdrafts_from_conflicts={} violations={} split_rounds={} background={}",

@@ -872,11 +872,11 @@ async fn serve_stops_gracefully_on_sigterm_finishing_requests_in_flight() {
     assert!(report.ok, "{report:?}");
 }
 
-/// `--answer-at-commit`: every transfer is answered `committed` (the money moved), and what was
-/// still settling when SIGTERM came is finished before the process exits — with no sweeper
-/// running, nothing else would.
+/// `--answer-at-commit`: every transfer is answered at its decision (`done` on the one-write
+/// path: the money moved), and what was still settling when SIGTERM came is finished before the
+/// process exits — with no sweeper running, nothing else would.
 #[tokio::test]
-async fn serve_answer_at_commit_answers_committed_and_finishes_before_it_stops() {
+async fn serve_answer_at_commit_answers_at_the_decision_and_finishes_before_it_stops() {
     const TRANSFERS: usize = 30;
     let (l, db) = ledger("serve_answer_at_commit").await;
     account(&l, "src", "EUR", 1_000_000, Some(0)).await;
@@ -894,9 +894,9 @@ async fn serve_answer_at_commit_answers_committed_and_finishes_before_it_stops()
     while let Some(done) = tasks.join_next().await {
         let (status, body) = done.unwrap();
         assert_eq!(status, StatusCode::CREATED, "{body}");
-        assert_eq!(body["state"], "committed", "{body}");
+        assert_eq!(body["state"], "done", "{body}");
     }
-    // Answered at the commit: the balance carries every transfer already.
+    // Answered at the decision: the balance carries every transfer already.
     let moved: i64 = (0..TRANSFERS as i64).map(|i| 100 + i).sum();
     assert_eq!(l.account("dst").await.unwrap().balance.minor(), moved);
     sigterm(svc.pid());

@@ -196,10 +196,12 @@ async fn orphan_markers_are_repaired() {
         .await
         .unwrap();
     // Simulate a worker that re-applied "paid" on B long after it was settled (and its settled
-    // entry pruned): a pending marker of a done transfer, with its delta in the balance.
+    // entry pruned): a pending marker of a done transfer, with its delta in the balance, of an
+    // attempt the decision does not name.
     let mut b: Value = l.hot_client().get("account:B").await.unwrap();
     b["settled"] = json!([]);
-    b["pending"] = json!([{"txn": "paid", "delta": 100, "at": 1}]);
+    b["pending"] =
+        json!([{"txn": "paid", "delta": 100, "at": 1, "attempt": "0123456789ab", "peer": "A"}]);
     b["balance"] = json!(200);
     l.hot_client().put("account:B", &b).await.unwrap();
     // And a marker of a transfer that does not exist.

@@ -31,3 +31,5 @@ mod ecosystem;
 mod layout;
 // Background finish: submit answers at the commit, settles folded, flush, the sweeper after a stall.
 mod background;
+// The one-write path (issue 15): one create decides, markers adopted, converged, abandoned.
+mod one_write;

@@ -641,8 +641,10 @@ async fn a_stale_worker_resumes_into_skips() {
         open(&base, &a, 1_000, Some(0)).await;
         open(&base, &b, 0, Some(0)).await;
         let (g, hook) = support::gate(phase);
+        // The stepwise protocol's phases (the one-write path's are in tests/one_write.rs).
         let slow = base
             .another_worker()
+            .with_stepwise_transfers()
             .with_lease(Duration::from_millis(300))
             .unwrap()
             .with_pause_hook(hook);
@@ -868,7 +870,12 @@ async fn a_transfer_that_fails_after_its_document_was_written_names_its_id() {
     open(&base, "A", 1_000, Some(0)).await;
     open(&base, "B", 0, Some(0)).await;
     let (g, hook) = support::gate("apply");
-    let worker_ledger = base.another_worker().with_pause_hook(hook);
+    // The stepwise protocol writes the document first (the one-write path writes it last:
+    // tests/one_write.rs).
+    let worker_ledger = base
+        .another_worker()
+        .with_stepwise_transfers()
+        .with_pause_hook(hook);
     // No id given: the library makes one, and the error must still carry it.
     let worker = tokio::spawn(async move {
         worker_ledger
@@ -1098,8 +1105,8 @@ async fn money_in_flight_is_given_per_currency() {
     assert!(l.status().await.unwrap().in_flight_by_currency.is_empty());
 }
 
-/// Answering at the commit (`Ledger::with_background_finish`): a credit its caller was told is
-/// `committed` is spendable by that caller's next transfer in the same process, even when the
+/// Answering at the decision (`Ledger::with_background_finish`): a credit its caller was told is
+/// `done` is spendable by that caller's next transfer in the same process, even when the
 /// credit's held settle is released (its hold over) while that debit already waits in the
 /// engine's queue. Every reply is delayed 100 ms by a proxy, so an unrelated round is in flight
 /// when the hold ends with the debit queued behind it; the engine runs a round's settles before
@@ -1130,7 +1137,8 @@ async fn a_credit_answered_committed_is_spendable_by_the_next_transfer() {
         .submit(request(Some("t1"), "A", "B", 100), true)
         .await
         .unwrap();
-    assert_eq!(t1.state, State::Committed);
+    // The one-write path answers at the decision: done, the settles held.
+    assert_eq!(t1.state, State::Done);
     proxy.set_http_faults(support::proxy::HttpFaults {
         delay_permille: 1000,
         delay_ms: 100,
@@ -1151,13 +1159,13 @@ async fn a_credit_answered_committed_is_spendable_by_the_next_transfer() {
         .submit(request(Some("t2"), "B", "C", 100), true)
         .await
         .unwrap();
-    assert_eq!(load.await.unwrap().unwrap().state, State::Committed);
+    assert_eq!(load.await.unwrap().unwrap().state, State::Done);
     proxy.set_http_faults(Default::default());
     l.flush().await;
     assert_eq!(
         (t2.state, t2.reason.as_deref()),
-        (State::Committed, None),
-        "T1 was answered committed, yet B could not spend its credit"
+        (State::Done, None),
+        "T1 was answered done, yet B could not spend its credit"
     );
     let b = l.account("B").await.unwrap();
     assert_eq!((b.balance.minor(), b.pending.len()), (0, 0));

@@ -19,9 +19,10 @@ function (newDoc, oldDoc, userCtx, secObj) {
     ['adjustment:', 'adjustment'], ['shipment:', 'shipment'], ['delivery:', 'delivery'],
     ['account:', 'account'], ['txn:', 'transaction']
   ];
-  // One step of a transfer's state graph (docs/DOCUMENTS.md).
+  // One step of a transfer's state graph (docs/DOCUMENTS.md); `initial -> done` is the one-write
+  // path's decision (docs/ONE_WRITE.md).
   var TRANSITIONS = {
-    initial: { pending: true, cancelled: true },
+    initial: { pending: true, cancelled: true, done: true },
     pending: { committed: true, canceling: true },
     committed: { done: true },
     canceling: { cancelled: true },
@@ -335,14 +336,40 @@ function (newDoc, oldDoc, userCtx, secObj) {
       deny(type, "field 'last_modified' must be a number (ms since epoch)");
     }
 
+    // A one-write decision `done` names the attempt of the marker it counts on each account
+    // (docs/ONE_WRITE.md): required where `done` is reached that way, by creation or from
+    // 'initial'.
+    var decided = state === 'done' && (creating || (oldLive && oldDoc.state === 'initial'));
+    if (newDoc.markers !== undefined || decided) {
+      if (!isObj(newDoc.markers)) {
+        deny(type, "field 'markers' must be an object {source, destination} of attempts");
+      }
+      var roles2 = ['source', 'destination'];
+      for (var r = 0; r < roles2.length; r++) {
+        var at = newDoc.markers[roles2[r]];
+        if (typeof at !== 'string' || !/^[0-9a-f]{12}$/.test(at)) {
+          deny(type, "field 'markers." + roles2[r] + "' must be an attempt (12 lower-case hex digits)");
+        }
+      }
+      if (state !== 'done') { deny(type, "field 'markers' belongs to a 'done' transfer only"); }
+    }
     if (!oldLive) {
-      // A replicated history (an admin's, see above) may start anywhere; a new transfer may not.
-      if (creating && state !== 'initial' && state !== 'pending') {
-        deny(type, "field 'state' of a new transfer must be 'initial' or 'pending', got '" + state + "'");
+      // A replicated history (an admin's, see above) may start anywhere; a new transfer starts
+      // 'initial' or 'pending', or decided at once on the one-write path.
+      if (creating && state !== 'initial' && state !== 'pending' && state !== 'done' &&
+          state !== 'cancelled') {
+        deny(type, "field 'state' of a new transfer must be 'initial', 'pending', 'done' or " +
+          "'cancelled', got '" + state + "'");
+      }
+      if (creating && state === 'cancelled' && !isStr(newDoc.reason)) {
+        deny(type, "field 'reason' of a transfer created 'cancelled' must say why");
       }
       return;
     }
 
+    if (oldDoc.state !== 'initial' && !same(newDoc.markers, oldDoc.markers)) {
+      deny(type, "field 'markers' is written once, with the decision");
+    }
     var fixedT = ['txn_id', 'source', 'destination', 'value', 'currency', 'reverses', 'created_at'];
     for (var t = 0; t < fixedT.length; t++) {
       if (!same(newDoc[fixedT[t]], oldDoc[fixedT[t]])) {

@@ -39,11 +39,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = 1000)]
     pub(crate) sweep_batch: usize,
 
-    /// Answer a transfer as soon as it is committed (the money has moved; its settle and
-    /// `done` follow inside the service, each settle going out with its account's next write):
-    /// more transfers a second under load, answers that say "committed" instead of "done".
-    /// What is still finishing at a stop is finished before the process exits, or by a sweeper
-    /// if it is killed (`Ledger::with_background_finish`).
+    /// Answer a transfer as soon as it is decided (`done`: the money has moved; the settles of
+    /// its accounts' markers follow inside the service, each going out with its account's next
+    /// write): more transfers a second under load. What is still settling at a stop is finished
+    /// before the process exits, or by a sweeper if it is killed
+    /// (`Ledger::with_background_finish`).
     #[arg(long)]
     pub(crate) answer_at_commit: bool,
 

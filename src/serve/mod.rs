@@ -205,7 +205,7 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
             return Ok(Exit::Operational);
         }
     }
-    // Transfers answered at the commit and still settling (--answer-at-commit): let them end
+    // Transfers answered at their decision and still settling (--answer-at-commit): let them end
     // here rather than leave them to a sweeper; bounded like the requests.
     if tokio::time::timeout(SHUTDOWN_GRACE, ledger.flush())
         .await

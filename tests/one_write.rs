@@ -1,0 +1,1051 @@
+//! The one-write path (docs/ONE_WRITE.md) against the real server: a transfer submitted with
+//! `wait = true` applies both accounts with pending markers `{txn, delta, at, attempt, peer}`,
+//! then creates `txn:{id}` once, directly `done` (naming the attempt of the marker on each
+//! account) or `cancelled`, then converges the markers (settled when named, undone otherwise).
+//!
+//! What is checked here:
+//! - one document write per transfer document, five documents a lone transfer, fewer when the
+//!   settles fold (background finish);
+//! - idempotency: the same id again (settled entries present, pruned, or never written) answers
+//!   the existing outcome and moves nothing; many concurrent submits of one id apply it once;
+//!   the same id with other terms is one transfer and a mismatch;
+//! - business refusals decide `cancelled` by the same single create;
+//! - a worker stopped after its apply: the sweeper gives the transfer its document only once the
+//!   lease passed (`initial`, the terms from the markers) and drives it `done`, adopting the
+//!   markers, every answer agreeing with that decision; before that, a retry adopts them and
+//!   decides `done` and the stopped worker follows; two attempts under one id with other terms
+//!   end with one decided (`cancelled`, `conflicting_terms`, or done) and the other a mismatch,
+//!   and what a caller was told did not happen never happens later;
+//! - transfers left `initial` are finished by one CAS; a `cancel` racing the sweeper wins;
+//! - the sweeper converges what a dead worker left after its decision: named markers settled
+//!   (never undone), markers of attempts the decision does not name undone.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support;
+use couch_ledger::{
+    AccountSpec, Amount, Currency, Ledger, RecordStatus, State, SweepOptions, TransferOutcome,
+    TransferRequest, VerifyOptions,
+};
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+fn eur() -> Currency {
+    Currency::from_code("EUR").unwrap()
+}
+
+fn amount(minor: i64) -> Amount {
+    Amount::new(minor).unwrap()
+}
+
+/// Opens account `id` in EUR with a minimum balance of 0.
+async fn open(l: &Ledger, id: &str, opening: i64) {
+    let created = l
+        .create_account(AccountSpec {
+            account_id: id.into(),
+            currency: eur(),
+            opening: amount(opening),
+            min_balance: Some(Amount::ZERO),
+        })
+        .await
+        .unwrap();
+    assert_eq!(created.status, RecordStatus::Created);
+}
+
+fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
+    TransferRequest {
+        id: Some(id.into()),
+        source: from.into(),
+        destination: to.into(),
+        amount: amount(value),
+        currency: eur(),
+    }
+}
+
+fn now_sweep() -> SweepOptions {
+    SweepOptions {
+        limit: 100,
+        stale_after: Duration::ZERO,
+    }
+}
+
+async fn balance(l: &Ledger, id: &str) -> i64 {
+    l.account(id).await.unwrap().balance.minor()
+}
+
+async fn balances(l: &Ledger, ids: &[&str]) -> Vec<i64> {
+    let mut out = Vec::new();
+    for id in ids {
+        out.push(balance(l, id).await);
+    }
+    out
+}
+
+async fn assert_no_marker(l: &Ledger, accounts: &[&str]) {
+    for id in accounts {
+        let a = l.account(id).await.unwrap();
+        assert!(a.pending.is_empty(), "{id} still holds a marker: {a:?}");
+    }
+}
+
+async fn assert_at_rest(l: &Ledger) {
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+}
+
+/// `txn:{id}` as stored, read raw.
+async fn raw_txn(l: &Ledger, id: &str) -> Value {
+    l.hot_client()
+        .get::<Value>(&format!("txn:{id}"))
+        .await
+        .unwrap_or_else(|e| panic!("txn:{id}: {e}"))
+}
+
+/// `account:{id}` as stored, read raw.
+async fn raw_account(l: &Ledger, id: &str) -> Value {
+    l.hot_client()
+        .get::<Value>(&format!("account:{id}"))
+        .await
+        .unwrap_or_else(|e| panic!("account:{id}: {e}"))
+}
+
+/// The raw pending markers of account `id` for transfer `txn`.
+async fn raw_markers(l: &Ledger, id: &str, txn: &str) -> Vec<Value> {
+    raw_account(l, id).await["pending"]
+        .as_array()
+        .expect("pending is a list")
+        .iter()
+        .filter(|m| m["txn"] == txn)
+        .cloned()
+        .collect()
+}
+
+/// An attempt token: 12 lower-case hex digits.
+fn is_attempt(v: &Value) -> bool {
+    v.as_str()
+        .is_some_and(|s| s.len() == 12 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
+}
+
+fn rev_generation(doc: &Value) -> u64 {
+    let rev = doc["_rev"].as_str().expect("a _rev");
+    rev.split('-')
+        .next()
+        .unwrap()
+        .parse()
+        .expect("a generation")
+}
+
+/// Document writes so far in database `db`: the sum of its live documents' revision
+/// generations (as tests/background.rs counts them).
+async fn writes_in(db: &str) -> u64 {
+    support::db_snapshot(db)
+        .await
+        .revs
+        .iter()
+        .map(|(id, rev)| {
+            let generation = rev.split('-').next().unwrap_or_default();
+            generation
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{id}: revision {rev} has no generation"))
+        })
+        .sum()
+}
+
+/// Asserts a one-write `done` document: created once (`1-`) unless `generation` says otherwise,
+/// both markers named; returns `(source attempt, destination attempt)`.
+fn assert_done_once(doc: &Value, generation: u64) -> (String, String) {
+    assert_eq!(doc["state"], "done", "{doc:#}");
+    assert_eq!(rev_generation(doc), generation, "{doc:#}");
+    assert!(
+        doc["claim"].is_null(),
+        "a decided transfer holds no claim: {doc:#}"
+    );
+    let (s, d) = (&doc["markers"]["source"], &doc["markers"]["destination"]);
+    assert!(is_attempt(s) && is_attempt(d), "markers not named: {doc:#}");
+    (
+        s.as_str().unwrap().to_owned(),
+        d.as_str().unwrap().to_owned(),
+    )
+}
+
+/// `(state, status, reason)` of an answer, for one assertion.
+fn answer(o: &TransferOutcome) -> (State, RecordStatus, Option<&str>) {
+    (o.state, o.status, o.reason.as_deref())
+}
+
+/// Wall-clock ms, as markers carry them.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// Waits (polling, bounded) until `since` is at least `d` ago.
+async fn wait_past(what: &str, since: Instant, d: Duration) {
+    support::wait_for(what, d + Duration::from_secs(10), || async {
+        (since.elapsed() > d).then_some(())
+    })
+    .await;
+}
+
+/// Waits for a gate to be reached, bounded.
+async fn reached(g: &support::Gate) {
+    tokio::time::timeout(Duration::from_secs(20), g.reached.notified())
+        .await
+        .unwrap_or_else(|_| panic!("no worker reached the {:?} gate", g.phase));
+}
+
+// ---- 1. one write of the document ------------------------------------------------------------
+
+// A lone transfer: document written once (`1-`, done, markers named), 5 documents, no marker.
+#[tokio::test]
+async fn a_transfer_is_decided_by_one_write_of_its_document() {
+    let l = support::ledger("ow_one_write").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let db = l.hot_client().database().to_owned();
+    let before = writes_in(&db).await;
+
+    let o = l.submit(request("t1", "A", "B", 100), true).await.unwrap();
+    assert_eq!(answer(&o), (State::Done, RecordStatus::Created, None));
+    assert_eq!(o.id, "t1");
+    assert_eq!(
+        writes_in(&db).await - before,
+        5,
+        "a lone transfer writes 2 applies, 1 create and 2 settles"
+    );
+
+    let doc = raw_txn(&l, "t1").await;
+    let (s, d) = assert_done_once(&doc, 1);
+    assert_eq!(s, d, "one attempt applied both accounts");
+    assert_eq!(
+        (
+            &doc["source"],
+            &doc["destination"],
+            &doc["value"],
+            &doc["currency"]
+        ),
+        (&json!("A"), &json!("B"), &json!(100), &json!("EUR"))
+    );
+    let view = l.transfer("t1").await.unwrap();
+    assert_eq!((view.state, view.amount.minor()), (State::Done, 100));
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+    let a = l.account("A").await.unwrap();
+    assert_eq!((a.available.minor(), a.posted.minor()), (900, 900));
+    assert_at_rest(&l).await;
+}
+
+// Background finish: the settles fold into the next transfer's writes (< 5 documents each).
+#[tokio::test]
+async fn background_finish_folds_the_settles_into_the_next_transfer() {
+    let l = support::ledger("ow_fold").await.with_background_finish();
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let db = l.hot_client().database().to_owned();
+    let before = writes_in(&db).await;
+
+    let first = l.submit(request("f1", "A", "B", 100), true).await.unwrap();
+    assert_eq!(answer(&first), (State::Done, RecordStatus::Created, None));
+    assert!(l.finishing() >= 1, "the settles of f1 are not in flight");
+    let second = l.submit(request("f2", "A", "B", 100), true).await.unwrap();
+    assert_eq!(answer(&second), (State::Done, RecordStatus::Created, None));
+    tokio::time::timeout(Duration::from_secs(30), l.flush())
+        .await
+        .expect("flush did not return within 30 s");
+    assert_eq!(l.finishing(), 0);
+
+    let written = writes_in(&db).await - before;
+    let folded = l.settles_folded();
+    assert!(folded >= 1, "no settle went out with another write");
+    assert!(
+        written < 2 * 5,
+        "{written} documents for 2 transfers: the settles did not fold"
+    );
+    assert!(
+        written <= 2 * 5 - folded,
+        "{written} documents, {folded} settles folded: a folded settle wrote on its own"
+    );
+    for id in ["f1", "f2"] {
+        assert_done_once(&raw_txn(&l, id).await, 1);
+    }
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [800, 200]);
+    assert_at_rest(&l).await;
+}
+
+// ---- 2.–3. the same id again -----------------------------------------------------------------
+
+// The same id again answers the decision (`Exists`), writes nothing, moves nothing.
+#[tokio::test]
+async fn the_same_id_again_answers_the_decision_and_writes_nothing() {
+    let l = support::ledger("ow_again").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let first = l.submit(request("k", "A", "B", 300), true).await.unwrap();
+    assert_eq!(answer(&first), (State::Done, RecordStatus::Created, None));
+    let db = l.hot_client().database().to_owned();
+    let snapshot = support::db_snapshot(&db).await;
+
+    for _ in 0..2 {
+        let again = l.submit(request("k", "A", "B", 300), true).await.unwrap();
+        assert_eq!(answer(&again), (State::Done, RecordStatus::Exists, None));
+    }
+    // From another worker too (nothing shared in memory).
+    let other = l.another_worker();
+    let again = other
+        .submit(request("k", "A", "B", 300), true)
+        .await
+        .unwrap();
+    assert_eq!(answer(&again), (State::Done, RecordStatus::Exists, None));
+    assert_eq!(
+        support::db_snapshot(&db).await,
+        snapshot,
+        "a retry of a decided transfer wrote"
+    );
+    assert_done_once(&raw_txn(&l, "k").await, 1);
+    assert_eq!(balances(&l, &["A", "B"]).await, [700, 300]);
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_at_rest(&l).await;
+}
+
+// A retry after the settled entries were pruned: its new markers are undone, nothing moves.
+#[tokio::test]
+async fn a_retry_after_the_settled_entries_were_pruned_moves_nothing() {
+    let l = support::ledger("ow_pruned").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let first = l.submit(request("p", "A", "B", 250), true).await.unwrap();
+    assert_eq!(answer(&first), (State::Done, RecordStatus::Created, None));
+    let named = assert_done_once(&raw_txn(&l, "p").await, 1);
+    // Plant: the settled entries pruned from both accounts.
+    for id in ["A", "B"] {
+        let mut doc = raw_account(&l, id).await;
+        assert!(
+            support::settled_entries(&doc).iter().any(|(t, _)| t == "p"),
+            "{id} has no settled entry for p: {doc:#}"
+        );
+        doc["settled"] = json!([]);
+        l.hot_client()
+            .put(&format!("account:{id}"), &doc)
+            .await
+            .unwrap();
+    }
+
+    let again = l.submit(request("p", "A", "B", 250), true).await.unwrap();
+    assert_eq!(answer(&again), (State::Done, RecordStatus::Exists, None));
+    assert_eq!(
+        assert_done_once(&raw_txn(&l, "p").await, 1),
+        named,
+        "the decision changed"
+    );
+    assert_eq!(balances(&l, &["A", "B"]).await, [750, 250], "applied twice");
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_at_rest(&l).await;
+}
+
+// On one copy (no settled entries ever): every retry's markers are undone, nothing moves.
+#[tokio::test]
+async fn a_retry_on_one_copy_without_any_entry_moves_nothing() {
+    let l = support::ledger("ow_one_copy").await.with_one_copy();
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let first = l.submit(request("c", "A", "B", 400), true).await.unwrap();
+    assert_eq!(answer(&first), (State::Done, RecordStatus::Created, None));
+    for id in ["A", "B"] {
+        let doc = raw_account(&l, id).await;
+        assert!(
+            support::settled_entries(&doc).is_empty(),
+            "one copy: {id} keeps a settled entry: {doc:#}"
+        );
+    }
+    let named = assert_done_once(&raw_txn(&l, "c").await, 1);
+
+    for round in 0..2 {
+        let again = l.submit(request("c", "A", "B", 400), true).await.unwrap();
+        assert_eq!(
+            answer(&again),
+            (State::Done, RecordStatus::Exists, None),
+            "retry {round}"
+        );
+        assert_eq!(
+            balances(&l, &["A", "B"]).await,
+            [600, 400],
+            "retry {round} moved money"
+        );
+        assert_no_marker(&l, &["A", "B"]).await;
+    }
+    let other = l.another_worker();
+    let again = other
+        .submit(request("c", "A", "B", 400), true)
+        .await
+        .unwrap();
+    assert_eq!(answer(&again), (State::Done, RecordStatus::Exists, None));
+    assert_eq!(assert_done_once(&raw_txn(&l, "c").await, 1), named);
+    assert_eq!(balances(&l, &["A", "B"]).await, [600, 400]);
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_at_rest(&l).await;
+}
+
+// ---- 4.–5. concurrent submits of one id ------------------------------------------------------
+
+// Eight concurrent submits of one id on four workers: all answer done, money moves once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_submits_of_one_id_apply_it_once() {
+    let l = support::ledger("ow_concurrent").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let workers = [
+        l.clone(),
+        l.another_worker(),
+        l.another_worker(),
+        l.another_worker(),
+    ];
+    for round in 0..3 {
+        let id = format!("same{round}");
+        let mut tasks = Vec::new();
+        for i in 0..8 {
+            let w = workers[i % workers.len()].clone();
+            let r = request(&id, "A", "B", 100);
+            tasks.push(tokio::spawn(async move { w.submit(r, true).await }));
+        }
+        let mut created = 0;
+        for t in tasks {
+            let o = t.await.unwrap().unwrap_or_else(|e| panic!("{id}: {e}"));
+            assert_eq!((o.state, o.reason.as_deref()), (State::Done, None), "{id}");
+            if o.status == RecordStatus::Created {
+                created += 1;
+            }
+        }
+        assert!(created >= 1, "{id}: nobody answered Created");
+        assert_done_once(&raw_txn(&l, &id).await, 1);
+        let n = i64::from(round) + 1;
+        assert_eq!(
+            balances(&l, &["A", "B"]).await,
+            [1_000 - 100 * n, 100 * n],
+            "{id}: not applied exactly once"
+        );
+        assert_no_marker(&l, &["A", "B"]).await;
+    }
+    assert_at_rest(&l).await;
+}
+
+// One id, other terms, at once: one done or mismatches; once swept, balances = the document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_same_id_with_other_terms_at_once_is_one_transfer() {
+    let lease = Duration::from_millis(300);
+    let l = support::ledger("ow_terms").await;
+    let accounts = ["A", "B", "C"];
+    open(&l, "A", 10_000).await;
+    open(&l, "B", 0).await;
+    open(&l, "C", 0).await;
+    let mut expected = vec![10_000, 0, 0];
+    let sweeper = l.another_worker().with_lease(lease).unwrap();
+    let pairs = [
+        (("A", "B", 100), ("A", "C", 100)),
+        (("A", "B", 100), ("A", "B", 70)),
+    ];
+    for round in 0..3 {
+        for (p, (one, two)) in pairs.iter().enumerate() {
+            let id = format!("x{p}_{round}");
+            let (w1, w2) = (l.another_worker(), l.another_worker());
+            let (r1, r2) = (
+                request(&id, one.0, one.1, one.2),
+                request(&id, two.0, two.1, two.2),
+            );
+            let (a1, a2) = tokio::join!(
+                tokio::spawn(async move { w1.submit(r1, true).await }),
+                tokio::spawn(async move { w2.submit(r2, true).await })
+            );
+            let answers = [(one, a1.unwrap()), (two, a2.unwrap())];
+            let answered = Instant::now();
+            eprintln!(
+                "{id}: {:?}",
+                answers
+                    .iter()
+                    .map(|(t, a)| (
+                        t,
+                        a.as_ref()
+                            .map(|o| o.state)
+                            .map_err(|e| e.field().map(str::to_owned))
+                    ))
+                    .collect::<Vec<_>>()
+            );
+            // At most one caller decides (`done`, or its own terms `cancelled` when it met the
+            // other's marker); the other is told its id is taken (a mismatch).
+            let mut decided = None;
+            for (terms, a) in &answers {
+                match a {
+                    Ok(o) => {
+                        let ok = matches!(
+                            (o.state, o.reason.as_deref()),
+                            (State::Done, None) | (State::Cancelled, Some("conflicting_terms"))
+                        );
+                        assert!(ok, "{id} {terms:?}: {o:?}");
+                        assert!(decided.is_none(), "{id}: both decided: {answers:?}");
+                        decided = Some((**terms, o.state));
+                    }
+                    Err(e) => assert!(e.is_mismatch(), "{id} {terms:?}: {e}"),
+                }
+            }
+            // Past the lease: what nobody decided, the sweeper drives.
+            wait_past("the lease", answered, lease + Duration::from_millis(50)).await;
+            let swept = sweeper.sweep_once(now_sweep()).await.unwrap();
+            assert_eq!(swept.failed, 0, "{id}: {swept:?}");
+
+            let doc = raw_txn(&l, &id).await;
+            let value = doc["value"].as_i64().unwrap();
+            let (src, dst) = (
+                doc["source"].as_str().unwrap(),
+                doc["destination"].as_str().unwrap(),
+            );
+            match decided {
+                Some(((from, to, v), State::Done)) => {
+                    assert_done_once(&doc, 1);
+                    assert_eq!((src, dst, value), (from, to, v), "{id}: {doc:#}");
+                }
+                Some(((from, to, v), _)) => {
+                    assert_eq!(
+                        (&doc["state"], &doc["reason"]),
+                        (&json!("cancelled"), &json!("conflicting_terms")),
+                        "{id}: {doc:#}"
+                    );
+                    assert_eq!((src, dst, value), (from, to, v), "{id}: {doc:#}");
+                }
+                None => panic!("{id}: neither caller decided: {answers:?}"),
+            }
+            if doc["state"] == "done" {
+                let idx = |a: &str| accounts.iter().position(|x| *x == a).unwrap();
+                expected[idx(src)] -= value;
+                expected[idx(dst)] += value;
+            }
+            assert_no_marker(&l, &accounts).await;
+            assert_eq!(
+                balances(&l, &accounts).await,
+                expected,
+                "{id}: balances disagree with the document {doc:#}"
+            );
+        }
+    }
+    assert_at_rest(&l).await;
+}
+
+// ---- 6. refusals -----------------------------------------------------------------------------
+
+// A refusal is decided `cancelled` (with its reason) by one create (`1-`), nothing applied.
+#[tokio::test]
+async fn refusals_are_decided_cancelled_by_one_create() {
+    let l = support::ledger("ow_refused").await;
+    open(&l, "A", 100).await;
+    open(&l, "B", 0).await;
+    let db = l.hot_client().database().to_owned();
+    for (id, to, value, reason) in [
+        ("broke", "B", 500, "insufficient_funds"),
+        ("nowhere", "Z", 50, "unknown_account"),
+    ] {
+        let before = writes_in(&db).await;
+        let o = l.submit(request(id, "A", to, value), true).await.unwrap();
+        assert_eq!(
+            answer(&o),
+            (State::Cancelled, RecordStatus::Created, Some(reason)),
+            "{id}"
+        );
+        let doc = raw_txn(&l, id).await;
+        assert_eq!(
+            (&doc["state"], &doc["reason"], rev_generation(&doc)),
+            (&json!("cancelled"), &json!(reason), 1),
+            "{id}: {doc:#}"
+        );
+        assert!(
+            doc["markers"].is_null(),
+            "{id}: a cancel names no marker: {doc:#}"
+        );
+        let view = l.transfer(id).await.unwrap();
+        assert_eq!(
+            (view.state, view.reason.as_deref()),
+            (State::Cancelled, Some(reason))
+        );
+        assert_eq!(balances(&l, &["A", "B"]).await, [100, 0], "{id}");
+        assert_no_marker(&l, &["A", "B"]).await;
+        // Decided: the same id again answers it and writes nothing.
+        let mid = writes_in(&db).await;
+        assert!(mid - before >= 1, "{id}: no document written");
+        let again = l.submit(request(id, "A", to, value), true).await.unwrap();
+        assert_eq!(
+            answer(&again),
+            (State::Cancelled, RecordStatus::Exists, Some(reason)),
+            "{id}"
+        );
+        assert_eq!(balances(&l, &["A", "B"]).await, [100, 0], "{id}");
+        assert_no_marker(&l, &["A", "B"]).await;
+    }
+    assert!(l.account("Z").await.unwrap_err().is_not_found());
+    assert_at_rest(&l).await;
+}
+
+// ---- 7.–8. a worker stopped after its apply --------------------------------------------------
+
+// A worker stopped after its apply: the sweeper drives it only past the lease; answers agree.
+#[tokio::test]
+async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lease_passed() {
+    let lease = Duration::from_millis(300);
+    let l = support::ledger("ow_stopped").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let (g, hook) = support::gate("decide");
+    let slow = l
+        .another_worker()
+        .with_lease(lease)
+        .unwrap()
+        .with_pause_hook(hook);
+    let worker = tokio::spawn(async move { slow.submit(request("ab", "A", "B", 100), true).await });
+    reached(&g).await;
+    let applied = Instant::now();
+
+    // Applied, undecided: a marker on each account, no document.
+    let mut attempts = Vec::new();
+    for (id, peer, delta) in [("A", "B", -100), ("B", "A", 100)] {
+        let m = raw_markers(&l, id, "ab").await;
+        assert_eq!(m.len(), 1, "{id}: {m:?}");
+        assert!(is_attempt(&m[0]["attempt"]), "{id}: {m:?}");
+        assert_eq!(
+            (&m[0]["peer"], &m[0]["delta"]),
+            (&json!(peer), &json!(delta))
+        );
+        attempts.push(m[0]["attempt"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+    assert!(l.transfer("ab").await.unwrap_err().is_not_found());
+    // A sweeper whose lease (30 s) has not passed since the apply decides nothing.
+    let early = l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (early.cancelled, early.advanced, early.repaired_markers),
+        (0, 0, 0),
+        "{early:?}"
+    );
+    assert!(l.transfer("ab").await.unwrap_err().is_not_found());
+    assert_eq!(raw_markers(&l, "A", "ab").await.len(), 1);
+    assert_eq!(raw_markers(&l, "B", "ab").await.len(), 1);
+
+    // Past the lease, while the worker is still stopped: the sweeper gives the transfer its
+    // document (`initial`, the terms from the markers) and drives it `done`, adopting the stopped
+    // worker's markers.
+    wait_past("the lease", applied, lease + Duration::from_millis(50)).await;
+    let sweeper = l.another_worker().with_lease(lease).unwrap();
+    let swept = sweeper.sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(swept.failed, 0, "{swept:?}");
+    let doc = raw_txn(&l, "ab").await;
+    assert_eq!(
+        (
+            &doc["source"],
+            &doc["destination"],
+            &doc["value"],
+            &doc["currency"]
+        ),
+        (&json!("A"), &json!("B"), &json!(100), &json!("EUR")),
+        "terms reconstructed from the markers: {doc:#}"
+    );
+    assert_eq!((swept.advanced, swept.cancelled), (1, 0), "{swept:?}");
+    let (s, d) = assert_done_once(&doc, 2);
+    assert_eq!([s, d].as_slice(), attempts.as_slice(), "{doc:#}");
+    let (state, reason, expected) = (State::Done, None, [900, 100]);
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, expected);
+
+    // The stopped worker resumes: it writes nothing, and does not contradict the decision.
+    let db = l.hot_client().database().to_owned();
+    let decided = support::db_snapshot(&db).await;
+    g.release.notify_one();
+    let late = tokio::time::timeout(Duration::from_secs(20), worker)
+        .await
+        .expect("the worker did not return")
+        .unwrap();
+    match late {
+        Ok(o) => assert_eq!(
+            answer(&o),
+            (state, RecordStatus::Exists, reason),
+            "the stopped worker contradicts the decision"
+        ),
+        Err(e) => {
+            assert!(e.is_transient(), "{e}");
+            assert_eq!(e.transfer_id(), Some("ab"));
+        }
+    }
+    assert_eq!(
+        support::db_snapshot(&db).await,
+        decided,
+        "the stopped worker wrote after the sweeper had decided"
+    );
+
+    // The caller retries: the answer is the decision, nothing moves.
+    let retry = l.submit(request("ab", "A", "B", 100), true).await.unwrap();
+    assert_eq!(answer(&retry), (state, RecordStatus::Exists, reason));
+    assert_eq!(balances(&l, &["A", "B"]).await, expected);
+    assert_no_marker(&l, &["A", "B"]).await;
+    let again = sweeper.sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (again.cancelled, again.advanced, again.repaired_markers),
+        (0, 0, 0),
+        "{again:?}"
+    );
+    assert_at_rest(&l).await;
+}
+
+// A retry adopts a stopped worker's markers and decides done; the worker follows; once.
+#[tokio::test]
+async fn a_retry_adopts_the_markers_of_a_stopped_worker_and_both_answer_done() {
+    let l = support::ledger("ow_adopt").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let (g, hook) = support::gate("decide");
+    let slow = l.another_worker().with_pause_hook(hook);
+    let worker = tokio::spawn(async move { slow.submit(request("ad", "A", "B", 100), true).await });
+    reached(&g).await;
+    let mut attempts = Vec::new();
+    for id in ["A", "B"] {
+        let m = raw_markers(&l, id, "ad").await;
+        assert_eq!(m.len(), 1, "{id}: {m:?}");
+        attempts.push(m[0]["attempt"].as_str().unwrap().to_owned());
+    }
+
+    let retry = l
+        .another_worker()
+        .submit(request("ad", "A", "B", 100), true)
+        .await
+        .unwrap();
+    assert_eq!(answer(&retry), (State::Done, RecordStatus::Created, None));
+    let (s, d) = assert_done_once(&raw_txn(&l, "ad").await, 1);
+    assert_eq!(
+        [s, d].as_slice(),
+        attempts.as_slice(),
+        "the decision does not name the adopted markers"
+    );
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+    assert_no_marker(&l, &["A", "B"]).await;
+
+    g.release.notify_one();
+    let first = tokio::time::timeout(Duration::from_secs(20), worker)
+        .await
+        .expect("the stopped worker did not return")
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer(&first), (State::Done, RecordStatus::Exists, None));
+    assert_done_once(&raw_txn(&l, "ad").await, 1);
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100], "applied twice");
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_at_rest(&l).await;
+}
+
+// ---- 9.–10. transfers left `initial` ---------------------------------------------------------
+
+// A transfer left `initial` is finished by one CAS (`2-`) naming the markers, by sweep or submit.
+#[tokio::test]
+async fn an_initial_transfer_is_finished_by_one_cas() {
+    let l = support::ledger("ow_initial").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let db = l.hot_client().database().to_owned();
+
+    let left = l.submit(request("i1", "A", "B", 100), false).await.unwrap();
+    assert_eq!(answer(&left), (State::Initial, RecordStatus::Created, None));
+    assert_eq!(rev_generation(&raw_txn(&l, "i1").await), 1);
+    let before = writes_in(&db).await;
+    let swept = l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (swept.advanced, swept.failed, swept.remaining),
+        (1, 0, 0),
+        "{swept:?}"
+    );
+    assert_eq!(
+        writes_in(&db).await - before,
+        5,
+        "2 applies, 1 CAS, 2 settles"
+    );
+    let (s, d) = assert_done_once(&raw_txn(&l, "i1").await, 2);
+    assert_eq!(s, d);
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+
+    // Left `initial`, then submitted again waiting: decided by the second call.
+    let left = l.submit(request("i2", "A", "B", 50), false).await.unwrap();
+    assert_eq!(left.state, State::Initial);
+    let decided = l.submit(request("i2", "A", "B", 50), true).await.unwrap();
+    assert_eq!(answer(&decided), (State::Done, RecordStatus::Exists, None));
+    assert_done_once(&raw_txn(&l, "i2").await, 2);
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [850, 150]);
+    // Nothing left for the sweeper.
+    let swept = l.sweep_once(now_sweep()).await.unwrap();
+    assert_eq!((swept.examined, swept.advanced), (0, 0), "{swept:?}");
+    assert_at_rest(&l).await;
+}
+
+// A cancel of an `initial` transfer beats a sweeper paused before its CAS; its markers undone.
+#[tokio::test]
+async fn a_cancel_wins_over_a_sweeper_deciding_an_initial_transfer() {
+    let l = support::ledger("ow_cancel_initial").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    l.submit(request("ci", "A", "B", 100), false).await.unwrap();
+    let (g, hook) = support::gate("decide");
+    let sweeper = l.another_worker().with_pause_hook(hook);
+    let pass = tokio::spawn(async move { sweeper.sweep_once(now_sweep()).await });
+    reached(&g).await;
+    // The sweeper applied both accounts.
+    assert_eq!(raw_markers(&l, "A", "ci").await.len(), 1);
+    assert_eq!(raw_markers(&l, "B", "ci").await.len(), 1);
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+
+    let c = l.cancel("ci").await.unwrap();
+    assert_eq!(
+        (c.state, c.reason.as_deref()),
+        (State::Cancelled, Some("cancelled_by_user"))
+    );
+    g.release.notify_one();
+    let swept = tokio::time::timeout(Duration::from_secs(20), pass)
+        .await
+        .expect("the sweep did not return")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (swept.advanced, swept.cancelled, swept.failed),
+        (0, 0, 0),
+        "{swept:?}"
+    );
+    let view = l.transfer("ci").await.unwrap();
+    assert_eq!(
+        (view.state, view.reason.as_deref()),
+        (State::Cancelled, Some("cancelled_by_user"))
+    );
+    assert!(raw_txn(&l, "ci").await["markers"].is_null());
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [1_000, 0]);
+    assert_at_rest(&l).await;
+}
+
+// A submit that meets another attempt's marker of other terms under its id decides first: its
+// own terms `cancelled` (`conflicting_terms`); the other attempt, deciding later, is told its id
+// is taken and its markers are undone — nothing moves, every answer stays true.
+#[tokio::test]
+async fn a_submit_meeting_other_terms_under_its_id_decides_them_cancelled() {
+    let l = support::ledger("ow_mismatch_wait").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    open(&l, "C", 0).await;
+    let (g, hook) = support::gate("decide");
+    let slow = l.another_worker().with_pause_hook(hook);
+    let worker = tokio::spawn(async move { slow.submit(request("mw", "A", "B", 100), true).await });
+    reached(&g).await;
+    assert_eq!(raw_markers(&l, "A", "mw").await.len(), 1);
+    assert_eq!(raw_markers(&l, "B", "mw").await.len(), 1);
+
+    let o = l
+        .another_worker()
+        .submit(request("mw", "A", "C", 100), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        answer(&o),
+        (
+            State::Cancelled,
+            RecordStatus::Created,
+            Some("conflicting_terms")
+        )
+    );
+    let doc = raw_txn(&l, "mw").await;
+    assert_eq!(
+        (&doc["destination"], &doc["state"], rev_generation(&doc)),
+        (&json!("C"), &json!("cancelled"), 1),
+        "{doc:#}"
+    );
+
+    // The stopped attempt resumes: its create meets the decision, with other terms.
+    g.release.notify_one();
+    let e = tokio::time::timeout(Duration::from_secs(20), worker)
+        .await
+        .expect("the stopped worker did not return")
+        .unwrap()
+        .unwrap_err();
+    assert!(e.is_mismatch(), "{e}");
+    assert_eq!(e.field(), Some("destination"));
+    assert_no_marker(&l, &["A", "B", "C"]).await;
+    assert_eq!(balances(&l, &["A", "B", "C"]).await, [1_000, 0, 0]);
+    // Nothing left for the sweeper; the same terms again answer the decision.
+    let swept = l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (swept.repaired_markers, swept.advanced, swept.failed),
+        (0, 0, 0),
+        "{swept:?}"
+    );
+    let again = l.submit(request("mw", "A", "C", 100), true).await.unwrap();
+    assert_eq!(
+        answer(&again),
+        (
+            State::Cancelled,
+            RecordStatus::Exists,
+            Some("conflicting_terms")
+        )
+    );
+    assert_eq!(balances(&l, &["A", "B", "C"]).await, [1_000, 0, 0]);
+    assert_at_rest(&l).await;
+}
+
+// Two attempts with other terms, each holding one account: the first to decide cancels its own
+// terms (`conflicting_terms`), the other is told its id is taken; neither is executed, ever.
+#[tokio::test]
+async fn two_attempts_that_each_won_one_account_are_both_refused_and_never_executed() {
+    let lease = Duration::from_millis(300);
+    let l = support::ledger("ow_split_race").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    // Plant what the race leaves: each account applied by the attempt that reached it first (or
+    // a worker whose apply failed on B after A, then a submit with other terms that got B).
+    let at = now_ms();
+    for (id, delta, attempt, peer) in [
+        ("A", -100, "0a0a0a0a0a0a", "B"),
+        ("B", 70, "0b0b0b0b0b0b", "A"),
+    ] {
+        let mut doc = raw_account(&l, id).await;
+        doc["pending"] =
+            json!([{"txn": "sr", "delta": delta, "at": at, "attempt": attempt, "peer": peer}]);
+        doc["balance"] = json!(doc["balance"].as_i64().unwrap() + delta);
+        l.hot_client()
+            .put(&format!("account:{id}"), &doc)
+            .await
+            .unwrap();
+    }
+    let planted = Instant::now();
+
+    // The first caller meets the other terms' marker on B: its own terms decided cancelled.
+    let first = l
+        .another_worker()
+        .submit(request("sr", "A", "B", 100), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        (first.state, first.reason.as_deref()),
+        (State::Cancelled, Some("conflicting_terms"))
+    );
+    let doc = raw_txn(&l, "sr").await;
+    assert_eq!(
+        (&doc["state"], &doc["value"]),
+        (&json!("cancelled"), &json!(100))
+    );
+    // The second finds the id taken by other terms: a mismatch naming the field.
+    let e = l
+        .another_worker()
+        .submit(request("sr", "A", "B", 70), true)
+        .await
+        .unwrap_err();
+    assert!(e.is_mismatch(), "{e}");
+    assert_eq!(e.field(), Some("value"));
+    assert_eq!(
+        balances(&l, &["A", "B"]).await[0],
+        1_000,
+        "A's marker undone"
+    );
+
+    // What is left (B's marker of the other terms) is undone by the sweeper: the transfer is
+    // decided, and decided cancelled — it is never executed later.
+    wait_past("the lease", planted, lease + Duration::from_millis(50)).await;
+    let sweeper = l.another_worker().with_lease(lease).unwrap();
+    let swept = sweeper.sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(swept.failed, 0, "{swept:?}");
+    let doc = raw_txn(&l, "sr").await;
+    assert_eq!(doc["state"], "cancelled", "{doc:#}");
+    assert_eq!(doc["reason"], "conflicting_terms", "{doc:#}");
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [1_000, 0]);
+    assert_at_rest(&l).await;
+}
+
+// ---- 11.–12. the sweeper converges decided transfers -----------------------------------------
+
+// A worker dead after its decision: the sweeper settles the named markers (not undone).
+#[tokio::test]
+async fn the_sweeper_settles_the_named_markers_of_a_worker_that_died_after_deciding() {
+    let l = support::ledger("ow_died_decided").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let (g, hook) = support::gate("converge");
+    let dying = l.another_worker().with_pause_hook(hook);
+    assert!(!dying.finishes_in_background());
+    let worker =
+        tokio::spawn(async move { dying.submit(request("dd", "A", "B", 100), true).await });
+    reached(&g).await;
+    // The process dies here: the task is dropped at its converge.
+    worker.abort();
+    assert!(worker.await.unwrap_err().is_cancelled());
+
+    let (s, d) = assert_done_once(&raw_txn(&l, "dd").await, 1);
+    assert_eq!(raw_markers(&l, "A", "dd").await[0]["attempt"], json!(s));
+    assert_eq!(raw_markers(&l, "B", "dd").await[0]["attempt"], json!(d));
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(
+        !report.check("no_pending_markers").unwrap().ok,
+        "{report:#?}"
+    );
+
+    let swept = l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (
+            swept.repaired_markers,
+            swept.cancelled,
+            swept.advanced,
+            swept.failed
+        ),
+        (2, 0, 0, 0),
+        "{swept:?}"
+    );
+    assert_done_once(&raw_txn(&l, "dd").await, 1);
+    assert_eq!(
+        balances(&l, &["A", "B"]).await,
+        [900, 100],
+        "the decided transfer was undone"
+    );
+    assert_no_marker(&l, &["A", "B"]).await;
+    let b = l.account("B").await.unwrap();
+    assert_eq!(
+        b.available.minor(),
+        100,
+        "the credit is spendable once settled"
+    );
+    assert_at_rest(&l).await;
+}
+
+// A marker of an attempt a `done` decision does not name is undone by the sweeper.
+#[tokio::test]
+async fn the_sweeper_undoes_a_marker_of_an_attempt_the_decision_does_not_name() {
+    let l = support::ledger("ow_unnamed").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    l.submit(request("un", "A", "B", 100), true).await.unwrap();
+    let (_, named_b) = assert_done_once(&raw_txn(&l, "un").await, 1);
+    let stray = if named_b == "0123456789ab" {
+        "ba9876543210"
+    } else {
+        "0123456789ab"
+    };
+    // Plant: a late apply of "un" on B by another attempt, its entry pruned.
+    let mut b = raw_account(&l, "B").await;
+    support::retain_settled(&mut b, |t| t != "un");
+    b["pending"] = json!([{"txn": "un", "delta": 100, "at": 1, "attempt": stray, "peer": "A"}]);
+    b["balance"] = json!(200);
+    l.hot_client().put("account:B", &b).await.unwrap();
+    assert!(!l.verify_with(VerifyOptions::at_rest()).await.unwrap().ok);
+
+    let swept = l.sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (swept.repaired_markers, swept.cancelled, swept.failed),
+        (1, 0, 0),
+        "{swept:?}"
+    );
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_done_once(&raw_txn(&l, "un").await, 1);
+    assert_at_rest(&l).await;
+}
