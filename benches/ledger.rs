@@ -759,10 +759,12 @@ fn steady_rate(finished: &[Instant], concurrency: usize) -> f64 {
     (last - first) as f64 / (finished[last] - finished[first]).as_secs_f64()
 }
 
-/// Each side's figure per round, and the CPU time this process spent on each side.
+/// Each side's figure per round, and the CPU time this process (and, with
+/// `BENCH_SERVER_PID`, the server's process) spent on each side.
 struct Interleaved {
     figures: BTreeMap<Side, Vec<f64>>,
     cpu: BTreeMap<Side, Duration>,
+    server_cpu: BTreeMap<Side, Duration>,
 }
 
 impl Interleaved {
@@ -771,6 +773,26 @@ impl Interleaved {
         let cpu = self.cpu.get(&side)?;
         Some(cpu.as_secs_f64() * 1e6 / ops as f64)
     }
+
+    /// `side`'s server CPU time per operation in µs, when `BENCH_SERVER_PID` names the
+    /// server's process on this machine.
+    fn server_cpu_us_per_op(&self, side: Side, ops: usize) -> Option<f64> {
+        let cpu = self.server_cpu.get(&side)?;
+        Some(cpu.as_secs_f64() * 1e6 / ops as f64)
+    }
+}
+
+/// CPU time (user + system) the server's process has used so far, when `BENCH_SERVER_PID`
+/// names it (a server on this machine: CouchDB's `beam.smp`, or pouchdb-server's node), from
+/// `/proc/<pid>/stat` (clock ticks of 10 ms: enough over a round of a second or more).
+fn server_cpu() -> Option<Duration> {
+    let pid = std::env::var("BENCH_SERVER_PID").ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())).ok()?;
+    // The fields after the command, which is in parentheses and may hold spaces.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// Measures every side once per round, rotating which side goes first, so that drift of the
@@ -782,10 +804,12 @@ where
 {
     let mut figures: BTreeMap<Side, Vec<f64>> = BTreeMap::new();
     let mut cpu: Option<BTreeMap<Side, Duration>> = Some(BTreeMap::new());
+    let mut server: BTreeMap<Side, Duration> = BTreeMap::new();
     for round in 0..rounds {
         for k in 0..sides.len() {
             let side = sides[(round + k) % sides.len()];
             let cpu_before = process_cpu();
+            let server_before = server_cpu();
             let value = measure(side, round)
                 .await
                 .with_context(|| format!("{} round {round}", side.name()))?;
@@ -798,11 +822,18 @@ where
                 *cpu.entry(side).or_default() += used;
                 cpu
             });
+            if let Some(used) = server_before
+                .zip(server_cpu())
+                .and_then(|(before, after)| after.checked_sub(before))
+            {
+                *server.entry(side).or_default() += used;
+            }
         }
     }
     Ok(Interleaved {
         figures,
         cpu: cpu.unwrap_or_default(),
+        server_cpu: server,
     })
 }
 
@@ -1807,10 +1838,12 @@ const FLOOR_TRANSFERS_PER_REQUEST: usize = P8_CONCURRENCY / FLOOR_WRITERS;
 /// created once, already in its final state, and one update of each of its two accounts (the
 /// balance only, no markers). Written into the hot database of a fresh split ledger (the same
 /// `_revs_limit` and design documents as `p8`'s), [`FLOOR_TRANSFERS_PER_REQUEST`] transfers per
-/// `_bulk_docs` by [`FLOOR_WRITERS`] writers at once, never a read, never a conflict: the rate
-/// at which this server takes the documents a ledger of SPEC §3's shape must write. A protocol
-/// that keeps one document per transfer and changes both accounts by compare-and-swap cannot
-/// go faster on this server, whatever it does between the writes.
+/// `_bulk_docs` by [`FLOOR_WRITERS`] writers at once, the accounts at random as `p8` picks them
+/// (session 10; consecutive ones until then, which CouchDB takes much faster:
+/// `BENCH_FLOOR_ORDERED=1`), never a read, never a conflict: the rate at which this server
+/// takes the documents a ledger of SPEC §3's shape must write. A protocol that keeps one
+/// document per transfer and changes both accounts by compare-and-swap cannot go faster on this
+/// server, whatever it does between the writes.
 ///
 /// [`FloorShape::Phases`] writes today's documents the same ideal way (`p8_phases`).
 struct DocumentFloor {
@@ -1827,12 +1860,13 @@ enum FloorShape {
     /// The transfer document once, in its final state; each account once, balance only: one
     /// request per [`FLOOR_TRANSFERS_PER_REQUEST`] transfers.
     Floor,
-    /// SPEC §5's documents as the ledger writes them today, batched as well as they can be:
-    /// per [`FLOOR_TRANSFERS_PER_REQUEST`] transfers, four requests one after another — the
-    /// transfer documents created `pending` with a claim, both accounts of each updated with
-    /// its pending marker (the previous marker moved to the settled entries, the settle folded
-    /// in as the ledger folds it; at most 32 kept, as pruning keeps them few), the transfer
-    /// documents `committed`, then `done`. Five documents a transfer.
+    /// The documents the ledger writes today (the one-write path, docs/ONE_WRITE.md), batched
+    /// as well as they can be: per [`FLOOR_TRANSFERS_PER_REQUEST`] transfers, two requests one
+    /// after another — both accounts of each transfer updated with its pending marker (attempt
+    /// and peer; the previous marker settled, folded in as the ledger folds it, its entry kept
+    /// among at most 32, as pruning keeps them few on a server with several copies), then the
+    /// transfer documents created `done`, naming the markers. Three documents a transfer.
+    /// (Until session 10: SPEC §5's stepwise documents, five a transfer in four requests.)
     Phases,
 }
 
@@ -1932,10 +1966,21 @@ async fn floor_writer(
     for r in 0..requests {
         let mut docs = Vec::with_capacity(3 * pairs_per_request);
         let mut touched = Vec::with_capacity(2 * pairs_per_request);
+        // The accounts at random, as p8's callers pick them (distinct within one request, as
+        // one request cannot update a document twice); `BENCH_FLOOR_ORDERED=1`: consecutive
+        // pairs, as until session 10 (CouchDB updates neighbouring ids much faster).
+        let n = accounts.len();
+        let picks: Vec<usize> = if std::env::var("BENCH_FLOOR_ORDERED").is_ok() {
+            (0..2 * pairs_per_request)
+                .map(|j| (2 * r * pairs_per_request + j) % n)
+                .collect()
+        } else {
+            fastrand::Rng::with_seed((first + r * pairs_per_request) as u64)
+                .choose_multiple(0..n, 2 * pairs_per_request)
+        };
         for k in 0..pairs_per_request {
             let i = first + r * pairs_per_request + k;
-            let from = (2 * (r * pairs_per_request + k)) % accounts.len();
-            let to = (from + 1) % accounts.len();
+            let (from, to) = (picks[2 * k], picks[2 * k + 1]);
             let amount = transfer_amount(i);
             for (slot, delta) in [(from, -amount), (to, amount)] {
                 let balance = accounts[slot]["balance"]
@@ -1944,6 +1989,9 @@ async fn floor_writer(
                     .ok_or_else(|| anyhow!("p8_floor: balance out of range"))?;
                 accounts[slot]["balance"] = json!(balance);
                 if shape == FloorShape::Phases {
+                    // The marker of this transfer (its attempt and the other account named, as
+                    // the one-write path writes it), the previous one settled: folded in.
+                    let peer = accounts[if slot == from { to } else { from }]["account_id"].clone();
                     let account = &mut accounts[slot];
                     let mut settled: Vec<Value> = account["settled"]
                         .get(0)
@@ -1959,8 +2007,10 @@ async fn floor_writer(
                     } else {
                         json!([{ "at": now, "txns": settled }])
                     };
-                    account["pending"] =
-                        json!([{ "txn": format!("floor{i:07}"), "delta": delta, "at": now }]);
+                    account["pending"] = json!([{
+                        "txn": format!("floor{i:07}"), "delta": delta, "at": now,
+                        "attempt": format!("{:012x}", i * 7919), "peer": peer,
+                    }]);
                 }
                 touched.push(slot);
             }
@@ -1985,26 +2035,19 @@ async fn floor_writer(
         let results = match shape {
             FloorShape::Floor => client.bulk_docs(&docs).await?,
             FloorShape::Phases => {
+                // The accounts first, then the transfer documents created in their final
+                // state, naming the markers' attempts.
                 let (txns, account_docs) = docs.split_at_mut(pairs_per_request);
+                let written = client.bulk_docs(account_docs).await?;
                 for txn in txns.iter_mut() {
-                    txn["state"] = json!("pending");
-                    txn["claim"] = json!({ "owner": "bench-floor-writer", "expires_at": now });
+                    let n = txn["txn_id"].as_str().unwrap_or_default()["floor".len()..]
+                        .parse::<usize>()
+                        .unwrap_or(0);
+                    let attempt = format!("{:012x}", n * 7919);
+                    txn["markers"] = json!({ "source": attempt, "destination": attempt });
                 }
                 let mut results = client.bulk_docs(txns).await?;
-                take_revs(txns, &results)?;
-                results.extend(client.bulk_docs(account_docs).await?);
-                for state in ["committed", "done"] {
-                    for txn in txns.iter_mut() {
-                        txn["state"] = json!(state);
-                    }
-                    if state == "done" {
-                        for txn in txns.iter_mut() {
-                            txn["claim"] = Value::Null;
-                        }
-                    }
-                    let written = client.bulk_docs(txns).await?;
-                    take_revs(txns, &written)?;
-                }
+                results.extend(written);
                 results
             }
         };
@@ -2024,19 +2067,6 @@ async fn floor_writer(
         }
     }
     Ok(accounts)
-}
-
-/// Sets each document's `_rev` from its `_bulk_docs` result; an error for a refused one.
-fn take_revs(docs: &mut [Value], results: &[couch_ledger::BulkResult]) -> Result<()> {
-    ensure!(results.len() == docs.len(), "short _bulk_docs answer");
-    for (doc, result) in docs.iter_mut().zip(results) {
-        let rev = result
-            .rev
-            .clone()
-            .ok_or_else(|| anyhow!("{}: {:?}", doc["_id"], result.error))?;
-        doc["_rev"] = json!(rev);
-    }
-    Ok(())
 }
 
 /// What `p3` measured, for the figures after it.
@@ -2841,13 +2871,39 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     // Documents written into the ledger's database, where validate_doc_update runs for each.
     let validated_docs = (update_seq(ledger.client()).await? - validated_before) as f64 / made;
     let (account_rounds, txn_rounds) = ledger.engine_rounds();
-    let txn_docs_per_request = 3.0 * made / (txn_rounds - txn_rounds_before) as f64;
+    // One transfer document a transfer on the one-write path (p8's): created once, decided.
+    let txn_docs_per_request = made / (txn_rounds - txn_rounds_before) as f64;
     let transfers_per_account_round = made / (account_rounds - account_rounds_before) as f64;
     eprintln!(
         "  p8 grouping: {requests:.3} HTTP requests per transfer ({:.1} transfers per request), \
          {txn_docs_per_request:.1} transfer documents per _bulk_docs",
         1.0 / requests
     );
+    let floor_transfers = rounds * P8_TRANSFERS_PER_ROUND;
+    let server_us = [
+        (
+            "p8",
+            samples.server_cpu_us_per_op(Side::Ours, rounds * transfers),
+        ),
+        (
+            "phases",
+            samples.server_cpu_us_per_op(Side::Phases, floor_transfers),
+        ),
+        (
+            "floor",
+            samples.server_cpu_us_per_op(Side::Floor, floor_transfers),
+        ),
+    ];
+    if server_us.iter().all(|(_, us)| us.is_some()) {
+        let line: Vec<String> = server_us
+            .iter()
+            .map(|(side, us)| format!("{side} {:.0}", us.unwrap_or_default()))
+            .collect();
+        eprintln!(
+            "  p8 server CPU per transfer (BENCH_SERVER_PID), µs: {}",
+            line.join(", ")
+        );
+    }
     let flushes: Vec<Flush> = std::mem::take(&mut *FLUSHES.lock().expect("not poisoned"))
         .into_iter()
         .filter(|f| f.database == ledger.client().database())
@@ -2986,9 +3042,10 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     )
     .note(format!(
         "p8's transfers/s over the same floor writer's writing the documents today's protocol \
-         writes (FloorShape::Phases: created pending with a claim, both accounts with their \
-         marker and the previous settle folded in, committed, done; 5 a transfer) in four \
-         requests per {FLOOR_TRANSFERS_PER_REQUEST} transfers, same rounds: how much of p8's \
+         writes (FloorShape::Phases, the one-write path: both accounts with their marker and \
+         the previous settle folded in, then the transfer documents created done; 3 a \
+         transfer) in two requests per {FLOOR_TRANSFERS_PER_REQUEST} transfers, same rounds: \
+         how much of p8's \
          distance to the floor is its engine's batching (this ratio) and how much the \
          protocol's documents and phases (the phases' own rate ÷ the floor's: {:.3})",
         median(&ratios(&samples, Side::Phases, Side::Floor))
