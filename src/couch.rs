@@ -1451,7 +1451,7 @@ fn in_request_order(ids: &[Option<&str>], results: Vec<BulkResult>) -> Vec<BulkR
 }
 
 /// A document serialized once, with its id: what the engine hands the bulk writer.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct RawDoc {
     pub(crate) id: String,
     pub(crate) json: Box<serde_json::value::RawValue>,
