@@ -234,6 +234,13 @@ impl<T> Queue<T> {
         !std::mem::replace(&mut s.driving, true)
     }
 
+    /// Marks the queue driven when it was not: `true` when the caller must start the driver
+    /// (after a [`Queue::push_front`] from outside the driver).
+    fn start_if_idle(&self) -> bool {
+        let mut s = self.lock();
+        !std::mem::replace(&mut s.driving, true)
+    }
+
     /// Puts items back at the head, in order (deferred to the next round).
     fn push_front(&self, items: Vec<T>) {
         let mut s = self.lock();
@@ -426,7 +433,88 @@ impl OpResult {
 
 struct QueuedOp {
     op: AccountOp,
-    reply: oneshot::Sender<Result<OpResult>>,
+    reply: Reply,
+}
+
+/// Where an op's answer goes.
+enum Reply {
+    /// Straight to its caller.
+    One(oneshot::Sender<Result<OpResult>>),
+    /// To the pair of applies of one transfer whose decision the engine writes itself
+    /// ([`AccountEngine::run_decided`]): the op's place in the pair.
+    Pair(Arc<Mutex<Pair>>, usize),
+}
+
+impl Reply {
+    fn send(self, result: Result<OpResult>) {
+        match self {
+            // A caller that stopped waiting (its future dropped) does not need the answer;
+            // the op's effect stands, and every step is idempotent.
+            Reply::One(reply) => {
+                let _ = reply.send(result);
+            }
+            Reply::Pair(pair, at) => Pair::answer(&pair, at, result),
+        }
+    }
+}
+
+/// Given both apply answers of a transfer, the decision to write: its document's id, the
+/// document, and what the caller is told besides — or `None` (nothing to write now: the caller
+/// follows, or applies again).
+pub(crate) type Decide = Box<dyn FnOnce(OpResult, OpResult) -> Option<(String, RawDoc)> + Send>;
+
+/// What [`AccountEngine::run_decided`] answers: both apply answers, and the write of the
+/// decision the engine made of them, if it made one.
+pub(crate) struct Decided {
+    pub(crate) debit: Result<OpResult>,
+    pub(crate) credit: Result<OpResult>,
+    pub(crate) write: Option<oneshot::Receiver<Result<TxnWrite>>>,
+}
+
+/// The two applies of a transfer in flight, and what to do once both are answered.
+pub(crate) struct Pair {
+    answers: [Option<Result<OpResult>>; 2],
+    decide: Option<Decide>,
+    reply: Option<oneshot::Sender<Decided>>,
+    engine: std::sync::Weak<AccountEngine>,
+}
+
+impl Pair {
+    /// Records one answer; on the second, decides and queues the decision at the head of the
+    /// engine's queue (its very next round), then answers the caller.
+    fn answer(pair: &Arc<Mutex<Pair>>, at: usize, result: Result<OpResult>) {
+        let mut p = pair.lock().unwrap_or_else(|e| e.into_inner());
+        p.answers[at] = Some(result);
+        if p.answers.iter().any(Option::is_none) {
+            return;
+        }
+        let [Some(debit), Some(credit)] = std::mem::take(&mut p.answers) else {
+            return;
+        };
+        let (Some(decide), Some(reply)) = (p.decide.take(), p.reply.take()) else {
+            return;
+        };
+        let engine = p.engine.upgrade();
+        drop(p);
+        let mut write = None;
+        if let (Ok(d), Ok(c), Some(engine)) = (&debit, &credit, engine) {
+            if let Some((id, doc)) = decide(*d, *c) {
+                let (tx, rx) = oneshot::channel();
+                engine
+                    .queue
+                    .push_front(vec![Work::Txn(QueuedTxn { id, doc, reply: tx })]);
+                if engine.queue.start_if_idle() {
+                    tokio::spawn(Arc::clone(&engine).drive());
+                }
+                write = Some(rx);
+            }
+        }
+        let _ = reply.send(Decided {
+            debit,
+            credit,
+            write,
+        });
+    }
 }
 
 /// Every queued op's answer, in order (an error for one the engine dropped unanswered).
@@ -445,15 +533,13 @@ async fn answers_of(receivers: Vec<oneshot::Receiver<Result<OpResult>>>) -> Vec<
 /// One op during a round: answered once `reply` is taken.
 struct OpSlot {
     op: AccountOp,
-    reply: Option<oneshot::Sender<Result<OpResult>>>,
+    reply: Option<Reply>,
 }
 
 impl OpSlot {
     fn answer(&mut self, result: Result<OpResult>) {
         if let Some(reply) = self.reply.take() {
-            // A caller that stopped waiting (its future dropped) does not need the answer;
-            // the op's effect stands, and every step is idempotent.
-            let _ = reply.send(result);
+            reply.send(result);
         }
     }
 }
@@ -596,7 +682,10 @@ impl AccountEngine {
                 receivers.push(rx);
                 held.push(HeldOp {
                     due,
-                    queued: QueuedOp { op, reply },
+                    queued: QueuedOp {
+                        op,
+                        reply: Reply::One(reply),
+                    },
                 });
             }
         }
@@ -664,13 +753,59 @@ impl AccountEngine {
             .map(|op| {
                 let (reply, rx) = oneshot::channel();
                 receivers.push(rx);
-                Work::Op(QueuedOp { op, reply })
+                Work::Op(QueuedOp {
+                    op,
+                    reply: Reply::One(reply),
+                })
             })
             .collect();
         if self.queue.push(queued) {
             tokio::spawn(Arc::clone(self).drive());
         }
         answers_of(receivers).await
+    }
+
+    /// The two applies of a one-write transfer (debit, credit), and its decision written by the
+    /// engine itself: once both are answered, `decide` makes the decision of them and the engine
+    /// writes it in its very next round, beside the next transfers' applies — without waiting
+    /// for the caller to wake and queue it (docs/ONE_WRITE.md, "The engine").
+    pub(crate) async fn run_decided(
+        self: &Arc<Self>,
+        ops: [AccountOp; 2],
+        decide: Decide,
+    ) -> Decided {
+        let (reply, rx) = oneshot::channel();
+        let pair = Arc::new(Mutex::new(Pair {
+            answers: [None, None],
+            decide: Some(decide),
+            reply: Some(reply),
+            engine: Arc::downgrade(self),
+        }));
+        let queued: Vec<Work> = ops
+            .into_iter()
+            .enumerate()
+            .map(|(at, op)| {
+                Work::Op(QueuedOp {
+                    op,
+                    reply: Reply::Pair(Arc::clone(&pair), at),
+                })
+            })
+            .collect();
+        if self.queue.push(queued) {
+            tokio::spawn(Arc::clone(self).drive());
+        }
+        rx.await.unwrap_or_else(|_| {
+            let stopped = || {
+                Err(Error::invariant(
+                    "the account-op engine stopped before answering",
+                ))
+            };
+            Decided {
+                debit: stopped(),
+                credit: stopped(),
+                write: None,
+            }
+        })
     }
 
     async fn drive(self: Arc<Self>) {
@@ -2464,7 +2599,7 @@ mod tests {
                     kind: OpKind::Settle { named: None },
                     link: None,
                 },
-                reply,
+                reply: Reply::One(reply),
             },
         });
     }
@@ -2479,7 +2614,7 @@ mod tests {
         let (reply, _rx) = oneshot::channel();
         let batch = vec![QueuedOp {
             op: op("t9", OpKind::Settle { named: None }),
-            reply,
+            reply: Reply::One(reply),
         }];
         // `op` is on account "a": both of a's held settles join, b's stays held.
         let folded = engine.fold_held(&batch);
@@ -2498,22 +2633,36 @@ mod tests {
     // ---- one request a round ---------------------------------------------------------------
 
     /// `_bulk_docs` answered with each document `ok` and a revision of its own; `_all_docs`
-    /// with account `a` (balance 1,000).
+    /// with each account asked for (balance 1,000; account `a` when no keys are given).
     struct Server;
 
     impl wiremock::Respond for Server {
         fn respond(&self, request: &wiremock::Request) -> wiremock::ResponseTemplate {
             if request.url.path().ends_with("_all_docs") {
-                return wiremock::ResponseTemplate::new(200).set_body_json(json!({
-                    "total_rows": 1, "offset": 0, "rows": [{
-                        "id": "account:a", "key": "account:a", "value": {"rev": "1-x"},
-                        "doc": {
-                            "_id": "account:a", "_rev": "1-x", "type": "account",
-                            "account_id": "a", "currency": "EUR", "opening": 1000,
-                            "balance": 1000, "min_balance": 0, "pending": [], "settled": []
-                        }
-                    }]
-                }));
+                let body: Value = serde_json::from_slice(&request.body).unwrap_or(Value::Null);
+                let keys: Vec<String> = match body["keys"].as_array() {
+                    Some(keys) => keys
+                        .iter()
+                        .filter_map(|k| k.as_str().map(String::from))
+                        .collect(),
+                    None => vec!["account:a".into()],
+                };
+                let rows: Vec<Value> = keys
+                    .iter()
+                    .map(|id| {
+                        let account = id.trim_start_matches("account:");
+                        json!({
+                            "id": id, "key": id, "value": {"rev": "1-x"},
+                            "doc": {
+                                "_id": id, "_rev": "1-x", "type": "account",
+                                "account_id": account, "currency": "EUR", "opening": 1000,
+                                "balance": 1000, "min_balance": 0, "pending": [], "settled": []
+                            }
+                        })
+                    })
+                    .collect();
+                return wiremock::ResponseTemplate::new(200)
+                    .set_body_json(json!({"total_rows": rows.len(), "offset": 0, "rows": rows}));
             }
             let body: Value = serde_json::from_slice(&request.body).unwrap();
             let results: Vec<Value> = body["docs"]
@@ -2556,7 +2705,7 @@ mod tests {
         assert!(engine.queue.push([
             Work::Op(QueuedOp {
                 op: apply("t", -100, true, None),
-                reply: op_reply,
+                reply: Reply::One(op_reply),
             }),
             Work::Txn(QueuedTxn {
                 id: "txn:u".into(),
@@ -2587,5 +2736,95 @@ mod tests {
             .collect();
         assert_eq!(ids, ["account:a", "txn:u"]);
         assert_eq!(bulk.stats(), (1, 1));
+    }
+
+    /// The ids in each `_bulk_docs` request `server` received, in order.
+    async fn bulk_ids(server: &wiremock::MockServer) -> Vec<Vec<String>> {
+        server
+            .received_requests()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.url.path().ends_with("_bulk_docs"))
+            .map(|r| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                body["docs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d["_id"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// A server answering as [`Server`] does, and an engine on it.
+    async fn one_request_server() -> (wiremock::MockServer, Arc<AccountEngine>) {
+        use wiremock::matchers::{method, path_regex};
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(method("GET"))
+            .and(path_regex("/db$"))
+            .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({})))
+            .mount(&server)
+            .await;
+        wiremock::Mock::given(method("POST"))
+            .respond_with(Server)
+            .mount(&server)
+            .await;
+        let engine = engine_on(&server.uri());
+        (server, engine)
+    }
+
+    /// The linked one-write applies of transfer `t` (100 from `a` to `b`, attempt 7).
+    fn pair(engine: &AccountEngine) -> [AccountOp; 2] {
+        let link = Some(engine.next_link());
+        [("a", "b", -100), ("b", "a", 100)].map(|(account, peer, delta)| AccountOp {
+            account: account.into(),
+            link,
+            ..once("t", delta, 7, peer, false)
+        })
+    }
+
+    #[tokio::test]
+    async fn the_engine_writes_a_pairs_decision_in_the_round_after_both_applies() {
+        let (server, engine) = one_request_server().await;
+        let [debit, credit] = pair(&engine);
+        let seen: Arc<Mutex<Option<(OpResult, OpResult)>>> = Arc::default();
+        let decide: Decide = {
+            let seen = Arc::clone(&seen);
+            Box::new(move |d, c| {
+                *seen.lock().unwrap() = Some((d, c));
+                let doc = RawDoc::new("txn:t", &json!({"_id": "txn:t", "state": "done"})).unwrap();
+                Some(("txn:t".into(), doc))
+            })
+        };
+        let decided = engine.run_decided([debit, credit], decide).await;
+        assert_eq!(decided.debit.unwrap(), OpResult::Applied);
+        assert_eq!(decided.credit.unwrap(), OpResult::Applied);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            Some((OpResult::Applied, OpResult::Applied)),
+            "decided of both answers"
+        );
+        let written = decided.write.expect("a decision to write").await.unwrap();
+        assert_eq!(written.unwrap(), TxnWrite::Written("2-y".into()));
+        assert_eq!(
+            bulk_ids(&server).await,
+            [vec!["account:a", "account:b"], vec!["txn:t"]],
+            "the applies in one round, the decision in the next"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_pair_the_engine_cannot_decide_answers_without_a_write() {
+        let (server, engine) = one_request_server().await;
+        let [debit, credit] = pair(&engine);
+        let decided = engine
+            .run_decided([debit, credit], Box::new(|_, _| None))
+            .await;
+        assert_eq!(decided.debit.unwrap(), OpResult::Applied);
+        assert_eq!(decided.credit.unwrap(), OpResult::Applied);
+        assert!(decided.write.is_none());
+        assert_eq!(bulk_ids(&server).await, [vec!["account:a", "account:b"]]);
     }
 }

@@ -22,8 +22,11 @@ use std::time::Instant;
 
 use serde_json::Map;
 
+use std::sync::{Arc, Mutex};
+
 use crate::account_doc::Attempt;
-use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
+use crate::couch::RawDoc;
+use crate::engine::{now_ms, AccountOp, Decide, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::{DRIVE_PHASES_MAX, SETTLE_HOLD_LEASE_DIVISOR, SETTLE_HOLD_MS};
@@ -48,6 +51,13 @@ enum Next {
     /// Not applied this time (a linked apply refused in the same round and that refusal did not
     /// stand, or the deadline passed): apply again.
     Retry,
+}
+
+/// What applying in the engine came to: the decision it wrote (and how that write went), or
+/// what the answers call for instead.
+enum Applied {
+    Wrote(Box<TxnDoc>, Result<Option<String>>),
+    Next(Next),
 }
 
 /// The attempt a marker answer stands for: this attempt's own, or the one it adopted.
@@ -159,6 +169,23 @@ impl Ledger {
         let attempt = Attempt::random();
         let mut touched: Vec<String> = Vec::new();
         for _ in 0..DRIVE_PHASES_MAX {
+            if self.inner.pause.is_none() {
+                // The engine decides as soon as both applies are answered and writes the
+                // decision in its next round (`AccountEngine::run_decided`).
+                match self
+                    .apply_decided(&terms, attempt, deadline, &mut touched)
+                    .await?
+                {
+                    Applied::Wrote(decision, written) => {
+                        return self.decided_once(&terms, *decision, written, touched).await;
+                    }
+                    Applied::Next(Next::Retry) if Instant::now() >= deadline => {
+                        return self.leave_for_sweeper(&terms, touched).await;
+                    }
+                    Applied::Next(Next::Retry) => continue,
+                    Applied::Next(_) => return self.follow_once(&terms, None, touched).await,
+                }
+            }
             let next = self
                 .apply_once(&terms, attempt, deadline, false, &mut touched)
                 .await?;
@@ -172,20 +199,115 @@ impl Ledger {
                 Next::Follow => return self.follow_once(&terms, None, touched).await,
             };
             self.pause_at("decide").await;
-            return match self.write_txn(&decision).await? {
-                Some(rev) => {
-                    fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
-                    let mut doc = decision;
-                    doc.rev = Some(rev);
-                    self.converge_decided(doc, touched, RecordStatus::Created)
-                        .await
-                }
-                None => self.follow_once(&terms, Some(&decision), touched).await,
-            };
+            let written = self.write_txn(&decision).await;
+            return self.decided_once(&terms, decision, written, touched).await;
         }
         Err(Error::invariant(format!(
             "transfer {id} was not applied within {DRIVE_PHASES_MAX} attempts"
         )))
+    }
+
+    /// Step 2's outcome: the decision written (converge and answer), or someone else's there
+    /// (follow it).
+    async fn decided_once(
+        &self,
+        terms: &TxnDoc,
+        decision: TxnDoc,
+        written: Result<Option<String>>,
+        touched: Vec<String>,
+    ) -> Result<TransferOutcome> {
+        match written? {
+            Some(rev) => {
+                fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
+                let mut doc = decision;
+                doc.rev = Some(rev);
+                self.converge_decided(doc, touched, RecordStatus::Created)
+                    .await
+            }
+            None => self.follow_once(terms, Some(&decision), touched).await,
+        }
+    }
+
+    /// Steps 1 and 2 in the engine: both accounts applied, and the decision the answers call
+    /// for written by the engine in its next round (`AccountEngine::run_decided`). Records the
+    /// accounts holding a marker of the transfer in `touched`.
+    async fn apply_decided(
+        &self,
+        terms: &TxnDoc,
+        attempt: Attempt,
+        deadline: Instant,
+        touched: &mut Vec<String>,
+    ) -> Result<Applied> {
+        // The decision the engine made (`Ok`), or the simulated crash that kept it from one.
+        let made: Arc<Mutex<Option<std::result::Result<TxnDoc, Error>>>> =
+            Arc::new(Mutex::new(None));
+        let decide: Decide = {
+            let terms = terms.clone();
+            let made = Arc::clone(&made);
+            Box::new(move |debit, credit| {
+                fail::fail_point!("once-after-apply", |_| {
+                    *made.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Some(Err(crash("once-after-apply")));
+                    None
+                });
+                let doc = match judge(attempt, debit, credit) {
+                    Next::Done(named) => decision(&terms, State::Done, Some(named), None),
+                    Next::Cancel(reason) => decision(&terms, State::Cancelled, None, Some(reason)),
+                    Next::Follow | Next::Retry => return None,
+                };
+                let raw = doc
+                    .check()
+                    .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))
+                    .and_then(|()| RawDoc::new(&doc.id, &doc));
+                let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
+                match raw {
+                    Ok(raw) => {
+                        let id = doc.id.clone();
+                        *made = Some(Ok(doc));
+                        Some((id, raw))
+                    }
+                    Err(e) => {
+                        *made = Some(Err(e));
+                        None
+                    }
+                }
+            })
+        };
+        let ops = self.apply_ops(terms, attempt, deadline, false);
+        let decided = self.inner.accounts.run_decided(ops, decide).await;
+        let (debit, credit) = (decided.debit?, decided.credit?);
+        tracing::debug!(
+            txn = %terms.txn_id,
+            %attempt,
+            source_result = ?debit,
+            destination_result = ?credit,
+            "one-write apply (decided in the engine)"
+        );
+        for (account, result) in [(&terms.source, debit), (&terms.destination, credit)] {
+            if marker_of(attempt, result).is_some() && !touched.contains(account) {
+                touched.push(account.clone());
+            }
+        }
+        let made = made.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match (decided.write, made) {
+            (Some(rx), Some(Ok(doc))) => {
+                let written = rx.await.unwrap_or_else(|_| {
+                    Err(Error::invariant(
+                        "the transfer writer stopped before answering",
+                    ))
+                });
+                let written = self.txn_written(&doc, written).await;
+                Ok(Applied::Wrote(Box::new(doc), written))
+            }
+            (_, Some(Err(e))) => Err(e),
+            (_, _) => match judge(attempt, debit, credit) {
+                Next::Done(_) | Next::Cancel(_) => Err(Error::invariant(format!(
+                    "transfer {}: the account engine stopped before writing its decision",
+                    terms.txn_id
+                ))),
+                next => Ok(Applied::Next(next)),
+            },
+        }
     }
 
     /// The worker's lease ran out before both accounts were applied (a very slow server): the
@@ -211,17 +333,14 @@ impl Ledger {
         }
     }
 
-    /// Step 1: both accounts in one engine call. Records in `touched` each account found holding
-    /// a marker of the transfer (this attempt's or an adopted one).
-    async fn apply_once(
+    /// The two applies of `terms` by `attempt` (debit, credit), linked.
+    fn apply_ops(
         &self,
         terms: &TxnDoc,
         attempt: Attempt,
         deadline: Instant,
         exists: bool,
-        touched: &mut Vec<String>,
-    ) -> Result<Next> {
-        self.pause_at("apply").await;
+    ) -> [AccountOp; 2] {
         let link = Some(self.inner.accounts.next_link());
         let op = |account: &str, peer: &str, delta, check_funds| AccountOp {
             account: account.to_owned(),
@@ -237,11 +356,25 @@ impl Ledger {
             },
             link,
         };
-        let ops = vec![
+        [
             op(&terms.source, &terms.destination, terms.value.neg(), true),
             op(&terms.destination, &terms.source, terms.value, false),
-        ];
-        let mut answers = self.inner.accounts.run(ops).await.into_iter();
+        ]
+    }
+
+    /// Step 1: both accounts in one engine call. Records in `touched` each account found holding
+    /// a marker of the transfer (this attempt's or an adopted one).
+    async fn apply_once(
+        &self,
+        terms: &TxnDoc,
+        attempt: Attempt,
+        deadline: Instant,
+        exists: bool,
+        touched: &mut Vec<String>,
+    ) -> Result<Next> {
+        self.pause_at("apply").await;
+        let ops = self.apply_ops(terms, attempt, deadline, exists);
+        let mut answers = self.inner.accounts.run(ops.to_vec()).await.into_iter();
         let debit = answers.next().expect("two answers")?;
         let credit = answers.next().expect("two answers")?;
         tracing::debug!(

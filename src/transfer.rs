@@ -247,7 +247,7 @@ impl TxnDoc {
     }
 
     /// What a transfer document must satisfy, before a write and after a read.
-    fn check(&self) -> std::result::Result<(), String> {
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
         if self.doc_type != "transaction" {
             return Err(format!("type is {:?}, not transaction", self.doc_type));
         }
@@ -440,7 +440,18 @@ impl Ledger {
         doc.check()
             .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))?;
         let raw = crate::couch::RawDoc::new(&doc.id, doc)?;
-        match self.inner.txns.write(doc.id.clone(), raw).await {
+        let written = self.inner.txns.write(doc.id.clone(), raw).await;
+        self.txn_written(doc, written).await
+    }
+
+    /// What a transfer document's write came to ([`Ledger::write_txn`]): `Some(rev)`, or `None`
+    /// when someone else's write is there (a conflict, a 202, a refusal of a stale write).
+    pub(crate) async fn txn_written(
+        &self,
+        doc: &TxnDoc,
+        written: Result<crate::engine::TxnWrite>,
+    ) -> Result<Option<String>> {
+        match written {
             Ok(crate::engine::TxnWrite::Written(rev)) => {
                 if matches!(doc.state, State::Done | State::Cancelled) {
                     self.inner.accounts.note_ended(&doc.txn_id);
