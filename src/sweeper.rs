@@ -37,9 +37,6 @@ use crate::state::State;
 use crate::transfer::crash;
 use crate::transfer::{txn_doc_id, TxnDoc};
 
-/// How often the end of a pass sends the settles its drives still hold.
-const RELEASE_EVERY: Duration = Duration::from_millis(5);
-
 /// The states a transfer can be stuck in.
 const OPEN_STATES: [State; 4] = [
     State::Initial,
@@ -448,14 +445,13 @@ impl Ledger {
             let ledger = self.clone();
             tasks.spawn(async move { ledger.sweep_one(doc).await });
         }
-        // The drives hold their settles for their accounts' next writes; none is coming now.
-        while !tasks.is_empty() {
-            self.inner.accounts.release_held();
-            if let Ok(Some(done)) = tokio::time::timeout(RELEASE_EVERY, tasks.join_next()).await {
-                tally(&mut out, done);
-                self.report_progress("sweep", handled(&out), Some(progress_total));
-            }
+        while let Some(done) = tasks.join_next().await {
+            tally(&mut out, done);
+            self.report_progress("sweep", handled(&out), Some(progress_total));
         }
+        // The drives left their settles held for their accounts' next writes, finishing in
+        // the background; none is coming now: out they go, and the pass waits for them.
+        self.flush().await;
 
         // 6. Orphan undos (and settles of named markers), all in one engine call.
         if !undo.is_empty() {

@@ -783,6 +783,43 @@ async fn an_initial_transfer_is_finished_by_one_cas() {
     assert_at_rest(&l).await;
 }
 
+// Many transfers left `initial` on a few accounts: one pass decides them all, its drives not
+// waiting for their settles (held for the accounts' next writes), and sends what is still held
+// before it returns: no marker is left when the pass answers.
+#[tokio::test]
+async fn a_pass_over_many_initial_transfers_leaves_no_marker_behind() {
+    let l = support::ledger("ow_initial_many").await;
+    let accounts = ["A", "B", "C", "D"];
+    for id in accounts {
+        open(&l, id, 1_000).await;
+    }
+    let n = 24;
+    for i in 0..n {
+        let (from, to) = (accounts[i % 4], accounts[(i + 1) % 4]);
+        let left = l
+            .submit(
+                request(&format!("m{i}"), from, to, 10 * (i as i64 % 4 + 1)),
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(left.state, State::Initial);
+    }
+    let swept = l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(
+        (swept.advanced, swept.failed, swept.remaining),
+        (n as u64, 0, 0),
+        "{swept:?}"
+    );
+    assert_no_marker(&l, &accounts).await;
+    // A paid 6 × 10 and received 6 × 40; B, C and D each paid 60 more than they received.
+    assert_eq!(balances(&l, &accounts).await, [1_180, 940, 940, 940]);
+    for i in 0..n {
+        assert_done_once(&raw_txn(&l, &format!("m{i}")).await, 2);
+    }
+    assert_at_rest(&l).await;
+}
+
 // A cancel of an `initial` transfer beats a sweeper paused before its CAS; its markers undone.
 #[tokio::test]
 async fn a_cancel_wins_over_a_sweeper_deciding_an_initial_transfer() {
