@@ -29,10 +29,10 @@ pub(crate) enum TransferCommand {
         command: AccountSub,
     },
 
-    /// Move money from one account to another with the two-phase protocol (initial → pending
-    /// → committed → done, or → cancelled), driven to its end before returning unless
-    /// --no-wait. Re-sending the same --id with the same terms reports the transfer
-    /// ("exists") instead of making a second one.
+    /// Move money from one account to another: both accounts take a pending marker, then the
+    /// transfer is decided by one write of its document, done or cancelled (docs/ONE_WRITE.md),
+    /// before returning; with --no-wait it is left initial for the sweeper. Re-sending the same
+    /// --id with the same terms reports the transfer ("exists") instead of making a second one.
     ///
     /// Exit codes: 0 done (or, with --no-wait or after a lost lease, still in progress: the
     /// sweeper finishes it); 3 cancelled by a business rule (insufficient_funds,
