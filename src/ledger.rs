@@ -69,6 +69,24 @@ pub(crate) struct Finishing {
     pub(crate) idle: tokio::sync::Notify,
 }
 
+impl Finishing {
+    /// Waits until none is left, calling `release` (send the settles held meanwhile) at once
+    /// and again every [`FLUSH_RELEASE_EVERY`]: a finish that had not held its settles yet at
+    /// the last release would otherwise wait out its whole hold.
+    pub(crate) async fn drain(&self, release: impl Fn()) {
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.count.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            release();
+            let _ = tokio::time::timeout(FLUSH_RELEASE_EVERY, notified).await;
+        }
+    }
+}
+
 /// Everything a [`Ledger`] is assembled from.
 struct Settings {
     client: Client,
@@ -316,24 +334,10 @@ impl Ledger {
     /// returning does not mean every transfer is `done`. Covers this ledger and its clones, not
     /// ledgers made from it with a `with_*` method or [`Ledger::another_worker`].
     pub async fn flush(&self) {
-        loop {
-            let notified = self.inner.finishing.idle.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self
-                .inner
-                .finishing
-                .count
-                .load(std::sync::atomic::Ordering::Acquire)
-                == 0
-            {
-                return;
-            }
-            // Again at every turn: a finish that had not held its settles yet at the last
-            // release would otherwise wait out its whole hold.
-            self.inner.accounts.release_held();
-            let _ = tokio::time::timeout(FLUSH_RELEASE_EVERY, notified).await;
-        }
+        self.inner
+            .finishing
+            .drain(|| self.inner.accounts.release_held())
+            .await;
     }
 
     /// `submit` answers at the decision and finishes in the background

@@ -18,17 +18,16 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use serde_json::Map;
-
-use std::sync::{Arc, Mutex};
 
 use crate::account_doc::Attempt;
 use crate::couch::RawDoc;
 use crate::engine::{now_ms, AccountOp, Decide, OpKind, OpResult};
 use crate::error::{Error, Result};
-use crate::ledger::Ledger;
+use crate::ledger::{Finishing, Ledger};
 use crate::limits::{DRIVE_PHASES_MAX, SETTLE_HOLD_LEASE_DIVISOR, SETTLE_HOLD_MS};
 use crate::orders::RecordStatus;
 use crate::state::{transition, Event, State};
@@ -496,7 +495,7 @@ impl Ledger {
             return Ok(outcome);
         }
         if self.inner.background {
-            self.converge_in_background(doc, touched);
+            self.converge_in_background(doc, touched, None);
         } else {
             self.converge(&doc, &touched, false).await;
         }
@@ -504,14 +503,23 @@ impl Ledger {
     }
 
     /// Converges `touched` to `doc`'s decision in a task of its own, the settles held for the
-    /// accounts' next writes; counted in [`Ledger::flush`], which sends what is still held and
-    /// waits for it.
-    fn converge_in_background(&self, doc: TxnDoc, touched: Vec<String>) {
+    /// accounts' next writes; counted in [`Ledger::flush`] (which sends what is still held and
+    /// waits for it), and in `also` when given (a sweeper pass waits for its own drives only).
+    fn converge_in_background(
+        &self,
+        doc: TxnDoc,
+        touched: Vec<String>,
+        also: Option<Arc<Finishing>>,
+    ) {
         self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
+        if let Some(also) = &also {
+            also.count.fetch_add(1, Ordering::AcqRel);
+        }
         let ledger = self.clone();
         tokio::spawn(async move {
-            // Counted out even if it panics, so `flush` never waits for it forever.
+            // Counted out even if it panics, so a wait for them never lasts forever.
             let _counted = FinishingGuard(&ledger.inner.finishing);
+            let _also = also.as_deref().map(FinishingGuard);
             ledger.converge(&doc, &touched, true).await;
         });
     }
@@ -579,10 +587,14 @@ impl Ledger {
     /// claim is written: two drivers at once make one effect (the second adopts the first's
     /// markers; one CAS wins, the other follows). Returns the transfer as it ended and whether
     /// this call decided it. The settles are not waited for: they are held for the accounts'
-    /// next writes (the pass's other drives share them) and the pass sends what is still held
-    /// at its end and waits for it ([`Ledger::flush`]). Waiting here held each drive for the
-    /// whole hold, so a pass of 256 drives at a time finished ~256 transfers a second.
-    pub(crate) async fn decide_initial(&self, doc: TxnDoc) -> Result<(TxnDoc, bool)> {
+    /// next writes (the pass's other drives share them), counted in `pass`, whose end sends
+    /// what is still held and waits for it. Waiting here held each drive for the whole hold,
+    /// so a pass of 256 drives at a time finished ~256 transfers a second.
+    pub(crate) async fn decide_initial(
+        &self,
+        doc: TxnDoc,
+        pass: &Arc<Finishing>,
+    ) -> Result<(TxnDoc, bool)> {
         debug_assert_eq!(doc.state, State::Initial);
         let (_, deadline) = self.new_claim();
         let attempt = Attempt::random();
@@ -614,7 +626,7 @@ impl Ledger {
             if let Some(rev) = self.write_txn(&decided).await? {
                 fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
                 decided.rev = Some(rev);
-                self.converge_in_background(decided.clone(), touched);
+                self.converge_in_background(decided.clone(), touched, Some(Arc::clone(pass)));
                 return Ok((decided, true));
             }
             break;

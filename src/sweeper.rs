@@ -15,6 +15,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -25,7 +26,7 @@ use crate::account_doc::{account_doc_id, AccountDoc};
 use crate::couch::{ChangesQuery, Client, ViewQuery};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
-use crate::ledger::Ledger;
+use crate::ledger::{Finishing, Ledger};
 use crate::limits::{
     PROBLEMS_MAX, READ_BATCH_KEYS_MAX, STALE_AFTER_DEFAULT_MS, SWEEP_CONCURRENCY_MAX,
     SWEEP_LIMIT_MAX, WATCH_BACKOFF_MAX_MS, WATCH_WAIT_MAX_MS, WATCH_WAIT_MIN_MS,
@@ -402,6 +403,8 @@ impl Ledger {
         //    ones given their document above).
         let progress_total = handled(&out) + (candidates.len() + recovered.len()) as u64;
         let mut tasks: JoinSet<Swept> = JoinSet::new();
+        // The settles the drives left to finish in the background.
+        let pass = Arc::new(Finishing::default());
         for id in &candidates {
             let doc = match docs.get(id) {
                 Some(Some(value)) => match TxnDoc::from_value(value.clone()) {
@@ -432,8 +435,8 @@ impl Ledger {
                     self.report_progress("sweep", handled(&out), Some(progress_total));
                 }
             }
-            let ledger = self.clone();
-            tasks.spawn(async move { ledger.sweep_one(doc).await });
+            let (ledger, pass) = (self.clone(), Arc::clone(&pass));
+            tasks.spawn(async move { ledger.sweep_one(doc, &pass).await });
         }
         for doc in recovered {
             while tasks.len() >= SWEEP_CONCURRENCY_MAX {
@@ -442,16 +445,17 @@ impl Ledger {
                     self.report_progress("sweep", handled(&out), Some(progress_total));
                 }
             }
-            let ledger = self.clone();
-            tasks.spawn(async move { ledger.sweep_one(doc).await });
+            let (ledger, pass) = (self.clone(), Arc::clone(&pass));
+            tasks.spawn(async move { ledger.sweep_one(doc, &pass).await });
         }
         while let Some(done) = tasks.join_next().await {
             tally(&mut out, done);
             self.report_progress("sweep", handled(&out), Some(progress_total));
         }
         // The drives left their settles held for their accounts' next writes, finishing in
-        // the background; none is coming now: out they go, and the pass waits for them.
-        self.flush().await;
+        // the background; none is coming now: out they go, and the pass waits for them (its
+        // own: not for transfers other callers of this ledger are finishing, as `serve`'s).
+        pass.drain(|| self.inner.accounts.release_held()).await;
 
         // 6. Orphan undos (and settles of named markers), all in one engine call.
         if !undo.is_empty() {
@@ -686,10 +690,10 @@ impl Ledger {
 
     /// Takes one candidate over and drives it: an `initial` one on the one-write path (apply,
     /// then one CAS to its end), any other by the stepwise protocol.
-    async fn sweep_one(&self, doc: TxnDoc) -> Swept {
+    async fn sweep_one(&self, doc: TxnDoc, pass: &Arc<Finishing>) -> Swept {
         let id = doc.txn_id.clone();
         if doc.state == State::Initial && !self.inner.stepwise {
-            return match self.decide_initial(doc).await {
+            return match self.decide_initial(doc, pass).await {
                 Ok((end, true)) => match end.state {
                     State::Done => Swept::Advanced,
                     State::Cancelled => Swept::Cancelled,

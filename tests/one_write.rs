@@ -820,6 +820,44 @@ async fn a_pass_over_many_initial_transfers_leaves_no_marker_behind() {
     assert_at_rest(&l).await;
 }
 
+// A sweeper pass in a process that also submits (`serve`) waits for its own drives' settles,
+// not for the transfers the process is finishing in the background: under a steady load those
+// never all end, and the pass would not either.
+#[tokio::test]
+async fn a_pass_does_not_wait_for_the_processs_background_finishes() {
+    let l = support::ledger("ow_pass_own")
+        .await
+        .with_background_finish();
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let answered = std::time::Instant::now();
+    let done = l.submit(request("bg", "A", "B", 100), true).await.unwrap();
+    assert_eq!(done.state, State::Done);
+    assert_eq!(
+        l.finishing(),
+        1,
+        "its settles held for the accounts' next writes"
+    );
+    // Its markers are fresh: nothing for a pass taking over what is 30 s old.
+    let options = SweepOptions {
+        limit: 100,
+        stale_after: Duration::from_secs(30),
+    };
+    let swept = l.sweep_once(options).await.unwrap();
+    assert_eq!((swept.advanced, swept.failed), (0, 0), "{swept:?}");
+    // The hold is 1 s: a pass that answered well inside it left the held settles alone.
+    if answered.elapsed() < std::time::Duration::from_millis(500) {
+        assert_eq!(
+            l.finishing(),
+            1,
+            "the pass sent another caller's held settles"
+        );
+    }
+    l.flush().await;
+    assert_eq!(l.finishing(), 0);
+    assert_no_marker(&l, &["A", "B"]).await;
+}
+
 // A cancel of an `initial` transfer beats a sweeper paused before its CAS; its markers undone.
 #[tokio::test]
 async fn a_cancel_wins_over_a_sweeper_deciding_an_initial_transfer() {
