@@ -655,6 +655,16 @@ impl AccountEngine {
             .note(txn);
     }
 
+    /// Whether this engine saw `txn` end (its decision written here), among the last
+    /// `ENDED_KNOWN_MAX`.
+    pub(crate) fn has_ended(&self, txn: &str) -> bool {
+        self.ended
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ids
+            .contains(txn)
+    }
+
     /// Reads of transfers made to prune settled entries, so far.
     pub(crate) fn prune_reads(&self) -> u64 {
         self.prune_reads.load(Ordering::Relaxed)
@@ -2677,28 +2687,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_round_writes_its_accounts_and_the_transfer_documents_queued_in_one_request() {
-        use wiremock::matchers::{method, path_regex};
-        let server = wiremock::MockServer::start().await;
-        wiremock::Mock::given(method("GET"))
-            .and(path_regex("/db$"))
-            .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({})))
-            .mount(&server)
-            .await;
-        wiremock::Mock::given(method("POST"))
-            .respond_with(Server)
-            .mount(&server)
-            .await;
-        let client = Client::builder()
-            .url(server.uri())
-            .database("db")
-            .build()
-            .unwrap();
-        let bulk = Arc::new(BulkWriter::new(client));
-        let engine = Arc::new(AccountEngine::new(
-            Arc::clone(&bulk),
-            Arc::new(Quorum::new(WriteQuorum::default(), false)),
-            Arc::new(ConflictTally::default()),
-        ));
+        let (server, engine) = one_request_server().await;
         // An apply and a transfer document, queued before the driver takes its batch.
         let (op_reply, op_rx) = oneshot::channel();
         let (txn_reply, txn_rx) = oneshot::channel();
@@ -2719,23 +2708,12 @@ mod tests {
             txn_rx.await.unwrap().unwrap(),
             TxnWrite::Written("2-y".into())
         );
-        let posts: Vec<Value> = server
-            .received_requests()
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.url.path().ends_with("_bulk_docs"))
-            .map(|r| serde_json::from_slice(&r.body).unwrap())
-            .collect();
-        assert_eq!(posts.len(), 1, "one _bulk_docs for both: {posts:?}");
-        let ids: Vec<&str> = posts[0]["docs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| d["_id"].as_str().unwrap())
-            .collect();
-        assert_eq!(ids, ["account:a", "txn:u"]);
-        assert_eq!(bulk.stats(), (1, 1));
+        assert_eq!(
+            bulk_ids(&server).await,
+            [vec!["account:a", "txn:u"]],
+            "one _bulk_docs for both"
+        );
+        assert_eq!(engine.bulk.stats(), (1, 1));
     }
 
     /// The ids in each `_bulk_docs` request `server` received, in order.

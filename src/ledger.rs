@@ -57,6 +57,8 @@ pub(crate) struct LedgerInner {
     pub(crate) stepwise: bool,
     /// [`Ledger::with_one_copy`].
     pub(crate) one_copy: bool,
+    /// [`Ledger::with_lookup_first`].
+    pub(crate) lookup_first: bool,
 }
 
 /// How often [`Ledger::flush`] sends the settles held meanwhile.
@@ -99,6 +101,7 @@ struct Settings {
     background: bool,
     stepwise: bool,
     one_copy: bool,
+    lookup_first: bool,
 }
 
 /// How far a long piece of work has got: a sweep pass driving its candidates, `verify`
@@ -200,6 +203,7 @@ impl Ledger {
             background: false,
             stepwise: false,
             one_copy: false,
+            lookup_first: false,
         })
     }
 
@@ -215,6 +219,7 @@ impl Ledger {
             background,
             stepwise,
             one_copy,
+            lookup_first,
         } = settings;
         let quorum = Arc::new(Quorum::new(write_quorum, one_copy));
         let conflicts = Arc::new(ConflictTally::default());
@@ -242,6 +247,7 @@ impl Ledger {
                 finishing: Finishing::default(),
                 stepwise,
                 one_copy,
+                lookup_first,
             }),
         }
     }
@@ -260,6 +266,7 @@ impl Ledger {
             background: i.background,
             stepwise: i.stepwise,
             one_copy: i.one_copy,
+            lookup_first: i.lookup_first,
         }
     }
 
@@ -292,6 +299,21 @@ impl Ledger {
     pub fn with_background_finish(self) -> Ledger {
         Ledger::assemble(Settings {
             background: true,
+            ..self.settings()
+        })
+    }
+
+    /// The same ledger reading a transfer's document before applying it (`submit(…, wait =
+    /// true)` on the one-write path): a re-sent id is answered from its document — the
+    /// transfer as it is, or the mismatch of its terms — with nothing written. Without it an id
+    /// is found taken only at the decision, after both accounts took a marker, which is then
+    /// undone (money unchanged, two writes per account); a ledger remembers the transfers it
+    /// ended itself (`ENDED_KNOWN_MAX`) and answers those from their document either way. Costs
+    /// one request a transfer: for a process making one transfer (the command line), not for
+    /// a busy one.
+    pub fn with_lookup_first(self) -> Ledger {
+        Ledger::assemble(Settings {
+            lookup_first: true,
             ..self.settings()
         })
     }

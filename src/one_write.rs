@@ -165,6 +165,18 @@ impl Ledger {
             markers: None,
             extra: Map::new(),
         };
+        // A re-sent id, answered from its document with nothing written: known to have ended
+        // here, or looked up first (`Ledger::with_lookup_first`).
+        if self.inner.accounts.has_ended(id) {
+            return self.follow_once(&terms, None, Vec::new()).await;
+        }
+        if self.inner.lookup_first {
+            match self.read_txn(id).await {
+                Ok(_) => return self.follow_once(&terms, None, Vec::new()).await,
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
         let attempt = Attempt::random();
         let mut touched: Vec<String> = Vec::new();
         for _ in 0..DRIVE_PHASES_MAX {

@@ -429,24 +429,12 @@ impl Ledger {
                 out.skipped += 1;
                 continue;
             }
-            while tasks.len() >= SWEEP_CONCURRENCY_MAX {
-                if let Some(done) = tasks.join_next().await {
-                    tally(&mut out, done);
-                    self.report_progress("sweep", handled(&out), Some(progress_total));
-                }
-            }
-            let (ledger, pass) = (self.clone(), Arc::clone(&pass));
-            tasks.spawn(async move { ledger.sweep_one(doc, &pass).await });
+            self.start_drive(&mut tasks, &mut out, progress_total, doc, &pass)
+                .await;
         }
         for doc in recovered {
-            while tasks.len() >= SWEEP_CONCURRENCY_MAX {
-                if let Some(done) = tasks.join_next().await {
-                    tally(&mut out, done);
-                    self.report_progress("sweep", handled(&out), Some(progress_total));
-                }
-            }
-            let (ledger, pass) = (self.clone(), Arc::clone(&pass));
-            tasks.spawn(async move { ledger.sweep_one(doc, &pass).await });
+            self.start_drive(&mut tasks, &mut out, progress_total, doc, &pass)
+                .await;
         }
         while let Some(done) = tasks.join_next().await {
             tally(&mut out, done);
@@ -686,6 +674,26 @@ impl Ledger {
             }
         }
         Ok(recovered)
+    }
+
+    /// Starts `doc`'s drive in `tasks` once fewer than [`SWEEP_CONCURRENCY_MAX`] run, tallying
+    /// the ones that end meanwhile.
+    async fn start_drive(
+        &self,
+        tasks: &mut JoinSet<Swept>,
+        out: &mut SweepOutcome,
+        total: u64,
+        doc: TxnDoc,
+        pass: &Arc<Finishing>,
+    ) {
+        while tasks.len() >= SWEEP_CONCURRENCY_MAX {
+            if let Some(done) = tasks.join_next().await {
+                tally(out, done);
+                self.report_progress("sweep", handled(out), Some(total));
+            }
+        }
+        let (ledger, pass) = (self.clone(), Arc::clone(pass));
+        tasks.spawn(async move { ledger.sweep_one(doc, &pass).await });
     }
 
     /// Takes one candidate over and drives it: an `initial` one on the one-write path (apply,

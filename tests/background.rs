@@ -7,41 +7,8 @@
 use std::time::Duration;
 
 use crate::support;
-use couch_ledger::{
-    AccountSpec, Amount, Currency, Ledger, RecordStatus, State, SweepOptions, TransferRequest,
-    VerifyOptions,
-};
-
-fn eur() -> Currency {
-    Currency::from_code("EUR").unwrap()
-}
-
-async fn open(l: &Ledger, id: &str, opening: i64) {
-    let created = l
-        .create_account(AccountSpec {
-            account_id: id.into(),
-            currency: eur(),
-            opening: Amount::new(opening).unwrap(),
-            min_balance: Some(Amount::ZERO),
-        })
-        .await
-        .unwrap();
-    assert_eq!(created.status, RecordStatus::Created);
-}
-
-fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
-    TransferRequest {
-        id: Some(id.into()),
-        source: from.into(),
-        destination: to.into(),
-        amount: Amount::new(value).unwrap(),
-        currency: eur(),
-    }
-}
-
-async fn balance(l: &Ledger, id: &str) -> i64 {
-    l.account(id).await.unwrap().balance.minor()
-}
+use crate::support::{balance, eur_transfer as request, open_account as open};
+use couch_ledger::{Ledger, RecordStatus, State, SweepOptions, VerifyOptions};
 
 async fn assert_no_marker(l: &Ledger, accounts: &[&str]) {
     for id in accounts {

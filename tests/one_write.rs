@@ -25,54 +25,16 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support;
-use couch_ledger::{
-    AccountSpec, Amount, Currency, Ledger, RecordStatus, State, SweepOptions, TransferOutcome,
-    TransferRequest, VerifyOptions,
-};
+use crate::support::{balance, eur_transfer as request, open_account as open};
+use couch_ledger::{Ledger, RecordStatus, State, SweepOptions, TransferOutcome, VerifyOptions};
 
 // ---- helpers ---------------------------------------------------------------------------------
-
-fn eur() -> Currency {
-    Currency::from_code("EUR").unwrap()
-}
-
-fn amount(minor: i64) -> Amount {
-    Amount::new(minor).unwrap()
-}
-
-/// Opens account `id` in EUR with a minimum balance of 0.
-async fn open(l: &Ledger, id: &str, opening: i64) {
-    let created = l
-        .create_account(AccountSpec {
-            account_id: id.into(),
-            currency: eur(),
-            opening: amount(opening),
-            min_balance: Some(Amount::ZERO),
-        })
-        .await
-        .unwrap();
-    assert_eq!(created.status, RecordStatus::Created);
-}
-
-fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
-    TransferRequest {
-        id: Some(id.into()),
-        source: from.into(),
-        destination: to.into(),
-        amount: amount(value),
-        currency: eur(),
-    }
-}
 
 fn now_sweep() -> SweepOptions {
     SweepOptions {
         limit: 100,
         stale_after: Duration::ZERO,
     }
-}
-
-async fn balance(l: &Ledger, id: &str) -> i64 {
-    l.account(id).await.unwrap().balance.minor()
 }
 
 async fn balances(l: &Ledger, ids: &[&str]) -> Vec<i64> {
@@ -856,6 +818,57 @@ async fn a_pass_does_not_wait_for_the_processs_background_finishes() {
     l.flush().await;
     assert_eq!(l.finishing(), 0);
     assert_no_marker(&l, &["A", "B"]).await;
+}
+
+// A re-sent id on a database that keeps one copy (no settled entries to find it by): the
+// ledger that ended it remembers it, and a ledger that looks first finds its document; either
+// answers with nothing written. One that neither remembers nor looks finds it taken only at the
+// decision: its markers are undone, the money unchanged.
+#[tokio::test]
+async fn a_re_sent_id_is_answered_with_nothing_written_when_known_or_looked_up() {
+    let l = support::ledger("ow_resent").await.with_one_copy();
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let db = l.hot_client().database().to_owned();
+    let done = l.submit(request("r1", "A", "B", 100), true).await.unwrap();
+    assert_eq!(answer(&done), (State::Done, RecordStatus::Created, None));
+    l.flush().await;
+    let before = support::db_snapshot(&db).await;
+
+    // Remembered by the ledger that ended it: the same terms, then other terms.
+    let again = l.submit(request("r1", "A", "B", 100), true).await.unwrap();
+    assert_eq!(answer(&again), (State::Done, RecordStatus::Exists, None));
+    let e = l
+        .submit(request("r1", "A", "B", 101), true)
+        .await
+        .unwrap_err();
+    assert!(e.is_mismatch(), "{e}");
+    assert_eq!(support::db_snapshot(&db).await, before, "nothing written");
+
+    // Another process, looking first.
+    let looking = l.another_worker().with_lookup_first();
+    let again = looking
+        .submit(request("r1", "A", "B", 100), true)
+        .await
+        .unwrap();
+    assert_eq!(answer(&again), (State::Done, RecordStatus::Exists, None));
+    let e = looking
+        .submit(request("r1", "B", "A", 100), true)
+        .await
+        .unwrap_err();
+    assert!(e.is_mismatch(), "{e}");
+    assert_eq!(support::db_snapshot(&db).await, before, "nothing written");
+
+    // Another process, not looking: the accounts were touched and put back.
+    let e = l
+        .another_worker()
+        .submit(request("r1", "A", "B", 101), true)
+        .await
+        .unwrap_err();
+    assert!(e.is_mismatch(), "{e}");
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+    assert_at_rest(&l).await;
 }
 
 // A cancel of an `initial` transfer beats a sweeper paused before its CAS; its markers undone.

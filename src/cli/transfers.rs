@@ -413,7 +413,9 @@ async fn transfer(a: TransferArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         amount: value,
         currency: c,
     };
-    let o = match ctx.ledger()?.submit(request, !a.no_wait).await {
+    // One transfer per process: a look first keeps a re-sent --id from touching the accounts.
+    let ledger = ctx.ledger()?.with_lookup_first();
+    let o = match ledger.submit(request, !a.no_wait).await {
         Ok(o) => o,
         Err(e) => {
             let Some(id) = e.transfer_id().map(str::to_owned) else {

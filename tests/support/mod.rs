@@ -15,7 +15,7 @@ pub mod trio;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use couch_ledger::{Client, Ledger};
+use couch_ledger::{AccountSpec, Amount, Client, Currency, Ledger, RecordStatus, TransferRequest};
 use devserver::DevServer;
 
 /// Where the tests' server is.
@@ -447,4 +447,40 @@ pub fn gate(phase: &'static str) -> (std::sync::Arc<Gate>, couch_ledger::PauseHo
         })
     }));
     (g, hook)
+}
+
+// ---- accounts and transfers in EUR -------------------------------------------------------------
+
+pub fn eur() -> Currency {
+    Currency::from_code("EUR").unwrap()
+}
+
+/// Opens account `id` in EUR with `opening` minor units and a minimum balance of 0.
+pub async fn open_account(l: &Ledger, id: &str, opening: i64) {
+    let created = l
+        .create_account(AccountSpec {
+            account_id: id.into(),
+            currency: eur(),
+            opening: Amount::new(opening).unwrap(),
+            min_balance: Some(Amount::ZERO),
+        })
+        .await
+        .unwrap();
+    assert_eq!(created.status, RecordStatus::Created);
+}
+
+/// Transfer `id`: `value` minor units of EUR from `from` to `to`.
+pub fn eur_transfer(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
+    TransferRequest {
+        id: Some(id.into()),
+        source: from.into(),
+        destination: to.into(),
+        amount: Amount::new(value).unwrap(),
+        currency: eur(),
+    }
+}
+
+/// Account `id`'s balance in minor units.
+pub async fn balance(l: &Ledger, id: &str) -> i64 {
+    l.account(id).await.unwrap().balance.minor()
 }
