@@ -141,8 +141,6 @@ pub enum WriteQuorum {
 pub(crate) struct Quorum {
     mode: WriteQuorum,
     copies: tokio::sync::OnceCell<u32>,
-    /// `cluster.n` as the server states it (`None`: it does not say).
-    stated: tokio::sync::OnceCell<Option<u32>>,
     /// Act as on a database that keeps one copy whatever the server says (tests).
     one_copy: bool,
 }
@@ -152,26 +150,17 @@ impl Quorum {
         Quorum {
             mode,
             copies: tokio::sync::OnceCell::new(),
-            stated: tokio::sync::OnceCell::new(),
             one_copy,
         }
     }
 
-    /// Whether the database is known to keep one copy of each document (`cluster.n` = 1, as
-    /// CouchDB's single node says): no two branches of an account can meet in a merge there,
-    /// so a one-write settle needs no settled entry (docs/ONE_WRITE.md). `false` when the
-    /// server does not say or cannot be asked.
-    pub(crate) async fn one_copy(&self, client: &Client) -> bool {
-        if self.one_copy {
-            return true;
-        }
-        match self.stated.get_or_try_init(|| client.stated_copies()).await {
-            Ok(n) => *n == Some(1),
-            Err(e) => {
-                tracing::debug!("could not read the database's copies: {e}");
-                false
-            }
-        }
+    /// Whether one-write settles and undos leave no settled entry (`Ledger::with_one_copy`, a
+    /// test knob). Never by default, not even where the database states one copy (`cluster.n`
+    /// = 1, CouchDB's single node): a conflict can still reach it (replicated in, or written
+    /// with `new_edits=false`), and merging an account's branches needs the entries — measured
+    /// ~14 % of `p8` on CouchDB 3.4.3, given back for that (BENCHMARKS.md, session 10).
+    pub(crate) fn one_copy(&self) -> bool {
+        self.one_copy
     }
 
     /// `w` = the database's copies when there are several and the write must be exclusive (a
@@ -235,7 +224,8 @@ impl<T> Queue<T> {
     }
 
     /// Marks the queue driven when it was not: `true` when the caller must start the driver
-    /// (after a [`Queue::push_front`] from outside the driver).
+    /// (after a [`Queue::push_front`]; from the driver itself, as `Pair::answer` calls it, it
+    /// is always `false`: the guard for a call from anywhere else).
     fn start_if_idle(&self) -> bool {
         let mut s = self.lock();
         !std::mem::replace(&mut s.driving, true)
@@ -458,9 +448,8 @@ impl Reply {
     }
 }
 
-/// Given both apply answers of a transfer, the decision to write: its document's id, the
-/// document, and what the caller is told besides — or `None` (nothing to write now: the caller
-/// follows, or applies again).
+/// Given both apply answers of a transfer, the decision to write: its document's id and the
+/// document — or `None` (nothing to write now: the caller follows, or applies again).
 pub(crate) type Decide = Box<dyn FnOnce(OpResult, OpResult) -> Option<(String, RawDoc)> + Send>;
 
 /// What [`AccountEngine::run_decided`] answers: both apply answers, and the write of the
@@ -713,6 +702,11 @@ impl AccountEngine {
         self.release(|_| true);
     }
 
+    /// Sends the held ops of the transfers `txns` now (a sweeper pass's own, at its end).
+    pub(crate) fn release_held_of(self: &Arc<Self>, txns: &HashSet<String>) {
+        self.release(|h| txns.contains(&h.queued.op.txn));
+    }
+
     /// Moves the held ops `which` picks into the queue (starting its driver if needed).
     fn release(self: &Arc<Self>, which: impl Fn(&HeldOp) -> bool) {
         let due: Vec<Work> = {
@@ -924,7 +918,7 @@ impl AccountEngine {
                 .collect()
         };
         let mut open: HashSet<String> = accounts.iter().cloned().collect();
-        let entries = !self.quorum.one_copy(&self.client).await;
+        let entries = !self.quorum.one_copy();
         // Links whose failure is final (answered): later attempts keep honouring them.
         let mut failed_links: HashSet<u64> = HashSet::new();
         // Transfers whose state this round read for pruning, and those found done/cancelled.

@@ -69,6 +69,9 @@ const FLUSH_RELEASE_EVERY: Duration = Duration::from_millis(5);
 pub(crate) struct Finishing {
     pub(crate) count: std::sync::atomic::AtomicUsize,
     pub(crate) idle: tokio::sync::Notify,
+    /// The transfers counted, for a waiter that sends only their held settles (a sweeper
+    /// pass); the ledger's own count leaves it empty.
+    pub(crate) txns: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Finishing {

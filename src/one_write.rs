@@ -172,7 +172,15 @@ impl Ledger {
         }
         if self.inner.lookup_first {
             match self.read_txn(id).await {
-                Ok(_) => return self.follow_once(&terms, None, Vec::new()).await,
+                // Ended, or taken by other terms: answered as it is. One still open (left
+                // `initial`, or a stepwise one) goes the usual way, which finishes it.
+                Ok(existing)
+                    if existing.state.is_terminal()
+                        || existing.differing_term(&terms).is_some() =>
+                {
+                    return self.follow_once(&terms, None, Vec::new()).await;
+                }
+                Ok(_) => {}
                 Err(e) if e.is_not_found() => {}
                 Err(e) => return Err(e),
             }
@@ -526,6 +534,10 @@ impl Ledger {
         self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
         if let Some(also) = &also {
             also.count.fetch_add(1, Ordering::AcqRel);
+            also.txns
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(doc.txn_id.clone());
         }
         let ledger = self.clone();
         tokio::spawn(async move {

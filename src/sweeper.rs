@@ -443,7 +443,11 @@ impl Ledger {
         // The drives left their settles held for their accounts' next writes, finishing in
         // the background; none is coming now: out they go, and the pass waits for them (its
         // own: not for transfers other callers of this ledger are finishing, as `serve`'s).
-        pass.drain(|| self.inner.accounts.release_held()).await;
+        pass.drain(|| {
+            let txns = pass.txns.lock().unwrap_or_else(|e| e.into_inner());
+            self.inner.accounts.release_held_of(&txns);
+        })
+        .await;
 
         // 6. Orphan undos (and settles of named markers), all in one engine call.
         if !undo.is_empty() {

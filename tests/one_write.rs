@@ -783,15 +783,23 @@ async fn a_pass_over_many_initial_transfers_leaves_no_marker_behind() {
 }
 
 // A sweeper pass in a process that also submits (`serve`) waits for its own drives' settles,
-// not for the transfers the process is finishing in the background: under a steady load those
-// never all end, and the pass would not either.
+// sending only theirs: not for the transfers the process is finishing in the background (under
+// a steady load those never all end, and the pass would not either), nor sending their held
+// settles ahead of the accounts' next writes.
 #[tokio::test]
-async fn a_pass_does_not_wait_for_the_processs_background_finishes() {
+async fn a_pass_waits_for_its_own_settles_only() {
     let l = support::ledger("ow_pass_own")
         .await
         .with_background_finish();
-    open(&l, "A", 1_000).await;
-    open(&l, "B", 0).await;
+    for id in ["A", "B", "C", "D"] {
+        open(&l, id, 1_000).await;
+    }
+    // A transfer left `initial` a minute ago (its date moved back by hand).
+    l.submit(request("old", "C", "D", 50), false).await.unwrap();
+    let mut old = raw_txn(&l, "old").await;
+    old["last_modified"] = json!(old["last_modified"].as_i64().unwrap() - 60_000);
+    l.hot_client().put("txn:old", &old).await.unwrap();
+
     let answered = std::time::Instant::now();
     let done = l.submit(request("bg", "A", "B", 100), true).await.unwrap();
     assert_eq!(done.state, State::Done);
@@ -800,14 +808,15 @@ async fn a_pass_does_not_wait_for_the_processs_background_finishes() {
         1,
         "its settles held for the accounts' next writes"
     );
-    // Its markers are fresh: nothing for a pass taking over what is 30 s old.
+    // bg's markers are fresh: a pass taking over what is 30 s old drives `old` only.
     let options = SweepOptions {
         limit: 100,
         stale_after: Duration::from_secs(30),
     };
     let swept = l.sweep_once(options).await.unwrap();
-    assert_eq!((swept.advanced, swept.failed), (0, 0), "{swept:?}");
-    // The hold is 1 s: a pass that answered well inside it left the held settles alone.
+    assert_eq!((swept.advanced, swept.failed), (1, 0), "{swept:?}");
+    assert_no_marker(&l, &["C", "D"]).await;
+    // The hold is 1 s: a pass that answered well inside it left bg's held settles alone.
     if answered.elapsed() < std::time::Duration::from_millis(500) {
         assert_eq!(
             l.finishing(),
@@ -818,6 +827,11 @@ async fn a_pass_does_not_wait_for_the_processs_background_finishes() {
     l.flush().await;
     assert_eq!(l.finishing(), 0);
     assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(
+        balances(&l, &["A", "B", "C", "D"]).await,
+        [900, 1_100, 950, 1_050]
+    );
+    assert_at_rest(&l).await;
 }
 
 // A re-sent id on a database that keeps one copy (no settled entries to find it by): the
@@ -868,6 +882,20 @@ async fn a_re_sent_id_is_answered_with_nothing_written_when_known_or_looked_up()
     assert!(e.is_mismatch(), "{e}");
     assert_no_marker(&l, &["A", "B"]).await;
     assert_eq!(balances(&l, &["A", "B"]).await, [900, 100]);
+
+    // Looking first at a transfer left `initial`: still open, so it is finished, not answered
+    // as it stands.
+    let left = l.submit(request("r2", "A", "B", 10), false).await.unwrap();
+    assert_eq!(left.state, State::Initial);
+    let finished = l
+        .another_worker()
+        .with_lookup_first()
+        .submit(request("r2", "A", "B", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(answer(&finished), (State::Done, RecordStatus::Exists, None));
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [890, 110]);
     assert_at_rest(&l).await;
 }
 
