@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::support;
-use crate::support::{balance, eur_transfer as request, open_account as open};
+use crate::support::{balance, eur_transfer as request, open_account as open, writes_in};
 use couch_ledger::{Ledger, RecordStatus, State, SweepOptions, VerifyOptions};
 
 async fn assert_no_marker(l: &Ledger, accounts: &[&str]) {
@@ -28,23 +28,6 @@ async fn flush(l: &Ledger) {
         .await
         .expect("flush did not return within 30 s");
     assert_eq!(l.finishing(), 0, "flush returned with finishes in flight");
-}
-
-/// Document writes so far in database `db`: the sum of its live documents' revision
-/// generations (a creation is generation 1, each update one more). Unlike `update_seq` this
-/// reads the same on pouchdb-server and CouchDB; the ledger's documents here have no conflicts.
-async fn writes_in(db: &str) -> u64 {
-    support::db_snapshot(db)
-        .await
-        .revs
-        .iter()
-        .map(|(id, rev)| {
-            let generation = rev.split('-').next().unwrap_or_default();
-            generation
-                .parse::<u64>()
-                .unwrap_or_else(|_| panic!("{id}: revision {rev} has no generation"))
-        })
-        .sum()
 }
 
 fn now_ms() -> i64 {

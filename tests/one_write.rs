@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support;
-use crate::support::{balance, eur_transfer as request, open_account as open};
+use crate::support::{balance, eur_transfer as request, open_account as open, writes_in};
 use couch_ledger::{Ledger, RecordStatus, State, SweepOptions, TransferOutcome, VerifyOptions};
 
 // ---- helpers ---------------------------------------------------------------------------------
@@ -97,22 +97,6 @@ fn rev_generation(doc: &Value) -> u64 {
         .unwrap()
         .parse()
         .expect("a generation")
-}
-
-/// Document writes so far in database `db`: the sum of its live documents' revision
-/// generations (as tests/background.rs counts them).
-async fn writes_in(db: &str) -> u64 {
-    support::db_snapshot(db)
-        .await
-        .revs
-        .iter()
-        .map(|(id, rev)| {
-            let generation = rev.split('-').next().unwrap_or_default();
-            generation
-                .parse::<u64>()
-                .unwrap_or_else(|_| panic!("{id}: revision {rev} has no generation"))
-        })
-        .sum()
 }
 
 /// Asserts a one-write `done` document: created once (`1-`) unless `generation` says otherwise,

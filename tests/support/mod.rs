@@ -484,3 +484,20 @@ pub fn eur_transfer(id: &str, from: &str, to: &str, value: i64) -> TransferReque
 pub async fn balance(l: &Ledger, id: &str) -> i64 {
     l.account(id).await.unwrap().balance.minor()
 }
+
+/// Document writes so far in database `db`: the sum of its live documents' revision
+/// generations (a creation is generation 1, each update one more). Unlike `update_seq` this
+/// reads the same on pouchdb-server and CouchDB, for documents without conflicts.
+pub async fn writes_in(db: &str) -> u64 {
+    db_snapshot(db)
+        .await
+        .revs
+        .iter()
+        .map(|(id, rev)| {
+            let generation = rev.split('-').next().unwrap_or_default();
+            generation
+                .parse::<u64>()
+                .unwrap_or_else(|_| panic!("{id}: revision {rev} has no generation"))
+        })
+        .sum()
+}
