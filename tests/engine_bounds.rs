@@ -6,39 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use couch_ledger::limits::{MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, SETTLED_AGE_MIN_MS};
-use couch_ledger::{
-    AccountSpec, Amount, Client, Currency, Ledger, PauseHook, RetryPolicy, State, TransferRequest,
-};
+use couch_ledger::{Client, Ledger, PauseHook, RetryPolicy, State};
 use serde_json::{json, Value};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 use crate::support;
-
-fn eur() -> Currency {
-    Currency::from_code("EUR").unwrap()
-}
-
-async fn open(l: &Ledger, id: &str, opening: i64) {
-    l.create_account(AccountSpec {
-        account_id: id.into(),
-        currency: eur(),
-        opening: Amount::new(opening).unwrap(),
-        min_balance: Some(Amount::new(0).unwrap()),
-    })
-    .await
-    .unwrap();
-}
-
-fn request(id: &str, from: &str, to: &str, minor: i64) -> TransferRequest {
-    TransferRequest {
-        id: Some(id.into()),
-        source: from.into(),
-        destination: to.into(),
-        amount: Amount::new(minor).unwrap(),
-        currency: eur(),
-    }
-}
+use crate::support::{eur_transfer as request, open_account as open};
 
 fn now_ms() -> i64 {
     let d = std::time::SystemTime::now()

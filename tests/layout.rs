@@ -9,35 +9,10 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::support;
+use crate::support::{eur_transfer as request, open_account as open};
 use couch_ledger::{
-    AccountSpec, Amount, Currency, Ledger, Payment, Purchase, State, SweepOptions, TransferRequest,
-    VerifyOptions,
+    Amount, Currency, Ledger, Payment, Purchase, State, SweepOptions, VerifyOptions,
 };
-
-fn eur() -> Currency {
-    Currency::from_code("EUR").unwrap()
-}
-
-async fn open(l: &Ledger, id: &str, opening: i64) {
-    l.create_account(AccountSpec {
-        account_id: id.into(),
-        currency: eur(),
-        opening: Amount::new(opening).unwrap(),
-        min_balance: Some(Amount::ZERO),
-    })
-    .await
-    .unwrap();
-}
-
-fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
-    TransferRequest {
-        id: Some(id.into()),
-        source: from.into(),
-        destination: to.into(),
-        amount: Amount::new(value).unwrap(),
-        currency: eur(),
-    }
-}
 
 fn now_sweep() -> SweepOptions {
     SweepOptions {
