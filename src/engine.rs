@@ -136,31 +136,69 @@ pub enum WriteQuorum {
     ServerDefault,
 }
 
-/// The write options of every ledger write, learned once from the database.
+/// Where a one-write transfer's settles and undos leave a settled entry on its accounts
+/// (docs/ONE_WRITE.md, "Settled entries").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum Entries {
+    /// Where the database keeps several copies of each document, or does not say; none where it
+    /// states one copy (`cluster.n` = 1, CouchDB's single node).
+    #[default]
+    ByCopies,
+    /// Everywhere (`Ledger::with_settled_entries`: tests that plant a cluster's conflicts on a
+    /// single node).
+    Always,
+    /// Nowhere, whatever the server says (`Ledger::with_one_copy`: tests on a server that does
+    /// not say).
+    Never,
+}
+
+/// The write options of every ledger write, and whether settled entries are kept, learned once
+/// from the database.
 #[derive(Debug)]
 pub(crate) struct Quorum {
     mode: WriteQuorum,
-    copies: tokio::sync::OnceCell<u32>,
-    /// Act as on a database that keeps one copy whatever the server says (tests).
-    one_copy: bool,
+    /// `cluster.n` as the server states it (`None`: it does not say).
+    stated: tokio::sync::OnceCell<Option<u32>>,
+    entries: Entries,
 }
 
 impl Quorum {
-    pub(crate) fn new(mode: WriteQuorum, one_copy: bool) -> Quorum {
+    pub(crate) fn new(mode: WriteQuorum, entries: Entries) -> Quorum {
         Quorum {
             mode,
-            copies: tokio::sync::OnceCell::new(),
-            one_copy,
+            stated: tokio::sync::OnceCell::new(),
+            entries,
         }
     }
 
-    /// Whether one-write settles and undos leave no settled entry (`Ledger::with_one_copy`, a
-    /// test knob). Never by default, not even where the database states one copy (`cluster.n`
-    /// = 1, CouchDB's single node): a conflict can still reach it (replicated in, or written
-    /// with `new_edits=false`), and merging an account's branches needs the entries — measured
-    /// ~14 % of `p8` on CouchDB 3.4.3, given back for that (BENCHMARKS.md, session 10).
-    pub(crate) fn one_copy(&self) -> bool {
-        self.one_copy
+    /// `cluster.n` as the server states it, read once; `Err` while the database cannot be read.
+    async fn stated(&self, client: &Client) -> Result<Option<u32>> {
+        self.stated
+            .get_or_try_init(|| client.stated_copies())
+            .await
+            .copied()
+    }
+
+    /// Whether one-write settles and undos leave settled entries, which merging an account's
+    /// branches needs: `Some(true)` where the database keeps several copies or does not say
+    /// (a cluster, Cloudant, pouchdb-server), `Some(false)` where it states one copy. No branch
+    /// of an account can come from the ledger's own writes there (every write is an exclusive
+    /// compare-and-swap), so the entries would only cost: ~18 % of `p8` on CouchDB 3.4.3
+    /// (BENCHMARKS.md, session 11). An account conflict that reaches such a database anyway (an
+    /// admin's replication into it, history forged with `new_edits=false`) is reported, never
+    /// merged (`AccountEngine::merge`). `None`: the database could not be read now.
+    pub(crate) async fn keeps_entries(&self, client: &Client) -> Option<bool> {
+        match self.entries {
+            Entries::Always => Some(true),
+            Entries::Never => Some(false),
+            Entries::ByCopies => match self.stated(client).await {
+                Ok(n) => Some(n != Some(1)),
+                Err(e) => {
+                    tracing::debug!("could not read the database's copies: {e}");
+                    None
+                }
+            },
+        }
     }
 
     /// `w` = the database's copies when there are several and the write must be exclusive (a
@@ -170,8 +208,8 @@ impl Quorum {
         if !transfer && self.mode == WriteQuorum::ServerDefault {
             return WriteOptions::default();
         }
-        match self.copies.get_or_try_init(|| client.copies()).await {
-            Ok(n) if *n > 1 => WriteOptions { w: Some(*n) },
+        match self.stated(client).await {
+            Ok(Some(n)) if n > 1 => WriteOptions { w: Some(n) },
             Ok(_) => WriteOptions::default(),
             Err(e) => {
                 tracing::debug!("could not read the database's copies: {e}");
@@ -918,7 +956,12 @@ impl AccountEngine {
                 .collect()
         };
         let mut open: HashSet<String> = accounts.iter().cloned().collect();
-        let entries = !self.quorum.one_copy();
+        // Unknown for now (the database could not be read): kept, which is always safe.
+        let entries = self
+            .quorum
+            .keeps_entries(&self.client)
+            .await
+            .unwrap_or(true);
         // Links whose failure is final (answered): later attempts keep honouring them.
         let mut failed_links: HashSet<u64> = HashSet::new();
         // Transfers whose state this round read for pruning, and those found done/cancelled.
@@ -1343,6 +1386,20 @@ impl AccountEngine {
     async fn merge(&self, winner: AccountDoc, losers: Vec<String>) -> Result<AccountRead> {
         let id = winner.id.clone();
         self.conflicts.met.fetch_add(1, Ordering::Relaxed);
+        match self.quorum.keeps_entries(&self.client).await {
+            Some(true) => {}
+            Some(false) => return Ok(AccountRead::Failed(unmergeable(&id, losers.len()))),
+            None => {
+                return Ok(AccountRead::Failed(Error::status(
+                    503,
+                    Some("unavailable".to_owned()),
+                    Some(format!(
+                        "{id} holds a conflict, and the database's copies could not be read to \
+                         tell whether its branches can be merged; tried again later"
+                    )),
+                )))
+            }
+        }
         let bodies = self.client.revisions(&id, &losers).await?;
         let mut leaves = Vec::with_capacity(bodies.len());
         let mut revs = Vec::with_capacity(bodies.len());
@@ -1547,6 +1604,22 @@ struct Found {
 /// reads the raw markers: no marker of the transfer means nothing to do (it was never applied
 /// here), a marker means work this program cannot do on that document — an error, so the
 /// transfer waits for a person to repair the account, which `verify` reports.
+/// An account conflict on a database that keeps one copy of each document: the ledger keeps no
+/// settled entries of one-write transfers there (`Quorum::keeps_entries`), so a branch's
+/// settled transfers look as if it never had them, and no merge can tell one from the other.
+/// The ledger's own writes never make such a branch (every one is an exclusive
+/// compare-and-swap); an admin's replication into the database or a forged history did. The
+/// account's ops fail until a person resolves it (docs/ONE_WRITE.md, "Conflicts on one copy").
+pub(crate) fn unmergeable(id: &str, losers: usize) -> Error {
+    Error::invariant(format!(
+        "{id} holds a conflict ({} leaves); on a database that keeps one copy of each document the \
+         ledger keeps no settled entries of one-write transfers, so it cannot tell which \
+         transfers each leaf settled and will not merge them: a person must resolve it \
+         (docs/ONE_WRITE.md, \"Conflicts on one copy\")",
+        losers + 1
+    ))
+}
+
 fn unreadable_answer(raw: &Value, op: &AccountOp, e: &Error) -> Result<OpResult> {
     let holds = |field: &str| {
         raw.get(field)
@@ -2587,7 +2660,7 @@ mod tests {
         let bulk = Arc::new(BulkWriter::new(client));
         Arc::new(AccountEngine::new(
             bulk,
-            Arc::new(Quorum::new(WriteQuorum::default(), false)),
+            Arc::new(Quorum::new(WriteQuorum::default(), Entries::default())),
             Arc::new(ConflictTally::default()),
         ))
     }

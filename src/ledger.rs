@@ -11,7 +11,9 @@ use serde::Serialize;
 
 use crate::couch::Client;
 use crate::design::{self, Installed};
-use crate::engine::{AccountEngine, BulkWriter, ConflictTally, Quorum, TxnWriter, WriteQuorum};
+use crate::engine::{
+    AccountEngine, BulkWriter, ConflictTally, Entries, Quorum, TxnWriter, WriteQuorum,
+};
 use crate::error::{Error, Result};
 use crate::limits::{HOT_DB_SHARDS, LEASE_MS, REVS_LIMIT, REVS_LIMIT_ONE_COPY};
 
@@ -55,8 +57,9 @@ pub(crate) struct LedgerInner {
     /// `submit(…, wait = true)` follows SPEC §5's stepwise protocol instead of the one-write
     /// path ([`Ledger::with_stepwise_transfers`]).
     pub(crate) stepwise: bool,
-    /// [`Ledger::with_one_copy`].
-    pub(crate) one_copy: bool,
+    /// Where one-write settles leave settled entries ([`Ledger::with_one_copy`],
+    /// [`Ledger::with_settled_entries`]; by default by the database's copies).
+    pub(crate) entries: Entries,
     /// [`Ledger::with_lookup_first`].
     pub(crate) lookup_first: bool,
 }
@@ -103,7 +106,7 @@ struct Settings {
     write_quorum: WriteQuorum,
     background: bool,
     stepwise: bool,
-    one_copy: bool,
+    entries: Entries,
     lookup_first: bool,
 }
 
@@ -205,7 +208,7 @@ impl Ledger {
             write_quorum: WriteQuorum::default(),
             background: false,
             stepwise: false,
-            one_copy: false,
+            entries: Entries::default(),
             lookup_first: false,
         })
     }
@@ -221,10 +224,10 @@ impl Ledger {
             write_quorum,
             background,
             stepwise,
-            one_copy,
+            entries,
             lookup_first,
         } = settings;
-        let quorum = Arc::new(Quorum::new(write_quorum, one_copy));
+        let quorum = Arc::new(Quorum::new(write_quorum, entries));
         let conflicts = Arc::new(ConflictTally::default());
         let bulk = Arc::new(BulkWriter::new(hot.clone()));
         let accounts = Arc::new(AccountEngine::new(
@@ -249,7 +252,7 @@ impl Ledger {
                 background,
                 finishing: Finishing::default(),
                 stepwise,
-                one_copy,
+                entries,
                 lookup_first,
             }),
         }
@@ -268,7 +271,7 @@ impl Ledger {
             write_quorum: i.write_quorum,
             background: i.background,
             stepwise: i.stepwise,
-            one_copy: i.one_copy,
+            entries: i.entries,
             lookup_first: i.lookup_first,
         }
     }
@@ -323,12 +326,28 @@ impl Ledger {
 
     /// Test support: the same ledger acting as on a database that keeps one copy of each
     /// document (CouchDB's single node, `cluster.n` = 1) whatever the server says: a one-write
-    /// transfer's settles and undos leave no settled entry (docs/ONE_WRITE.md). On a server
-    /// that keeps several copies this is wrong (an account merge needs the entries): tests only.
+    /// transfer's settles and undos leave no settled entry, and an account conflict is reported,
+    /// never merged (docs/ONE_WRITE.md). What every ledger does on such a database; on a server
+    /// that keeps several copies this is wrong (a cluster's own writes can make conflicts,
+    /// and their merge needs the entries): tests only.
     #[doc(hidden)]
     pub fn with_one_copy(self) -> Ledger {
         Ledger::assemble(Settings {
-            one_copy: true,
+            entries: Entries::Never,
+            ..self.settings()
+        })
+    }
+
+    /// Test support: the same ledger keeping settled entries of one-write transfers, and
+    /// merging account conflicts, on every database — also where it keeps one copy, where
+    /// the ledger keeps none by default (docs/ONE_WRITE.md). For tests that plant a cluster's
+    /// conflicts (`new_edits=false`) on a single node, to test the merge a cluster needs.
+    /// Every process writing the database must do the same, or the entries the merge relies
+    /// on are missing: tests only.
+    #[doc(hidden)]
+    pub fn with_settled_entries(self) -> Ledger {
+        Ledger::assemble(Settings {
+            entries: Entries::Always,
             ..self.settings()
         })
     }

@@ -554,6 +554,30 @@ impl Ledger {
             })
             .collect();
         if paths.len() > 1 {
+            // What the accounts acted on is told by their settled entries, which a database of
+            // one copy does not keep for one-write transfers: there (where no fork comes from
+            // the ledger's own writes) a person decides.
+            match self.inner.quorum.keeps_entries(&self.inner.hot).await {
+                Some(true) => {}
+                None => {
+                    return Err(Error::status(
+                        503,
+                        Some("unavailable".to_owned()),
+                        Some(format!(
+                            "{id} holds a conflict, and the database's copies could not be \
+                             read to tell how to resolve it; tried again later"
+                        )),
+                    ))
+                }
+                Some(false) => {
+                    return Err(Error::invariant(format!(
+                        "{id} holds a conflict between the commit and the cancel path; on a \
+                     database that keeps one copy of each document the ledger keeps no settled \
+                     entries of one-write transfers to tell which path its accounts followed: a \
+                     person must decide (docs/ONE_WRITE.md, \"Conflicts on one copy\")"
+                    )))
+                }
+            }
             let d = &leaves[0];
             for account in [&d.source, &d.destination] {
                 let aid = crate::account_doc::account_doc_id(account);

@@ -17,6 +17,10 @@
 //! hash: a sibling planted as `N-ffff…` wins over the ledger's own revision, `N-0000…` loses.
 //! Account merges are tried both ways.
 //!
+//! Every ledger here keeps the settled entries a cluster keeps (`Ledger::with_settled_entries`),
+//! also on a single node, which keeps none and reports an account conflict instead of merging
+//! it (docs/ONE_WRITE.md, "Conflicts on one copy"; `tests/one_write.rs`).
+//!
 //! The transfers are stepped (`Ledger::step`) by a worker with a short lease, so that the
 //! sweeper may take them over once it ran out; the tests wait for that (a condition with a
 //! deadline), then sweep.
@@ -83,7 +87,12 @@ struct World {
 
 impl World {
     async fn new(test: &str, accounts: &[(&str, i64)]) -> World {
-        let l = support::ledger(test).await.with_lease(STEP_LEASE).unwrap();
+        // A cluster's conflicts, planted: the entries a cluster keeps, on any server.
+        let l = support::ledger(test)
+            .await
+            .with_settled_entries()
+            .with_lease(STEP_LEASE)
+            .unwrap();
         let db = l.client().database().to_owned();
         let mut openings = BTreeMap::new();
         for (id, opening) in accounts {
@@ -178,7 +187,7 @@ impl World {
             Duration::from_secs(30),
             || async move {
                 for id in ids {
-                    for leaf in live_leaves(db, &format!("txn:{id}")).await {
+                    for leaf in support::live_leaves(db, &format!("txn:{id}")).await {
                         let expires = leaf["claim"]["expires_at"].as_i64().unwrap_or(0);
                         if expires >= now_ms() {
                             return None;
@@ -259,30 +268,6 @@ async fn raw_get(db: &str, id: &str, query: &str) -> Value {
     reply.json().await.unwrap()
 }
 
-/// The live (not deleted) leaf revisions of `id`, bodies included.
-async fn live_leaves(db: &str, id: &str) -> Vec<Value> {
-    let url = support::raw_url(&format!("{db}/{}?open_revs=all", enc(id)));
-    let reply = support::auth(support::raw().get(url))
-        .header("Accept", "application/json")
-        .send()
-        .await
-        .unwrap();
-    assert!(
-        reply.status().is_success(),
-        "open_revs {id}: {}",
-        reply.status()
-    );
-    let leaves: Value = reply.json().await.unwrap();
-    leaves
-        .as_array()
-        .expect("open_revs answers an array")
-        .iter()
-        .filter_map(|l| l.get("ok"))
-        .filter(|d| d["_deleted"] != true)
-        .cloned()
-        .collect()
-}
-
 /// Every non-design document of `db` that holds `_conflicts` or more than one live leaf, with
 /// its leaves' revisions.
 async fn conflicted(db: &str) -> BTreeMap<String, Vec<String>> {
@@ -303,7 +288,7 @@ async fn conflicted(db: &str) -> BTreeMap<String, Vec<String>> {
             continue;
         }
         let doc = raw_get(db, id, "?conflicts=true").await;
-        let leaves = live_leaves(db, id).await;
+        let leaves = support::live_leaves(db, id).await;
         let conflicts = doc["_conflicts"].as_array().map_or(0, Vec::len);
         if conflicts > 0 || leaves.len() != 1 {
             out.insert(
@@ -560,7 +545,7 @@ async fn a_settle_reading_a_copy_without_the_apply_leaves_the_transfer_committed
         .await
         .unwrap();
     assert!(reply[0]["ok"] == true, "deleting the apply's leaf: {reply}");
-    let leaves = live_leaves(&w.db, "account:B").await;
+    let leaves = support::live_leaves(&w.db, "account:B").await;
     assert_eq!(leaves.len(), 1, "{leaves:?}");
     assert!(leaves[0]["pending"].as_array().unwrap().is_empty());
 
@@ -799,7 +784,7 @@ async fn a_payment_with_an_identical_body_cannot_conflict() {
     let hash = rev.split_once('-').unwrap().1.to_owned();
     let planted = support::plant_sibling(&db, PAYMENT_ID, &hash, |_| {}).await;
     assert_eq!(planted, rev);
-    assert_eq!(live_leaves(&db, PAYMENT_ID).await.len(), 1);
+    assert_eq!(support::live_leaves(&db, PAYMENT_ID).await.len(), 1);
     assert!(conflicted(&db).await.is_empty());
     let report = l.verify().await.unwrap();
     assert!(report.check("conflicts").unwrap().ok, "{report:#?}");
@@ -848,7 +833,7 @@ async fn payment_with_two_bodies(test: &str, planted: Planted) {
         o.problems.iter().any(|p| p.contains(PAYMENT_ID)),
         "the sweeper must report the write-once conflict it leaves: {o:?}"
     );
-    let mut leaves: Vec<String> = live_leaves(&db, PAYMENT_ID)
+    let mut leaves: Vec<String> = support::live_leaves(&db, PAYMENT_ID)
         .await
         .iter()
         .map(|d| d["_rev"].as_str().unwrap().to_owned())

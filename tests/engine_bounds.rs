@@ -46,7 +46,8 @@ fn settled_ids(doc: &Value) -> Vec<String> {
 /// old its timestamp says it is (that timestamp is another host's clock).
 #[tokio::test]
 async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
-    let l = support::ledger("eb-prune").await;
+    // Entries as a cluster keeps them (none of one-write transfers on one copy).
+    let l = support::ledger("eb-prune").await.with_settled_entries();
     open(&l, "A", 10_000).await;
     open(&l, "B", 0).await;
     let done = l
@@ -92,7 +93,8 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
 /// pruned); entries of transfers it did not end are still read first.
 #[tokio::test]
 async fn entries_of_transfers_this_ledger_ended_are_pruned_without_a_read() {
-    let l = support::ledger("eb-ended").await;
+    // Entries as a cluster keeps them (none of one-write transfers on one copy).
+    let l = support::ledger("eb-ended").await.with_settled_entries();
     open(&l, "A", 100_000).await;
     open(&l, "B", 0).await;
     let ids: Vec<String> = (0..40).map(|i| format!("t-own-{i}")).collect();

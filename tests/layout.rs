@@ -174,7 +174,10 @@ async fn the_sweeper_finishes_transfers_left_in_the_hot_database() {
 
 #[tokio::test]
 async fn a_conflict_in_the_hot_database_is_reported_and_resolved() {
-    let l = support::split_ledger("split_conflict").await;
+    // A cluster's conflict, planted: the entries a cluster keeps, on any server.
+    let l = support::split_ledger("split_conflict")
+        .await
+        .with_settled_entries();
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     l.submit(request("c1", "A", "B", 100), true).await.unwrap();

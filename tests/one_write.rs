@@ -228,7 +228,9 @@ async fn background_finish_folds_the_settles_into_the_next_transfer() {
 // The same id again answers the decision (`Exists`), writes nothing, moves nothing.
 #[tokio::test]
 async fn the_same_id_again_answers_the_decision_and_writes_nothing() {
-    let l = support::ledger("ow_again").await;
+    // With settled entries (a cluster's; on one copy a retry from a worker that does not know
+    // the transfer ended writes markers and undoes them: the test below this one's next).
+    let l = support::ledger("ow_again").await.with_settled_entries();
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let first = l.submit(request("k", "A", "B", 300), true).await.unwrap();
@@ -261,7 +263,7 @@ async fn the_same_id_again_answers_the_decision_and_writes_nothing() {
 // A retry after the settled entries were pruned: its new markers are undone, nothing moves.
 #[tokio::test]
 async fn a_retry_after_the_settled_entries_were_pruned_moves_nothing() {
-    let l = support::ledger("ow_pruned").await;
+    let l = support::ledger("ow_pruned").await.with_settled_entries();
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let first = l.submit(request("p", "A", "B", 250), true).await.unwrap();
@@ -334,6 +336,130 @@ async fn a_retry_on_one_copy_without_any_entry_moves_nothing() {
     assert_eq!(balances(&l, &["A", "B"]).await, [600, 400]);
     assert_no_marker(&l, &["A", "B"]).await;
     assert_at_rest(&l).await;
+}
+
+// On one copy an account conflict is reported and never merged: a planted branch that still
+// holds the counted marker of a transfer the winner settled without an entry looks, to any
+// merge, like a branch that applied it where the winner never did. Both leaves stay as they
+// are, the account's ops fail with the reason, the sweeper and `verify` report it, and once a
+// person removed the wrong leaf the ledger goes on. Both ways CouchDB can pick the winner.
+#[tokio::test]
+async fn an_account_conflict_on_one_copy_is_reported_never_merged() {
+    for (planted, hash) in [("wins", "f"), ("loses", "0")] {
+        let name = format!("ow_one_copy_conflict_{planted}");
+        let l = support::ledger(&name).await.with_one_copy();
+        let db = l.hot_client().database().to_owned();
+        open(&l, "A", 1_000).await;
+        open(&l, "B", 0).await;
+        let first = l.submit(request("c", "A", "B", 400), true).await.unwrap();
+        assert_eq!(answer(&first), (State::Done, RecordStatus::Created, None));
+        let (named_a, _) = assert_done_once(&raw_txn(&l, "c").await, 1);
+        let settled = raw_account(&l, "A").await;
+        assert_eq!(settled["balance"], json!(600));
+        assert!(support::settled_entries(&settled).is_empty(), "{settled:#}");
+        // A branch of A that applied c and never settled it: the same balance, c pending.
+        let branch = support::plant_sibling(&db, "account:A", &hash.repeat(32), |doc| {
+            doc["pending"] = json!([{
+                "txn": "c", "delta": -400, "at": now_ms(), "attempt": named_a, "peer": "B",
+            }]);
+        })
+        .await;
+        let leaves_of_a = || async {
+            let mut leaves = support::live_leaves(&db, "account:A").await;
+            leaves.sort_by_key(|d| d["_rev"].as_str().unwrap_or_default().to_owned());
+            leaves
+        };
+        let leaves_before = leaves_of_a().await;
+        assert_eq!(
+            leaves_before.len(),
+            2,
+            "{planted}: the conflict was planted"
+        );
+
+        // A process that reads A (this one's engine still holds A's last revision, which it
+        // would go on writing until its next read of A).
+        let l = l.another_worker();
+        let refused = l
+            .submit(request("d", "A", "B", 100), true)
+            .await
+            .expect_err("a transfer on the conflicted account");
+        assert!(refused.is_invariant(), "{planted}: {refused}");
+        assert!(
+            refused.to_string().contains("a person must resolve it"),
+            "{planted}: {refused}"
+        );
+        let swept = l.sweep_once(now_sweep()).await.unwrap();
+        assert!(swept.conflicts_unresolved >= 1, "{planted}: {swept:#?}");
+        assert!(
+            swept.problems.iter().any(|p| p.contains("account:A")),
+            "{planted}: {swept:#?}"
+        );
+        let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+        assert!(!report.ok, "{planted}: verify passed a conflicted account");
+        // Neither leaf of A was written: no merge, no guess.
+        assert_eq!(
+            leaves_of_a().await,
+            leaves_before,
+            "{planted}: the conflicted account was written"
+        );
+
+        // A person (an admin) deletes the wrong leaf, the planted one (the ledger settled c),
+        // naming the revision kept, as the validation asks; d goes on.
+        let kept = leaves_before
+            .iter()
+            .map(|d| d["_rev"].as_str().unwrap().to_owned())
+            .find(|r| *r != branch)
+            .unwrap();
+        let url = support::raw_url(&format!("{db}/account%3AA?rev={branch}"));
+        let deleted = support::auth(support::raw().put(url))
+            .json(&json!({"_deleted": true, "merged_into": kept}))
+            .send()
+            .await
+            .unwrap();
+        assert!(deleted.status().is_success(), "{}", deleted.status());
+        let again = l.submit(request("d", "A", "B", 100), true).await.unwrap();
+        assert_eq!(again.state, State::Done, "{planted}");
+        assert_eq!(balances(&l, &["A", "B"]).await, [500, 500], "{planted}");
+        l.sweep_once(now_sweep()).await.unwrap();
+        assert_no_marker(&l, &["A", "B"]).await;
+        assert_at_rest(&l).await;
+    }
+}
+
+// On one copy a transfer's conflict between the commit and the cancel path is reported, never
+// resolved: the accounts' settled entries that would tell which path they followed are not
+// kept there.
+#[tokio::test]
+async fn a_transfers_forked_conflict_on_one_copy_is_reported_never_resolved() {
+    let l = support::ledger("ow_one_copy_fork").await.with_one_copy();
+    let db = l.hot_client().database().to_owned();
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    l.submit(request("c", "A", "B", 400), true).await.unwrap();
+    support::plant_sibling(&db, "txn:c", &"0".repeat(32), |doc| {
+        doc["state"] = json!("cancelled");
+        doc["reason"] = json!("insufficient_funds");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+    let before = support::live_leaves(&db, "txn:c").await;
+    assert_eq!(before.len(), 2, "the fork was planted");
+
+    let e = l
+        .another_worker()
+        .transfer("c")
+        .await
+        .expect_err("a forked transfer read on one copy");
+    assert!(e.is_invariant(), "{e}");
+    assert!(e.to_string().contains("a person must decide"), "{e}");
+    let swept = l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert!(swept.conflicts_unresolved >= 1, "{swept:#?}");
+    assert_eq!(
+        support::live_leaves(&db, "txn:c").await.len(),
+        2,
+        "a leaf of the forked transfer was deleted"
+    );
+    assert_eq!(balances(&l, &["A", "B"]).await, [600, 400]);
 }
 
 // ---- 4.–5. concurrent submits of one id ------------------------------------------------------

@@ -660,7 +660,10 @@ async fn verify_reports_a_conflicted_ledger_document() {
 #[tokio::test]
 async fn the_sweeper_merges_a_conflicted_account_counting_each_transfer_once() {
     for (name, hash) in [("wins", "f"), ("loses", "0")] {
-        let l = support::ledger(&format!("merge_account_{name}")).await;
+        // A cluster's conflict, planted: the entries a cluster keeps, on any server.
+        let l = support::ledger(&format!("merge_account_{name}"))
+            .await
+            .with_settled_entries();
         open(&l, "A", 1_000, Some(0)).await;
         open(&l, "B", 0, Some(0)).await;
         l.submit(request("c1", "A", "B", 100), true).await.unwrap();
@@ -767,7 +770,10 @@ async fn get_raw(db: &str, path: &str) -> Value {
 /// conflict as left, and `verify` keeps failing; an admin's sweeper then finishes it.
 #[tokio::test]
 async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
-    let l = support::ledger("member_conflict").await;
+    // A cluster's conflict, planted: the entries a cluster keeps, on any server.
+    let l = support::ledger("member_conflict")
+        .await
+        .with_settled_entries();
     open(&l, "A", 1_000, Some(0)).await;
     open(&l, "B", 0, Some(0)).await;
     l.submit(request("c1", "A", "B", 100), true).await.unwrap();
@@ -790,7 +796,8 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
             .basic_auth(name, password)
             .build()
             .unwrap(),
-    );
+    )
+    .with_settled_entries();
     let out = member.sweep_once(now_sweep(10)).await.unwrap();
     assert_eq!(
         (out.conflicts_resolved, out.conflicts_unresolved),

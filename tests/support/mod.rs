@@ -322,6 +322,31 @@ pub fn retain_settled(doc: &mut serde_json::Value, keep: impl Fn(&str) -> bool) 
     });
 }
 
+/// The live (not deleted) leaves of document `id` in database `db` (`?open_revs=all`), bodies
+/// included, in the server's order.
+pub async fn live_leaves(db: &str, id: &str) -> Vec<serde_json::Value> {
+    let url = raw_url(&format!("{db}/{}?open_revs=all", id.replace(':', "%3A")));
+    let reply = auth(raw().get(url))
+        .header("Accept", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        reply.status().is_success(),
+        "open_revs {id}: {}",
+        reply.status()
+    );
+    let leaves: serde_json::Value = reply.json().await.unwrap();
+    leaves
+        .as_array()
+        .expect("open_revs answers an array")
+        .iter()
+        .filter_map(|l| l.get("ok"))
+        .filter(|d| d["_deleted"] != true)
+        .cloned()
+        .collect()
+}
+
 /// Plants a sibling of document `id`'s current revision in database `db`, as a cluster's
 /// concurrent writer or a replication would (a `_bulk_docs` with `"new_edits": false`): the
 /// same parent, the body `edit` makes of the current one, revision hash `hash` (32 hex
