@@ -744,6 +744,9 @@ struct TxnFacts {
     state: Option<State>,
     state_name: String,
     last_modified: i64,
+    /// Decided on the one-write path (its document names the markers it counts): where the
+    /// database keeps one copy its accounts keep no settled entry of it (docs/ONE_WRITE.md).
+    one_write: bool,
 }
 
 /// One scan of the database.
@@ -874,6 +877,7 @@ impl Scan {
                         state: Some(t.state),
                         state_name: t.state.as_str().to_owned(),
                         last_modified: t.last_modified,
+                        one_write: t.markers.is_some(),
                     });
                 }
                 Err(e) => self.bad_transfers.push((id, e.to_string())),
@@ -997,7 +1001,10 @@ impl Scan {
         if let Some(idx) = self.by_account.get(&a.account_id) {
             for &i in idx {
                 let t = &self.transfers[i];
+                // A one-write transfer leaves no settled entry where the database keeps one
+                // copy: its absence there says nothing.
                 if matches!(t.state, Some(State::Committed | State::Done))
+                    && !t.one_write
                     && !seen.contains(t.txn_id.as_str())
                     && now.saturating_sub(t.last_modified) < retention
                 {

@@ -47,9 +47,9 @@ use crate::couch::{take_conflicts, BulkResult, Client, RawDoc, WriteOptions};
 use crate::error::{Error, Result};
 use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
-    CLOCK_SKEW_MAX_MS, ENDED_KNOWN_MAX, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX, ID_CHARS_MAX,
-    MARKERS_BYTES_MAX, MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES, READ_BATCH_KEYS_MAX,
-    SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN, TXN_BATCH_DOCS_MAX,
+    CLOCK_SKEW_MAX_MS, COPIES_RECHECK_MS, ENDED_KNOWN_MAX, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX,
+    ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES,
+    READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN, TXN_BATCH_DOCS_MAX,
 };
 use crate::money::Amount;
 
@@ -157,8 +157,8 @@ pub(crate) enum Entries {
 #[derive(Debug)]
 pub(crate) struct Quorum {
     mode: WriteQuorum,
-    /// `cluster.n` as the server states it (`None`: it does not say).
-    stated: tokio::sync::OnceCell<Option<u32>>,
+    /// `cluster.n` as the server states it (`None`: it does not say), and when it was read.
+    stated: Mutex<Option<(Instant, Option<u32>)>>,
     entries: Entries,
 }
 
@@ -166,17 +166,24 @@ impl Quorum {
     pub(crate) fn new(mode: WriteQuorum, entries: Entries) -> Quorum {
         Quorum {
             mode,
-            stated: tokio::sync::OnceCell::new(),
+            stated: Mutex::new(None),
             entries,
         }
     }
 
-    /// `cluster.n` as the server states it, read once; `Err` while the database cannot be read.
+    /// `cluster.n` as the server states it, read again every [`COPIES_RECHECK_MS`] (a database
+    /// moved from one node to a cluster: this process keeps settled entries, and `w`, within
+    /// that much of the move); `Err` while the database cannot be read.
     async fn stated(&self, client: &Client) -> Result<Option<u32>> {
-        self.stated
-            .get_or_try_init(|| client.stated_copies())
-            .await
-            .copied()
+        let fresh = |at: &Instant| at.elapsed() < Duration::from_millis(COPIES_RECHECK_MS);
+        if let Some((at, n)) = *self.stated.lock().unwrap_or_else(|e| e.into_inner()) {
+            if fresh(&at) {
+                return Ok(n);
+            }
+        }
+        let n = client.stated_copies().await?;
+        *self.stated.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), n));
+        Ok(n)
     }
 
     /// Whether one-write settles and undos leave settled entries, which merging an account's
@@ -199,6 +206,12 @@ impl Quorum {
                 }
             },
         }
+    }
+
+    /// Forgets the copies read, as [`COPIES_RECHECK_MS`] passing does.
+    #[cfg(test)]
+    fn expire(&self) {
+        *self.stated.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// `w` = the database's copies when there are several and the write must be exclusive (a
@@ -369,7 +382,12 @@ pub(crate) enum OpKind {
     /// ([`OpResult::Repaired`]).
     Settle { named: Option<Attempt> },
     /// Reverse a pending marker's delta and record the transfer as finished here (cancel).
-    Undo,
+    /// `decided`: sent to converge the account to its transfer's final document on the
+    /// one-write path (`one_write::convergence`): a late apply of the transfer then meets that
+    /// document and is undone again, so on a database of one copy the undo of a one-write
+    /// marker leaves no settled entry. The stepwise protocol's undos (`false`) always leave one:
+    /// its late applies are skipped by it.
+    Undo { decided: bool },
     /// Change nothing: read the account fresh, so that a conflict it holds is merged and its
     /// losing leaves deleted (the sweeper's conflict pass).
     Resolve,
@@ -1632,9 +1650,9 @@ fn unreadable_answer(raw: &Value, op: &AccountOp, e: &Error) -> Result<OpResult>
     match op.kind {
         OpKind::Apply { .. } if holds("pending") => Err(duplicate(e)),
         OpKind::Apply { .. } => Ok(OpResult::Unreadable),
-        OpKind::Settle { .. } | OpKind::Undo if holds("pending") => Err(duplicate(e)),
-        OpKind::Settle { .. } | OpKind::Undo if holds("settled") => Ok(OpResult::Finished),
-        OpKind::Settle { .. } | OpKind::Undo => Ok(OpResult::Absent),
+        OpKind::Settle { .. } | OpKind::Undo { .. } if holds("pending") => Err(duplicate(e)),
+        OpKind::Settle { .. } | OpKind::Undo { .. } if holds("settled") => Ok(OpResult::Finished),
+        OpKind::Settle { .. } | OpKind::Undo { .. } => Ok(OpResult::Absent),
         OpKind::Resolve => Err(duplicate(e)),
     }
 }
@@ -1868,7 +1886,11 @@ pub(crate) fn evaluate_with(
             }
             Some(pos) => {
                 let marker = doc.pending.remove(pos);
-                if entries || marker.attempt.is_none() {
+                // Only a one-write settle (of the marker its decision names) may go without an
+                // entry: the stepwise protocol's settle (`named` None) leaves one whatever
+                // marker it settles — a stepwise drive adopts a one-write marker of the same
+                // terms, and its next settle, or a late apply, must find the entry.
+                if entries || named.is_none() || marker.attempt.is_none() {
                     doc.settled.push(Settled::new(&op.txn, now, false));
                 }
                 Ok(OpResult::Applied)
@@ -1876,14 +1898,14 @@ pub(crate) fn evaluate_with(
             None if in_settled => Ok(OpResult::Finished),
             None => Ok(OpResult::Absent),
         },
-        OpKind::Undo => match in_pending {
+        OpKind::Undo { decided } => match in_pending {
             Some(pos) => {
                 let marker = doc.pending.remove(pos);
                 doc.balance = doc.balance.checked_sub(marker.delta)?;
                 // Recorded like a settle so that a late apply of this transfer is skipped
                 // instead of re-adding a marker someone would have to undo again (a one-write
                 // marker's late apply is not counted anyway: no decision names it).
-                if entries || marker.attempt.is_none() {
+                if entries || !decided || marker.attempt.is_none() {
                     doc.settled.push(Settled::new(&op.txn, now, true));
                 }
                 Ok(OpResult::Applied)
@@ -2467,14 +2489,26 @@ mod tests {
             OpResult::Finished
         );
         assert_eq!(
-            evaluate(Some(&mut doc), &op("t", OpKind::Undo), 5, &none).unwrap(),
+            evaluate(
+                Some(&mut doc),
+                &op("t", OpKind::Undo { decided: false }),
+                5,
+                &none
+            )
+            .unwrap(),
             OpResult::Finished
         );
         assert_eq!(doc.balance.minor(), 700);
         // An undo that finds nothing leaves an undone entry, so a late apply of that transfer
         // skips instead of landing (issue 12, item 7)
         assert_eq!(
-            evaluate(Some(&mut doc), &op("u", OpKind::Undo), 5, &none).unwrap(),
+            evaluate(
+                Some(&mut doc),
+                &op("u", OpKind::Undo { decided: false }),
+                5,
+                &none
+            )
+            .unwrap(),
             OpResult::Applied
         );
         assert_eq!(doc.balance.minor(), 700);
@@ -2509,7 +2543,13 @@ mod tests {
             "a pending credit is not spendable"
         );
         assert_eq!(
-            evaluate(Some(&mut doc), &op("t", OpKind::Undo), 2, &none).unwrap(),
+            evaluate(
+                Some(&mut doc),
+                &op("t", OpKind::Undo { decided: false }),
+                2,
+                &none
+            )
+            .unwrap(),
             OpResult::Applied
         );
         assert_eq!(doc.balance.minor(), 1000);
@@ -2638,7 +2678,13 @@ mod tests {
         assert_eq!(doc.balance.minor(), 0);
         // An undo that finds nothing still records its entry, within the slack.
         assert_eq!(
-            evaluate(Some(&mut doc), &op("u", OpKind::Undo), 3, &none).unwrap(),
+            evaluate(
+                Some(&mut doc),
+                &op("u", OpKind::Undo { decided: false }),
+                3,
+                &none
+            )
+            .unwrap(),
             OpResult::Applied
         );
         assert!(doc.markers_bytes() <= MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES);
@@ -2653,6 +2699,56 @@ mod tests {
         assert_eq!(q.take(2), vec![3]);
         assert!(q.take(2).is_empty());
         assert!(q.push([4]), "the next push starts a driver again");
+    }
+
+    /// Settled entries follow the copies the database states, read again once the last read
+    /// expired (a database given copies while the ledger runs), and the knobs override them.
+    #[tokio::test]
+    async fn settled_entries_follow_the_stated_copies_and_the_knobs() {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        let info = |n: Option<u32>| {
+            let cluster = n.map(|n| json!({"q": 2, "n": n, "w": 1, "r": 1}));
+            ResponseTemplate::new(200).set_body_json(json!({"db_name": "db", "cluster": cluster}))
+        };
+        for n in [Some(1), Some(3), None] {
+            Mock::given(method("GET"))
+                .and(path("/db"))
+                .respond_with(info(n))
+                .up_to_n_times(1)
+                .expect(1)
+                .mount(&server)
+                .await;
+        }
+        let client = Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap();
+        let q = Quorum::new(WriteQuorum::default(), Entries::default());
+        assert_eq!(q.keeps_entries(&client).await, Some(false), "n = 1");
+        assert_eq!(q.keeps_entries(&client).await, Some(false), "read once");
+        assert_eq!(q.write_options(&client, true).await.w, None);
+        q.expire();
+        assert_eq!(q.keeps_entries(&client).await, Some(true), "n = 3 now");
+        assert_eq!(q.write_options(&client, true).await.w, Some(3));
+        q.expire();
+        assert_eq!(q.keeps_entries(&client).await, Some(true), "not stated");
+        server.verify().await;
+        // The knobs ask nothing.
+        for (entries, keeps) in [(Entries::Always, true), (Entries::Never, false)] {
+            let q = Quorum::new(WriteQuorum::default(), entries);
+            assert_eq!(q.keeps_entries(&client).await, Some(keeps), "{entries:?}");
+        }
+        // A database that cannot be read: unknown (entries written, merges wait).
+        let gone = Client::builder()
+            .url("http://127.0.0.1:9")
+            .database("db")
+            .build()
+            .unwrap();
+        let q = Quorum::new(WriteQuorum::default(), Entries::default());
+        assert_eq!(q.keeps_entries(&gone).await, None);
     }
 
     fn engine_on(uri: &str) -> Arc<AccountEngine> {

@@ -80,6 +80,13 @@ pub const REVS_LIMIT_ONE_COPY: u32 = 3;
 /// 10); consecutive accounts took 21 ms at either.
 pub const HOT_DB_SHARDS: u32 = 4;
 
+/// How often a ledger reads the number of copies its database keeps (`cluster.n`) again. The
+/// write quorum follows it, and whether one-write transfers leave settled entries (none where
+/// the database keeps one copy, docs/ONE_WRITE.md): a database given more copies while the
+/// ledger runs is written as a cluster's within this much of the change (docs/ONE_WRITE.md,
+/// "Conflicts on one copy", says how to add copies safely).
+pub const COPIES_RECHECK_MS: u64 = 30_000;
+
 /// Serialized bytes of one `pending` or `settled` entry besides its transfer id: the field
 /// names, quotes, a delta or `undone: true`, a 20-digit `at`, the comma.
 pub const MARKER_OVERHEAD_BYTES: usize = 72;

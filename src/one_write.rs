@@ -119,7 +119,7 @@ pub(crate) fn convergence(doc: &TxnDoc, account: &str) -> Option<OpKind> {
         (State::Done, Some(named)) if account == doc.destination => Some(OpKind::Settle {
             named: Some(named.destination),
         }),
-        (State::Done | State::Cancelled, _) => Some(OpKind::Undo),
+        (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
         // Undecided, or the stepwise protocol's own drive settles or undoes it.
         _ => None,
     }

@@ -942,7 +942,15 @@ impl Ledger {
                 }
                 State::Canceling => {
                     let [source, destination] = self
-                        .account_step(d, "undo", [OpKind::Undo, OpKind::Undo], None)
+                        .account_step(
+                            d,
+                            "undo",
+                            [
+                                OpKind::Undo { decided: false },
+                                OpKind::Undo { decided: false },
+                            ],
+                            None,
+                        )
                         .await?;
                     d.applied.clear();
                     fail::fail_point!("txn-after-undo", |_| Err(Stop::Fail(crash(
@@ -981,7 +989,8 @@ impl Ledger {
             .applied
             .drain(..)
             .map(|account| AccountOp {
-                kind: crate::one_write::convergence(&d.doc, &account).unwrap_or(OpKind::Undo),
+                kind: crate::one_write::convergence(&d.doc, &account)
+                    .unwrap_or(OpKind::Undo { decided: false }),
                 account,
                 txn: d.doc.txn_id.clone(),
                 link: None,

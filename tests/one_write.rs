@@ -462,6 +462,67 @@ async fn a_transfers_forked_conflict_on_one_copy_is_reported_never_resolved() {
     assert_eq!(balances(&l, &["A", "B"]).await, [600, 400]);
 }
 
+// A stepwise drive that adopts one-write markers settles them as the stepwise protocol does,
+// leaving settled entries, also on one copy (found by review, session 11): a stepwise worker
+// begins t and dies; the client re-sends t to a one-write worker, whose create meets the
+// `pending` document, so it drives t stepwise over its own markers (adopted), settles both,
+// and dies before `done`. Without the entries the sweeper then read both settles as `Absent`
+// (a copy behind) and left t `committed` for good, and a re-send applied new markers that the
+// next pass settled too: 100 moved twice.
+#[tokio::test]
+async fn a_stepwise_drive_over_one_write_markers_moves_the_money_once_on_one_copy() {
+    let lease = Duration::from_millis(800);
+    let l = support::ledger("ow_stepwise_adopts")
+        .await
+        .with_one_copy()
+        .with_lease(lease)
+        .unwrap();
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    // A stepwise worker writes t and begins it (pending, claimed), then stops.
+    let first = l.another_worker().with_stepwise_transfers();
+    first
+        .submit(request("t", "A", "B", 100), false)
+        .await
+        .unwrap();
+    assert_eq!(first.step("t").await.unwrap().state, State::Pending);
+    let begun = Instant::now();
+    wait_past("the stepwise worker's lease", begun, lease).await;
+    // The re-send, on the one-write path: it stops right before writing `done`.
+    let (g, hook) = support::gate("done");
+    let second = l.another_worker().with_pause_hook(hook);
+    let stopped =
+        tokio::spawn(async move { second.submit(request("t", "A", "B", 100), true).await });
+    reached(&g).await;
+    stopped.abort();
+    let _ = stopped.await;
+    assert_eq!(l.transfer("t").await.unwrap().state, State::Committed);
+    for id in ["A", "B"] {
+        let doc = raw_account(&l, id).await;
+        assert!(
+            support::settled_entries(&doc)
+                .iter()
+                .any(|(t, undone)| t == "t" && !undone),
+            "the stepwise settle left no entry on {id}: {doc:#}"
+        );
+    }
+    let settled = Instant::now();
+    wait_past("the stopped worker's lease", settled, lease).await;
+    let swept = l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert_eq!((swept.advanced, swept.failed), (1, 0), "{swept:#?}");
+    // The client re-sends t once more: answered done, nothing moves.
+    let again = l
+        .another_worker()
+        .submit(request("t", "A", "B", 100), true)
+        .await
+        .unwrap();
+    assert_eq!(again.state, State::Done);
+    l.another_worker().sweep_once(now_sweep()).await.unwrap();
+    assert_eq!(balances(&l, &["A", "B"]).await, [900, 100], "moved twice");
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_at_rest(&l).await;
+}
+
 // ---- 4.–5. concurrent submits of one id ------------------------------------------------------
 
 // Eight concurrent submits of one id on four workers: all answer done, money moves once.
