@@ -160,6 +160,8 @@ pub struct ViewQuery {
     pub reduce: Option<bool>,
     /// Include each row's document.
     pub include_docs: Option<bool>,
+    /// With `include_docs`: each document carries `_conflicts`, its losing leaves' revisions.
+    pub conflicts: Option<bool>,
     /// At most this many rows.
     pub limit: Option<u64>,
     /// Skip this many rows.
@@ -1058,6 +1060,9 @@ impl Client {
         }
         if let Some(v) = q.include_docs {
             query.push(("include_docs", v.to_string()));
+        }
+        if let Some(v) = q.conflicts {
+            query.push(("conflicts", v.to_string()));
         }
         if let Some(v) = q.limit {
             query.push(("limit", v.to_string()));

@@ -144,8 +144,8 @@ pub(crate) enum Entries {
     /// states one copy (`cluster.n` = 1, CouchDB's single node).
     #[default]
     ByCopies,
-    /// Everywhere (`Ledger::with_settled_entries`: tests that plant a cluster's conflicts on a
-    /// single node).
+    /// Everywhere, and the rest as on several copies too (`Ledger::with_settled_entries`: tests
+    /// that plant a cluster's conflicts on a single node).
     Always,
     /// Nowhere, whatever the server says (`Ledger::with_one_copy`: tests on a server that does
     /// not say).
@@ -205,6 +205,25 @@ impl Quorum {
                     None
                 }
             },
+        }
+    }
+
+    /// Whether the database states one copy of each document (`cluster.n` = 1, a single node):
+    /// a document read by id there, from a view row too (`include_docs`), is the only copy
+    /// there is, read then. `None`: the database could not be read now.
+    pub(crate) async fn one_copy(&self, client: &Client) -> Option<bool> {
+        match self.entries {
+            // The test knobs: as on one copy, or as on several, whatever the server says.
+            Entries::Never => return Some(true),
+            Entries::Always => return Some(false),
+            Entries::ByCopies => {}
+        }
+        match self.stated(client).await {
+            Ok(n) => Some(n == Some(1)),
+            Err(e) => {
+                tracing::debug!("could not read the database's copies: {e}");
+                None
+            }
         }
     }
 

@@ -338,10 +338,12 @@ impl Ledger {
         })
     }
 
-    /// Test support: the same ledger keeping settled entries of one-write transfers, and
-    /// merging account conflicts, on every database — also where it keeps one copy, where
-    /// the ledger keeps none by default (docs/ONE_WRITE.md). For tests that plant a cluster's
-    /// conflicts (`new_edits=false`) on a single node, to test the merge a cluster needs.
+    /// Test support: the same ledger acting as on a database that keeps several copies of each
+    /// document whatever the server says: it keeps settled entries of one-write transfers,
+    /// merges account conflicts, and its sweeper reads every candidate again by id — also where
+    /// the database keeps one copy, where the ledger does none of these by default
+    /// (docs/ONE_WRITE.md). For tests that plant a cluster's conflicts (`new_edits=false`) on a
+    /// single node, to test the merge a cluster needs.
     /// Every process writing the database must do the same, or the entries the merge relies
     /// on are missing: tests only.
     #[doc(hidden)]

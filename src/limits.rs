@@ -128,7 +128,7 @@ pub const ACCOUNT_CAS_ATTEMPTS_MAX: u32 = 10;
 pub const ACCOUNT_BATCH_OPS_MAX: usize = 1_024;
 
 /// The most transfer documents one `_bulk_docs` write of the engine carries.
-pub const TXN_BATCH_DOCS_MAX: usize = 256;
+pub const TXN_BATCH_DOCS_MAX: usize = 512;
 
 /// Account documents the engine remembers (doc + `_rev`) to skip the read before a write. A
 /// stale entry only costs a 409 and a re-read.
@@ -165,14 +165,20 @@ pub const SETTLE_HOLD_LEASE_DIVISOR: u32 = 20;
 /// account writes into few requests). Each phase of the drives in flight shares one
 /// `_bulk_docs`, so this is the sweeper's group size: 256 instead of 64 finished a backlog of
 /// 2,000 about 15 % faster on pouchdb-server, where every document written costs a
-/// `validate_doc_update` run (BENCHMARKS.md, `p6`). The relationships below bound it.
-pub const SWEEP_CONCURRENCY_MAX: usize = 256;
+/// `validate_doc_update` run; 512 instead of 256 drove it in 0.55–0.65 s instead of ~0.9 on
+/// CouchDB 3.4.3 (1,024: no faster; BENCHMARKS.md, `p6`, session 11). The relationships below
+/// bound it.
+pub const SWEEP_CONCURRENCY_MAX: usize = 512;
 
 /// The largest `limit` of one sweep pass.
 pub const SWEEP_LIMIT_MAX: usize = 100_000;
 
 /// Keys per `_all_docs` request when the sweeper or the auditor re-reads documents.
 pub const READ_BATCH_KEYS_MAX: usize = 500;
+
+/// `_all_docs` requests of [`READ_BATCH_KEYS_MAX`] keys a sweeper pass has in flight at once
+/// when it re-reads its candidates.
+pub const READS_IN_FLIGHT_MAX: usize = 4;
 
 /// Rows per page when the auditor or the sweeper reads a view or the changes feed.
 pub const PAGE_ROWS_MAX: u64 = 1_000;

@@ -16,20 +16,21 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
 use crate::account_doc::{account_doc_id, AccountDoc};
-use crate::couch::{ChangesQuery, Client, ViewQuery};
+use crate::couch::{AllDocsRow, ChangesQuery, Client, ViewQuery};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Error, Result};
 use crate::ledger::{Finishing, Ledger};
 use crate::limits::{
-    PROBLEMS_MAX, READ_BATCH_KEYS_MAX, STALE_AFTER_DEFAULT_MS, SWEEP_CONCURRENCY_MAX,
-    SWEEP_LIMIT_MAX, WATCH_BACKOFF_MAX_MS, WATCH_WAIT_MAX_MS, WATCH_WAIT_MIN_MS,
+    PROBLEMS_MAX, READS_IN_FLIGHT_MAX, READ_BATCH_KEYS_MAX, STALE_AFTER_DEFAULT_MS,
+    SWEEP_CONCURRENCY_MAX, SWEEP_LIMIT_MAX, WATCH_BACKOFF_MAX_MS, WATCH_WAIT_MAX_MS,
+    WATCH_WAIT_MIN_MS,
 };
 use crate::money::Amount;
 use crate::one_write::convergence;
@@ -78,7 +79,11 @@ pub struct SweepOutcome {
     pub skipped: u64,
     /// Candidates whose drive failed (server error, lease ran out); they stay for a later pass.
     pub failed: u64,
-    /// Transfers still open (`initial`, `pending`, `committed`, `canceling`) after the pass.
+    /// Transfers still open (`initial`, `pending`, `committed`, `canceling`) after the pass:
+    /// those open when it began (counted from the index its query had just brought up to
+    /// date) and those it opened itself (undecided markers given their document), less those
+    /// it ended. Transfers other processes wrote or ended meanwhile are not counted (a count
+    /// after the pass would first make the index take in everything the pass wrote).
     pub remaining: u64,
     /// Orphan markers undone (a pending marker whose transfer had already finished).
     pub repaired_markers: u64,
@@ -247,6 +252,7 @@ impl Ledger {
         let cutoff = now.saturating_sub(stale_ms);
         let limit = options.limit as u64;
         let mut out = SweepOutcome::default();
+        let mut phases = PhaseClock::start();
 
         // 0. Conflicted ledger documents first, so that what follows reads resolved ones.
         self.resolve_conflicts(limit, &mut out).await?;
@@ -258,6 +264,8 @@ impl Ledger {
         //    pass reaches `limit` real candidates however many malformed ones stand before them.
         let mut skip = self.read_skip_list().await?;
         let mut queue: Vec<(i64, String)> = Vec::new();
+        // The documents the rows carried (with their conflicts), by id.
+        let mut fetched: HashMap<String, Value> = HashMap::new();
         for state in OPEN_STATES {
             let mut found: u64 = 0;
             let mut after: Option<(Value, String)> = None;
@@ -273,6 +281,7 @@ impl Ledger {
                     end_key: Some(json!([state.as_str(), cutoff])),
                     reduce: Some(false),
                     include_docs: Some(true),
+                    conflicts: Some(true),
                     limit: Some(limit),
                     ..ViewQuery::default()
                 };
@@ -286,12 +295,13 @@ impl Ledger {
                         continue;
                     }
                     if let Some(doc) = row.doc.filter(Value::is_object) {
-                        if let Err(e) = TxnDoc::from_value(doc) {
+                        if let Err(e) = TxnDoc::from_value(doc.clone()) {
                             out.skipped += 1;
                             out.problem(format!("{id}: {e}"));
                             skip.add(&id, &e.to_string());
                             continue;
                         }
+                        fetched.insert(id.clone(), doc);
                     }
                     let modified = row.key.get(1).and_then(Value::as_i64).unwrap_or(0);
                     queue.push((modified, id));
@@ -302,6 +312,18 @@ impl Ledger {
                 }
             }
         }
+        phases.mark("candidates (by_state)");
+        // The open transfers now, from the index the query above brought up to date (cheap);
+        // `remaining` is these less the ones this pass ends. A count after the pass would first
+        // make the index take in every document the pass wrote: a third of a pass's time on
+        // CouchDB 3.4.3, more than half on pouchdb-server (BENCHMARKS.md, session 11).
+        let (at_start, unknown) = state_counts_and_unknown(self).await?;
+        for (name, n) in unknown {
+            out.problem(format!(
+                "{n} transfers in state {name:?}, which this program does not know"
+            ));
+        }
+        phases.mark("count");
         queue.sort();
         let mut candidates: Vec<String> = Vec::new();
         let mut seen: HashSet<String> = HashSet::new();
@@ -327,7 +349,13 @@ impl Ledger {
             }
         }
 
-        // 3. Re-read every transfer involved (views lag).
+        phases.mark("accounts/pending");
+        // 3. Re-read every transfer involved (views lag). Where the database keeps one copy of
+        //    each document, the candidates' documents came with the rows above: read by id, from
+        //    the only copy, when the query ran (after the index caught up) — that is the
+        //    re-read, and reading them again cost a fifth of a pass on CouchDB 3.4.3
+        //    (BENCHMARKS.md, session 11). Where it keeps several, a view's row and its document
+        //    come from one copy, which may lag: every one is read again by id.
         let mut ids: Vec<String> = candidates.clone();
         for (_, txn) in &markers {
             let id = txn_doc_id(txn);
@@ -335,8 +363,18 @@ impl Ledger {
                 ids.push(id);
             }
         }
-        let docs = self.read_docs(&ids).await?;
+        let one_copy = self.inner.quorum.one_copy(client).await == Some(true);
+        let (read_now, came_with_rows): (Vec<String>, Vec<String>) = ids
+            .iter()
+            .cloned()
+            .partition(|id| !(one_copy && fetched.contains_key(id)));
+        let mut docs = self.read_docs(&read_now).await?;
+        for id in came_with_rows {
+            let doc = self.settled_doc(&id, fetched.remove(&id)).await;
+            docs.insert(id, doc);
+        }
         out.examined = ids.len() as u64;
+        phases.mark("re-read");
 
         // 4. Orphan markers: converge those of decided transfers (undo, or settle the marker a
         //    one-write decision names); decide `abandoned` the one-write transfers nobody
@@ -432,6 +470,7 @@ impl Ledger {
             self.start_drive(&mut tasks, &mut out, progress_total, doc, &pass)
                 .await;
         }
+        let recovered_opened = recovered.len() as u64;
         for doc in recovered {
             self.start_drive(&mut tasks, &mut out, progress_total, doc, &pass)
                 .await;
@@ -440,6 +479,7 @@ impl Ledger {
             tally(&mut out, done);
             self.report_progress("sweep", handled(&out), Some(progress_total));
         }
+        phases.mark("drives");
         // The drives left their settles held for their accounts' next writes, finishing in
         // the background; none is coming now: out they go, and the pass waits for them (its
         // own: not for transfers other callers of this ledger are finishing, as `serve`'s).
@@ -448,6 +488,7 @@ impl Ledger {
             self.inner.accounts.release_held_of(&txns);
         })
         .await;
+        phases.mark("held settles");
 
         // 6. Orphan undos (and settles of named markers), all in one engine call.
         if !undo.is_empty() {
@@ -484,13 +525,11 @@ impl Ledger {
             ));
         }
 
-        let (counts, unknown) = state_counts_and_unknown(self).await?;
-        for (name, n) in unknown {
-            out.problem(format!(
-                "{n} transfers in state {name:?}, which this program does not know"
-            ));
-        }
-        out.remaining = counts.open();
+        phases.mark("repairs");
+        // Open at the start, and those the pass opened itself (undecided markers given their
+        // document), less those it ended.
+        out.remaining =
+            (at_start.open() + recovered_opened).saturating_sub(out.advanced + out.cancelled);
         Ok(out)
     }
 
@@ -770,27 +809,51 @@ impl Ledger {
     /// `None` for a missing or deleted one.
     async fn read_docs(&self, ids: &[String]) -> Result<HashMap<String, Option<Value>>> {
         let mut out = HashMap::with_capacity(ids.len());
-        for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
-            let rows = self.inner.hot.all_docs_with_conflicts(chunk).await?;
+        // The chunks are read a few at a time: the server answers reads on all its cores, where
+        // one after another left a pass waiting (2,000 candidates: 0.35 s on CouchDB 3.4.3 here,
+        // one chunk at a time).
+        let mut chunks: Vec<(usize, Result<Vec<AllDocsRow>>)> = Vec::new();
+        let mut reads = JoinSet::new();
+        for (i, chunk) in ids.chunks(READ_BATCH_KEYS_MAX).enumerate() {
+            if reads.len() >= READS_IN_FLIGHT_MAX {
+                if let Some(done) = reads.join_next().await {
+                    chunks.push(done.map_err(|e| Error::invariant(format!("a read task: {e}")))?);
+                }
+            }
+            let (client, chunk) = (self.inner.hot.clone(), chunk.to_vec());
+            reads.spawn(async move { (i, client.all_docs_with_conflicts(&chunk).await) });
+        }
+        while let Some(done) = reads.join_next().await {
+            chunks.push(done.map_err(|e| Error::invariant(format!("a read task: {e}")))?);
+        }
+        chunks.sort_by_key(|(i, _)| *i);
+        for ((_, rows), chunk) in chunks.into_iter().zip(ids.chunks(READ_BATCH_KEYS_MAX)) {
+            let rows = rows?;
             for (id, row) in chunk.iter().zip(rows) {
-                let mut doc = row.doc.filter(Value::is_object);
-                // A conflicted transfer is resolved before anything is decided on it (the view
-                // of conflicts may not list it yet); one that cannot be is left as read, and
-                // its drive's own reads meet the conflict again.
-                if doc.as_ref().is_some_and(|d| d.get("_conflicts").is_some()) {
-                    let txn = id.strip_prefix("txn:").unwrap_or(id);
-                    match self.read_txn(txn).await {
-                        Ok(resolved) => doc = serde_json::to_value(&resolved).ok(),
-                        Err(e) => tracing::warn!(%id, "a conflicted transfer stays as read: {e}"),
-                    }
-                }
-                if let Some(d) = doc.as_mut().and_then(Value::as_object_mut) {
-                    d.remove("_conflicts");
-                }
+                let doc = self.settled_doc(id, row.doc).await;
                 out.insert(id.clone(), doc);
             }
         }
         Ok(out)
+    }
+
+    /// A transfer document as read with its conflicts, made ready to decide on: a conflicted
+    /// one is resolved first (the view of conflicts may not list it yet; one that cannot be is
+    /// left as read, and its drive's own reads meet the conflict again); `None` for a missing
+    /// or deleted one.
+    async fn settled_doc(&self, id: &str, doc: Option<Value>) -> Option<Value> {
+        let mut doc = doc.filter(Value::is_object);
+        if doc.as_ref().is_some_and(|d| d.get("_conflicts").is_some()) {
+            let txn = id.strip_prefix("txn:").unwrap_or(id);
+            match self.read_txn(txn).await {
+                Ok(resolved) => doc = serde_json::to_value(&resolved).ok(),
+                Err(e) => tracing::warn!(%id, "a conflicted transfer stays as read: {e}"),
+            }
+        }
+        if let Some(d) = doc.as_mut().and_then(Value::as_object_mut) {
+            d.remove("_conflicts");
+        }
+        doc
     }
 
     /// Runs passes until `shutdown` resolves: after each pass it waits for a change to a
@@ -1049,6 +1112,27 @@ fn handled(out: &SweepOutcome) -> u64 {
 /// Transfers per state (`transactions/by_state`, `group_level=1`).
 pub(crate) async fn state_counts(ledger: &Ledger) -> Result<StateCounts> {
     Ok(state_counts_and_unknown(ledger).await?.0)
+}
+
+/// How long each phase of a sweep pass took, logged at debug level as each ends (where a pass's
+/// time goes, for whoever tunes one).
+struct PhaseClock {
+    last: Instant,
+}
+
+impl PhaseClock {
+    fn start() -> PhaseClock {
+        PhaseClock {
+            last: Instant::now(),
+        }
+    }
+
+    fn mark(&mut self, phase: &str) {
+        let now = Instant::now();
+        let ms = u64::try_from((now - self.last).as_millis()).unwrap_or(u64::MAX);
+        tracing::debug!(phase, ms, "sweep pass phase");
+        self.last = now;
+    }
 }
 
 /// Transfers per state, and the names and counts of states this program does not know.

@@ -480,6 +480,47 @@ async fn a_large_stuck_backlog_is_driven_in_groups() {
     assert_at_rest(&l).await;
 }
 
+/// Where the database keeps one copy of each document, a pass takes its candidates' documents
+/// from the rows of its `by_state` query (read by id from the only copy when the query ran)
+/// instead of reading them all again; where it keeps several, it reads every one again by id
+/// (a view's row and its document come from one copy, which may lag). Both finish the same.
+#[tokio::test]
+async fn on_one_copy_a_pass_decides_on_the_documents_its_query_read() {
+    let mut requests = Vec::new();
+    for (name, one_copy) in [("reread_one", true), ("reread_several", false)] {
+        let base = support::ledger(name).await;
+        let l = if one_copy {
+            base.with_one_copy()
+        } else {
+            base.with_settled_entries()
+        };
+        open(&l, "A", 10_000, Some(0)).await;
+        open(&l, "B", 0, Some(0)).await;
+        for i in 0..40 {
+            l.submit(request(&format!("r{i}"), "A", "B", 10), false)
+                .await
+                .unwrap();
+        }
+        let sweeper = l.another_worker();
+        let before = sweeper.hot_client().requests_sent();
+        let o = sweeper.sweep_once(now_sweep(100)).await.unwrap();
+        requests.push(sweeper.hot_client().requests_sent() - before);
+        assert_eq!(
+            (o.examined, o.advanced, o.failed, o.remaining),
+            (40, 40, 0, 0),
+            "{name}: {o:?}"
+        );
+        assert_eq!(balance(&l, "B").await, 400, "{name}");
+        assert_at_rest(&l).await;
+    }
+    assert!(
+        requests[0] < requests[1],
+        "one copy: {} requests; several: {}",
+        requests[0],
+        requests[1]
+    );
+}
+
 /// A pass drives `SWEEP_CONCURRENCY_MAX` transfers at once, never more: their account steps
 /// and transfer writes share the engine's requests, and on a server where every document
 /// write is costly (pouchdb-server runs `validate_doc_update` per document) the size of those
