@@ -2740,11 +2740,7 @@ mod tests {
                 .mount(&server)
                 .await;
         }
-        let client = Client::builder()
-            .url(server.uri())
-            .database("db")
-            .build()
-            .unwrap();
+        let client = client_on(&server.uri());
         let q = Quorum::new(WriteQuorum::default(), Entries::default());
         assert_eq!(q.keeps_entries(&client).await, Some(false), "n = 1");
         assert_eq!(q.keeps_entries(&client).await, Some(false), "read once");
@@ -2761,18 +2757,17 @@ mod tests {
             assert_eq!(q.keeps_entries(&client).await, Some(keeps), "{entries:?}");
         }
         // A database that cannot be read: unknown (entries written, merges wait).
-        let gone = Client::builder()
-            .url("http://127.0.0.1:9")
-            .database("db")
-            .build()
-            .unwrap();
+        let gone = client_on("http://127.0.0.1:9");
         let q = Quorum::new(WriteQuorum::default(), Entries::default());
         assert_eq!(q.keeps_entries(&gone).await, None);
     }
 
+    fn client_on(uri: &str) -> Client {
+        Client::builder().url(uri).database("db").build().unwrap()
+    }
+
     fn engine_on(uri: &str) -> Arc<AccountEngine> {
-        let client = Client::builder().url(uri).database("db").build().unwrap();
-        let bulk = Arc::new(BulkWriter::new(client));
+        let bulk = Arc::new(BulkWriter::new(client_on(uri)));
         Arc::new(AccountEngine::new(
             bulk,
             Arc::new(Quorum::new(WriteQuorum::default(), Entries::default())),
