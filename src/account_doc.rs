@@ -74,7 +74,7 @@ pub(crate) struct AccountDoc {
 }
 
 /// One entry of `pending`. `at` (when it was applied, wall ms) is our addition to the documented
-/// `{txn, delta}`: the `accounts/pending` view orders markers by it so the sweeper finds old
+/// `{txn, delta}`: the `transactions/account_pending` view orders markers by it so the sweeper finds old
 /// (possibly orphaned) ones without reading young, in-flight ones.
 ///
 /// A marker applied on the one-write path (docs/ONE_WRITE.md) also carries the `attempt` that

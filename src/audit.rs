@@ -184,7 +184,7 @@ async fn view_in_pages(
 }
 
 impl Ledger {
-    /// Every account, read in pages from the `accounts/balances` view.
+    /// Every account, read in pages from the `transactions/account_balances` view.
     ///
     /// # Errors
     ///
@@ -207,17 +207,23 @@ impl Ledger {
             include_docs: Some(true),
             ..ViewQuery::default()
         };
-        view_in_pages(&self.inner.hot, "accounts", "balances", q, |row| {
-            let id = row.id.clone().unwrap_or_else(|| row.key.to_string());
-            match row.doc {
-                Some(doc) => match AccountDoc::from_value(doc) {
-                    Ok(d) => docs.push(d),
-                    Err(e) => bad.push((id, e.to_string())),
-                },
-                None => bad.push((id.clone(), format!("{id}: no document"))),
-            }
-            Ok(())
-        })
+        view_in_pages(
+            &self.inner.hot,
+            "transactions",
+            "account_balances",
+            q,
+            |row| {
+                let id = row.id.clone().unwrap_or_else(|| row.key.to_string());
+                match row.doc {
+                    Some(doc) => match AccountDoc::from_value(doc) {
+                        Ok(d) => docs.push(d),
+                        Err(e) => bad.push((id, e.to_string())),
+                    },
+                    None => bad.push((id.clone(), format!("{id}: no document"))),
+                }
+                Ok(())
+            },
+        )
         .await?;
         Ok((docs, bad))
     }

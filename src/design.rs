@@ -20,6 +20,14 @@ include!(concat!(env!("OUT_DIR"), "/design_files.rs"));
 /// The field of a design document that holds our checksum.
 const CHECKSUM_FIELD: &str = "couch_ledger_checksum";
 
+/// Design documents earlier versions installed and this one does not: `init` deletes them
+/// (only when they carry [`CHECKSUM_FIELD`], i.e. they are ours) and drift names them, because
+/// CouchDB keeps indexing every design document's views on every write. `_design/accounts`
+/// held the account views until they moved into `_design/transactions` as `account_*` (one
+/// design document is one index pass per document written: half the indexing of the hot
+/// database's two, BENCHMARKS.md, session 12).
+const RETIRED: &[&str] = &["_design/accounts"];
+
 /// What installing did to one design document.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -30,6 +38,8 @@ pub enum InstallStatus {
     Unchanged,
     /// It was there with other content (an older version, or edited by hand) and was replaced.
     Updated,
+    /// An earlier version's design document this one no longer has; it was deleted.
+    Removed,
 }
 
 /// One design document's install outcome.
@@ -129,7 +139,7 @@ impl Scope {
     fn includes(self, doc: &DesignDoc) -> bool {
         match self {
             Scope::Ledger => true,
-            Scope::Hot => matches!(doc.id.as_str(), "_design/accounts" | "_design/transactions"),
+            Scope::Hot => doc.id == "_design/transactions",
         }
     }
 
@@ -161,7 +171,44 @@ pub async fn install_in(client: &Client, scope: Scope) -> Result<Vec<Installed>>
     for doc in scope.design_docs() {
         out.push(install_one(client, &doc).await?);
     }
+    for id in RETIRED {
+        if remove_retired(client, id).await? {
+            out.push(Installed {
+                id: (*id).to_owned(),
+                status: InstallStatus::Removed,
+            });
+        }
+    }
     Ok(out)
+}
+
+/// Deletes the retired design document `id` if it is ours (it carries our checksum field; a
+/// design document of that name someone else wrote is left alone). Whether it deleted it.
+async fn remove_retired(client: &Client, id: &str) -> Result<bool> {
+    // Two installers may race; a conflict is read again. Bounded.
+    for _ in 0..5 {
+        let Some(current) = client.get_opt::<Value>(id).await? else {
+            return Ok(false);
+        };
+        if current.get(CHECKSUM_FIELD).is_none() {
+            return Ok(false);
+        }
+        let rev = current
+            .get("_rev")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::decode(format!("{id} has no _rev")))?;
+        match client.delete(id, rev).await {
+            Ok(_) => {
+                tracing::info!(%id, "retired design document removed");
+                return Ok(true);
+            }
+            Err(e) if e.is_conflict() => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::invariant(format!(
+        "{id}: kept conflicting with another installer"
+    )))
 }
 
 async fn install_one(client: &Client, doc: &DesignDoc) -> Result<Installed> {
@@ -245,6 +292,19 @@ pub async fn drift_in(client: &Client, scope: Scope) -> Result<Vec<(String, Stri
         };
         out.push((doc.id.clone(), format!("{} {problem}", doc.id)));
     }
+    let retired: Vec<String> = RETIRED.iter().map(|id| (*id).to_owned()).collect();
+    for (id, row) in retired.iter().zip(client.all_docs(&retired, true).await?) {
+        if row
+            .doc
+            .as_ref()
+            .is_some_and(|d| d.get(CHECKSUM_FIELD).is_some())
+        {
+            out.push((
+                id.clone(),
+                format!("{id} is an earlier version's, indexed for nothing (run init)"),
+            ));
+        }
+    }
     Ok(out)
 }
 
@@ -271,12 +331,12 @@ mod tests {
         assert_eq!(
             ids,
             [
-                "_design/accounts",
                 "_design/orders",
                 "_design/transactions",
                 "_design/validation"
             ]
         );
+        assert!(RETIRED.iter().all(|r| !ids.contains(r)));
         let views = |i: usize| {
             docs[i].body["views"]
                 .as_object()
@@ -285,14 +345,13 @@ mod tests {
                 .cloned()
                 .collect::<Vec<_>>()
         };
-        assert_eq!(views(0), ["balances", "overdrawn", "pending"]);
-        assert_eq!(docs[0].body["views"]["overdrawn"]["reduce"], "_count");
-        assert_eq!(docs[0].body["views"]["pending"]["reduce"], "_count");
-        assert_eq!(docs[0].body["views"]["balances"]["reduce"], "_sum");
-        assert_eq!(views(1), ["by_account", "ledger"]);
+        assert_eq!(views(0), ["by_account", "ledger"]);
         assert_eq!(
-            views(2),
+            views(1),
             [
+                "account_balances",
+                "account_overdrawn",
+                "account_pending",
                 "by_account",
                 "by_state",
                 "committed",
@@ -301,14 +360,20 @@ mod tests {
                 "pending"
             ]
         );
-        assert_eq!(docs[2].body["views"]["conflicts"]["reduce"], "_count");
-        assert_eq!(docs[2].body["views"]["in_flight"]["reduce"], "_sum");
-        assert_eq!(docs[2].body["views"]["by_state"]["reduce"], "_count");
-        assert!(docs[3].body["validate_doc_update"]
+        let reduce = |view: &str| docs[1].body["views"][view]["reduce"].clone();
+        assert_eq!(reduce("account_overdrawn"), "_count");
+        assert_eq!(reduce("account_pending"), "_count");
+        assert_eq!(reduce("account_balances"), "_sum");
+        assert_eq!(reduce("conflicts"), "_count");
+        assert_eq!(reduce("in_flight"), "_sum");
+        assert_eq!(reduce("by_state"), "_count");
+        assert!(docs[2].body["validate_doc_update"]
             .as_str()
             .unwrap()
             .starts_with("function"));
         assert_eq!(docs[1].checksum.len(), 64);
-        assert_ne!(docs[1].checksum, docs[2].checksum);
+        assert_ne!(docs[0].checksum, docs[1].checksum);
+        let hot: Vec<String> = Scope::Hot.design_docs().into_iter().map(|d| d.id).collect();
+        assert_eq!(hot, ["_design/transactions"], "one index pass per document");
     }
 }

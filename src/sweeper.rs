@@ -3,7 +3,7 @@
 //!
 //! A pass ([`Ledger::sweep_once`]) is bounded: it reads its candidates from the views —
 //! `transactions/by_state` for open transfers not modified for `stale_after`, oldest first, and
-//! `accounts/pending` for markers older than that — re-reads every candidate (views lag), and
+//! `transactions/account_pending` for markers older than that — re-reads every candidate (views lag), and
 //! acts only on a transfer whose `last_modified` is old enough and whose claim has expired. It
 //! takes the transfer over with a CAS of a new claim (so of two sweepers one wins, the other
 //! skips) and drives it with the same code a writer uses. Up to
@@ -190,7 +190,7 @@ pub struct LedgerStatus {
     /// Ledger documents holding a conflict (`transactions/conflicts`): 0 on one node; on a
     /// cluster, conflicts the sweeper has not resolved yet (docs/CLUSTER.md).
     pub conflicts: u64,
-    /// Accounts below their minimum balance (`accounts/overdrawn`): 0 on one node; on a
+    /// Accounts below their minimum balance (`transactions/account_overdrawn`): 0 on one node; on a
     /// cluster with [`WriteQuorum::ServerDefault`](crate::WriteQuorum), what merged concurrent
     /// debits can leave.
     pub overdrawn: u64,
@@ -342,14 +342,20 @@ impl Ledger {
             ..ViewQuery::default()
         };
         let mut markers: Vec<(String, String)> = Vec::new();
-        for row in client.view("accounts", "pending", &q).await?.rows {
+        for row in client
+            .view("transactions", "account_pending", &q)
+            .await?
+            .rows
+        {
             match (row.id, row.key.get(1).and_then(Value::as_str)) {
                 (Some(account_doc), Some(txn)) => markers.push((account_doc, txn.to_owned())),
-                (id, _) => out.problem(format!("accounts/pending row without a transfer: {id:?}")),
+                (id, _) => out.problem(format!(
+                    "transactions/account_pending row without a transfer: {id:?}"
+                )),
             }
         }
 
-        phases.mark("accounts/pending");
+        phases.mark("account_pending");
         // 3. Re-read every transfer involved (views lag). Where the database keeps one copy of
         //    each document, the candidates' documents came with the rows above: read by id, from
         //    the only copy, when the query ran (after the index caught up) — that is the
@@ -1058,7 +1064,7 @@ impl Ledger {
             in_flight_by_currency,
             pending_markers: marker_count(self).await?,
             conflicts: conflict_count(self).await?,
-            overdrawn: view_count(self, "accounts", "overdrawn").await?,
+            overdrawn: view_count(self, "transactions", "account_overdrawn").await?,
         })
     }
 }
@@ -1188,12 +1194,12 @@ pub(crate) async fn oldest_open(ledger: &Ledger) -> Result<Option<i64>> {
     Ok(oldest)
 }
 
-/// Pending markers held by accounts (`accounts/pending`, `_count`).
+/// Pending markers held by accounts (`transactions/account_pending`, `_count`).
 pub(crate) async fn marker_count(ledger: &Ledger) -> Result<u64> {
     let rows = ledger
         .inner
         .hot
-        .view("accounts", "pending", &ViewQuery::default())
+        .view("transactions", "account_pending", &ViewQuery::default())
         .await?
         .rows;
     Ok(rows.first().and_then(|r| r.value.as_u64()).unwrap_or(0))

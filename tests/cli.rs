@@ -1458,11 +1458,7 @@ async fn a_split_ledger_through_the_command_line() {
         .iter()
         .map(|d| d["id"].as_str().unwrap())
         .collect();
-    assert_eq!(
-        hot_docs,
-        ["_design/accounts", "_design/transactions"],
-        "{v}"
-    );
+    assert_eq!(hot_docs, ["_design/transactions"], "{v}");
 
     // The environment variable does the same as the option.
     let env_run = |args: &'static [&'static str]| {

@@ -220,7 +220,7 @@ async fn init_installs_design_docs_once() {
     let l = couch_ledger::Ledger::new(support::builder("init_twice").build().unwrap());
     let first = l.init().await.unwrap();
     assert!(first.created);
-    assert_eq!(first.design_docs.len(), 4);
+    assert_eq!(first.design_docs.len(), 3);
     assert!(first
         .design_docs
         .iter()
@@ -246,4 +246,64 @@ async fn init_installs_design_docs_once() {
         .find(|d| d.id == "_design/orders")
         .unwrap();
     assert_eq!(orders.status, couch_ledger::design::InstallStatus::Updated);
+}
+
+/// An earlier version's `_design/accounts` (the account views before they moved into
+/// `_design/transactions`) is drift until `init` deletes it; one of that name that is not ours
+/// is left alone.
+#[tokio::test]
+async fn init_removes_the_design_document_an_earlier_version_installed() {
+    use couch_ledger::design::{drift, InstallStatus};
+    let l = couch_ledger::Ledger::new(support::builder("init_retired").build().unwrap());
+    l.init().await.unwrap();
+    let old = json!({
+        "language": "javascript",
+        "views": {"balances": {"map": "function (doc) { emit(doc._id, 1); }", "reduce": "_sum"}},
+        "couch_ledger_checksum": "0".repeat(64),
+    });
+    l.client().put("_design/accounts", &old).await.unwrap();
+    let drifted = drift(l.client()).await.unwrap();
+    assert_eq!(
+        drifted
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>(),
+        ["_design/accounts"],
+        "{drifted:?}"
+    );
+
+    let again = l.init().await.unwrap();
+    let statuses: Vec<(&str, InstallStatus)> = again
+        .design_docs
+        .iter()
+        .map(|d| (d.id.as_str(), d.status))
+        .collect();
+    assert!(
+        statuses.contains(&("_design/accounts", InstallStatus::Removed)),
+        "{statuses:?}"
+    );
+    assert!(l
+        .client()
+        .get_opt::<Value>("_design/accounts")
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(drift(l.client()).await.unwrap(), vec![]);
+    let third = l.init().await.unwrap();
+    assert!(third
+        .design_docs
+        .iter()
+        .all(|d| d.status == InstallStatus::Unchanged));
+
+    // Somebody else's design document of that name: not ours to delete, not drift.
+    let theirs = json!({"language": "javascript", "views": {}});
+    l.client().put("_design/accounts", &theirs).await.unwrap();
+    assert_eq!(drift(l.client()).await.unwrap(), vec![]);
+    l.init().await.unwrap();
+    assert!(l
+        .client()
+        .get_opt::<Value>("_design/accounts")
+        .await
+        .unwrap()
+        .is_some());
 }

@@ -328,7 +328,7 @@ fn view_names() -> Vec<String> {
         .collect()
 }
 
-/// The installed design documents with round 1's `validate_doc_update` and `accounts/pending`
+/// The installed design documents with round 1's `validate_doc_update` and account `pending`
 /// map (trimmed, as `design.rs` embeds files).
 fn head_design_docs() -> Vec<Value> {
     let mut docs = installed_design_docs();
@@ -337,8 +337,8 @@ fn head_design_docs() -> Vec<Value> {
             Some("_design/validation") => {
                 d["validate_doc_update"] = json!(HEAD_VALIDATE.trim());
             }
-            Some("_design/accounts") => {
-                d["views"]["pending"]["map"] = json!(HEAD_PENDING_MAP.trim())
+            Some("_design/transactions") => {
+                d["views"]["account_pending"]["map"] = json!(HEAD_PENDING_MAP.trim())
             }
             _ => {}
         }
@@ -698,7 +698,7 @@ fn the_harness_catches_instanceof_in_design_functions() {
     let o = outcome(&t, &head, debit);
     assert_eq!(o.status, 403, "{o:?}");
     assert_eq!(
-        o.rows["accounts/pending"],
+        o.rows["transactions/account_pending"],
         Vec::<Value>::new(),
         "the pending view is empty"
     );
@@ -722,14 +722,14 @@ fn the_harness_catches_instanceof_in_design_functions() {
     let o = outcome(&t, &same, debit);
     assert_eq!(o.status, 201, "{o:?}");
     assert_eq!(outcome(&t, &same, purchase).status, 201);
-    assert_eq!(o.rows["accounts/pending"].len(), 1, "{o:?}");
+    assert_eq!(o.rows["transactions/account_pending"].len(), 1, "{o:?}");
 
     // Today's functions with every Array.isArray turned into instanceof: caught again.
     let mutated = run_harness(&instanceof_design_docs(), &t, false);
     let o = outcome(&t, &mutated, created);
     assert_eq!(o.status, 403, "{o:?}");
     assert_eq!(
-        outcome(&t, &mutated, debit).rows["accounts/pending"],
+        outcome(&t, &mutated, debit).rows["transactions/account_pending"],
         Vec::<Value>::new()
     );
     assert!(!harness_failures(&t, &mutated).is_empty());

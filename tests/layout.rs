@@ -83,7 +83,6 @@ async fn a_split_ledger_keeps_accounts_and_transfers_out_of_the_validated_databa
     assert_eq!(
         main_ids,
         [
-            "_design/accounts",
             "_design/orders",
             "_design/transactions",
             "_design/validation",
@@ -98,7 +97,6 @@ async fn a_split_ledger_keeps_accounts_and_transfers_out_of_the_validated_databa
     assert_eq!(
         hot_ids,
         [
-            "_design/accounts",
             "_design/transactions",
             "account:A",
             "account:B",

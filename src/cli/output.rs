@@ -114,5 +114,6 @@ pub(crate) fn install_status(s: InstallStatus) -> &'static str {
         InstallStatus::Created => "created",
         InstallStatus::Unchanged => "unchanged",
         InstallStatus::Updated => "updated",
+        InstallStatus::Removed => "removed",
     }
 }

@@ -4,9 +4,9 @@
 //   {"design_docs": [{"_id": "_design/x", "views": {...}, "validate_doc_update": "..."}],
 //    "cases": [{"new": {...}, "old": {...} | null, "user_ctx": {...}, "sec_obj": {...}}]}
 // Output on stdout, one JSON object:
-//   {"views": ["accounts/balances", ...],
+//   {"views": ["transactions/account_balances", ...],
 //    "results": [{"validation": {"status": 201 | 401 | 403 | 500, "message": "..."},
-//                 "rows": {"accounts/balances": [[key, value], ...], ...},
+//                 "rows": {"transactions/account_balances": [[key, value], ...], ...},
 //                 "map_errors": ["view: message"], "log": ["..."]}]}
 //
 // What makes it CouchDB (share/server/util.js, views.js, validate.js of CouchDB 3.4):
