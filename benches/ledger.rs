@@ -556,6 +556,9 @@ enum Side {
     Floor,
     /// `p8_phases`: today's documents, batched ideally ([`FloorShape::Phases`]).
     Phases,
+    /// `p8_one_request`: a transfer in one request, batched ideally ([`FloorShape::OneRequest`],
+    /// `BENCH_ONE_REQUEST=1`).
+    OneRequest,
 }
 
 impl Side {
@@ -571,6 +574,7 @@ impl Side {
             Side::DefaultRevsLimit => "default_revs_limit",
             Side::Floor => "floor",
             Side::Phases => "phases",
+            Side::OneRequest => "one_request",
         }
     }
 }
@@ -960,7 +964,8 @@ impl Writer {
             | Side::OtherLayout
             | Side::DefaultRevsLimit
             | Side::Floor
-            | Side::Phases => {
+            | Side::Phases
+            | Side::OneRequest => {
                 unreachable!("{side:?} writes transfers")
             }
         })
@@ -1117,7 +1122,8 @@ impl BulkWriter {
             | Side::OtherLayout
             | Side::DefaultRevsLimit
             | Side::Floor
-            | Side::Phases => {
+            | Side::Phases
+            | Side::OneRequest => {
                 unreachable!("bulk writes are ours or raw")
             }
         }
@@ -1856,9 +1862,18 @@ const FLOOR_TRANSFERS_PER_REQUEST: usize = P8_CONCURRENCY / FLOOR_WRITERS;
 struct DocumentFloor {
     shape: FloorShape,
     ledger: Ledger,
-    /// Each writer's accounts, as last written (with `_rev`).
-    accounts: std::sync::Mutex<Vec<Vec<Value>>>,
+    /// Each writer's documents, as last written.
+    writers: std::sync::Mutex<Vec<FloorWriter>>,
     next_transfer: AtomicUsize,
+}
+
+/// One [`DocumentFloor`] writer's documents between its requests.
+struct FloorWriter {
+    /// Its accounts, as last written (with `_rev`).
+    accounts: Vec<Value>,
+    /// [`FloorShape::OneRequest`]: the transfer documents its last request created `initial`,
+    /// with the markers their decision names, decided in its next request.
+    undecided: Vec<(Value, Value)>,
 }
 
 /// What a [`DocumentFloor`] writes for each transfer.
@@ -1875,6 +1890,12 @@ enum FloorShape {
     /// transfer documents created `done`, naming the markers. Three documents a transfer.
     /// (Until session 10: SPEC §5's stepwise documents, five a transfer in four requests.)
     Phases,
+    /// A protocol answering after one request (session 13's question, `BENCH_ONE_REQUEST=1`):
+    /// per [`FLOOR_TRANSFERS_PER_REQUEST`] transfers one request holding both accounts of each
+    /// with its marker (as [`FloorShape::Phases`]), its transfer document created `initial`,
+    /// and the previous request's transfer documents moved to `done` naming their markers
+    /// (the decision follows the answer in the next request). Four documents a transfer.
+    OneRequest,
 }
 
 /// Settled entries a [`FloorShape::Phases`] account keeps.
@@ -1885,6 +1906,7 @@ impl DocumentFloor {
         let purpose = match shape {
             FloorShape::Floor => "p8_floor",
             FloorShape::Phases => "p8_phases",
+            FloorShape::OneRequest => "p8_one_request",
         };
         let ledger = fresh_ledger_in(bench, purpose, Layout::Split).await?;
         let ids: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("f", i)).collect();
@@ -1900,14 +1922,17 @@ impl DocumentFloor {
                 .ok_or_else(|| anyhow!("p8_floor: loading accounts: {:?}", result.error))?;
             doc["_rev"] = json!(rev);
         }
-        let writers: Vec<Vec<Value>> = docs
+        let writers: Vec<FloorWriter> = docs
             .chunks(P8_POOL_ACCOUNTS / FLOOR_WRITERS)
-            .map(<[Value]>::to_vec)
+            .map(|accounts| FloorWriter {
+                accounts: accounts.to_vec(),
+                undecided: Vec::new(),
+            })
             .collect();
         let floor = DocumentFloor {
             shape,
             ledger,
-            accounts: std::sync::Mutex::new(writers),
+            writers: std::sync::Mutex::new(writers),
             next_transfer: AtomicUsize::new(0),
         };
         floor
@@ -1921,7 +1946,7 @@ impl DocumentFloor {
     async fn round(&self, transfers: usize) -> Result<f64> {
         let per_writer = transfers.div_ceil(FLOOR_WRITERS);
         let requests = per_writer.div_ceil(FLOOR_TRANSFERS_PER_REQUEST);
-        let taken = std::mem::take(&mut *self.accounts.lock().expect("not poisoned"));
+        let taken = std::mem::take(&mut *self.writers.lock().expect("not poisoned"));
         ensure!(
             taken.len() == FLOOR_WRITERS,
             "p8_floor: a round failed before"
@@ -1932,17 +1957,17 @@ impl DocumentFloor {
         );
         let started = Instant::now();
         let mut writers = JoinSet::new();
-        for (w, accounts) in taken.into_iter().enumerate() {
+        for (w, writer) in taken.into_iter().enumerate() {
             let client = self.ledger.hot_client().clone();
             let first = first + w * requests * FLOOR_TRANSFERS_PER_REQUEST;
-            writers.spawn(floor_writer(self.shape, client, accounts, first, requests));
+            writers.spawn(floor_writer(self.shape, client, writer, first, requests));
         }
         let mut back = Vec::with_capacity(FLOOR_WRITERS);
         while let Some(writer) = writers.join_next().await {
             back.push(writer??);
         }
         let span = started.elapsed();
-        *self.accounts.lock().expect("not poisoned") = back;
+        *self.writers.lock().expect("not poisoned") = back;
         let written = FLOOR_WRITERS * requests * FLOOR_TRANSFERS_PER_REQUEST;
         Ok(written as f64 / span.as_secs_f64())
     }
@@ -1956,14 +1981,18 @@ impl DocumentFloor {
 
 /// One [`DocumentFloor`] writer: `requests` `_bulk_docs` one after another, each creating
 /// [`FLOOR_TRANSFERS_PER_REQUEST`] transfer documents and updating the two accounts of each
-/// (all distinct within a request). Returns its accounts as last written.
+/// (all distinct within a request). Returns its documents as last written.
 async fn floor_writer(
     shape: FloorShape,
     client: Client,
-    mut accounts: Vec<Value>,
+    writer: FloorWriter,
     first: usize,
     requests: usize,
-) -> Result<Vec<Value>> {
+) -> Result<FloorWriter> {
+    let FloorWriter {
+        mut accounts,
+        mut undecided,
+    } = writer;
     let pairs_per_request = FLOOR_TRANSFERS_PER_REQUEST;
     ensure!(
         accounts.len() >= 2 * pairs_per_request,
@@ -1995,7 +2024,7 @@ async fn floor_writer(
                     .and_then(|b| b.checked_add(delta))
                     .ok_or_else(|| anyhow!("p8_floor: balance out of range"))?;
                 accounts[slot]["balance"] = json!(balance);
-                if shape == FloorShape::Phases {
+                if shape != FloorShape::Floor {
                     // The marker of this transfer (its attempt and the other account named, as
                     // the one-write path writes it), the previous one settled: folded in.
                     let peer = accounts[if slot == from { to } else { from }]["account_id"].clone();
@@ -2041,16 +2070,41 @@ async fn floor_writer(
         docs.extend(touched.iter().map(|&slot| accounts[slot].clone()));
         let results = match shape {
             FloorShape::Floor => client.bulk_docs(&docs).await?,
+            FloorShape::OneRequest => {
+                // This request's transfer documents `initial`, the last request's decided.
+                let created = pairs_per_request;
+                for txn in &mut docs[..created] {
+                    txn["state"] = json!("initial");
+                }
+                let deciding = std::mem::take(&mut undecided);
+                docs.extend(deciding.iter().map(|(txn, markers)| {
+                    let mut done = txn.clone();
+                    done["state"] = json!("done");
+                    done["markers"] = markers.clone();
+                    done
+                }));
+                let results = client.bulk_docs(&docs).await?;
+                if let Some(bad) = results[docs.len() - deciding.len()..]
+                    .iter()
+                    .find(|r| !r.is_ok())
+                {
+                    bail!("p8_one_request: a decision failed: {bad:?}");
+                }
+                for (txn, result) in docs[..created].iter().zip(&results) {
+                    let mut txn = txn.clone();
+                    txn["_rev"] = json!(result.rev.clone().unwrap_or_default());
+                    let attempt = json!(floor_attempt(&txn));
+                    undecided.push((txn, json!({ "source": attempt, "destination": attempt })));
+                }
+                results
+            }
             FloorShape::Phases => {
                 // The accounts first, then the transfer documents created in their final
                 // state, naming the markers' attempts.
                 let (txns, account_docs) = docs.split_at_mut(pairs_per_request);
                 let written = client.bulk_docs(account_docs).await?;
                 for txn in txns.iter_mut() {
-                    let n = txn["txn_id"].as_str().unwrap_or_default()["floor".len()..]
-                        .parse::<usize>()
-                        .unwrap_or(0);
-                    let attempt = format!("{:012x}", n * 7919);
+                    let attempt = floor_attempt(txn);
                     txn["markers"] = json!({ "source": attempt, "destination": attempt });
                 }
                 let mut results = client.bulk_docs(txns).await?;
@@ -2062,7 +2116,8 @@ async fn floor_writer(
             results.len() == docs.len(),
             "p8_floor: short _bulk_docs answer"
         );
-        for (&slot, result) in touched.iter().zip(&results[pairs_per_request..]) {
+        let account_results = &results[pairs_per_request..pairs_per_request + touched.len()];
+        for (&slot, result) in touched.iter().zip(account_results) {
             let rev = result
                 .rev
                 .clone()
@@ -2073,7 +2128,18 @@ async fn floor_writer(
             bail!("p8_floor: a transfer document failed: {bad:?}");
         }
     }
-    Ok(accounts)
+    Ok(FloorWriter {
+        accounts,
+        undecided,
+    })
+}
+
+/// The attempt a floor writer's markers of transfer document `txn` carry.
+fn floor_attempt(txn: &Value) -> String {
+    let n = txn["txn_id"].as_str().unwrap_or_default()["floor".len()..]
+        .parse::<usize>()
+        .unwrap_or(0);
+    format!("{:012x}", n * 7919)
 }
 
 /// What `p3` measured, for the figures after it.
@@ -2816,6 +2882,14 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let validated = RawBulk::new(bench, "p8", true).await?;
     let floor = DocumentFloor::new(bench, FloorShape::Floor).await?;
     let phases = DocumentFloor::new(bench, FloorShape::Phases).await?;
+    // A protocol answering after one request, weighed in session 13 (docs/ONE_WRITE.md, "Why
+    // two requests"): opt-in, its documents batched ideally beside the floor and today's.
+    let with_one_request = std::env::var("BENCH_ONE_REQUEST").is_ok_and(|v| v == "1");
+    let one_request = if with_one_request {
+        Some(DocumentFloor::new(bench, FloorShape::OneRequest).await?)
+    } else {
+        None
+    };
     // The other layout, for comparison in the same rounds (issue 15: what the split buys).
     // Opt-in (`BENCH_OTHER_LAYOUT=1`): a fourth side in the same rounds lowers `p8` itself on
     // this two-core machine (measured in session 4: 0.183 with one, 0.222 without).
@@ -2851,9 +2925,12 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     if with_other {
         sides.push(Side::OtherLayout);
     }
+    if with_one_request {
+        sides.push(Side::OneRequest);
+    }
     let samples = interleaved(&sides, rounds, |side, round| {
         let (ledger, raw, validated, other) = (&ledger, &raw, &validated, &other);
-        let (floor, phases) = (&floor, &phases);
+        let (floor, phases, one_request) = (&floor, &phases, &one_request);
         async move {
             match side {
                 Side::Ours => {
@@ -2867,6 +2944,10 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
                 Side::Raw => Ok(raw.round(RAW_BULK_BATCHES).await? / cost.docs_written),
                 Side::Floor => floor.round(P8_TRANSFERS_PER_ROUND).await,
                 Side::Phases => phases.round(P8_TRANSFERS_PER_ROUND).await,
+                Side::OneRequest => match one_request {
+                    Some(shape) => shape.round(P8_TRANSFERS_PER_ROUND).await,
+                    None => bail!("p8: the one-request side was not set up"),
+                },
                 _ => Ok(validated.round(RAW_BULK_BATCHES).await? / cost.docs_written),
             }
         }
@@ -2928,6 +3009,9 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     validated.drop_database().await?;
     floor.drop_databases().await?;
     phases.drop_databases().await?;
+    if let Some(shape) = one_request {
+        shape.drop_databases().await?;
+    }
     let verified = verify_and_drop(&ledger).await?;
     if with_other {
         verify_and_drop(&other).await?;
@@ -3069,6 +3153,22 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
          transfer could reach on this server (same rounds as p10)"
             .to_owned(),
     );
+    let p8_one_request = with_one_request.then(|| {
+        Row::new(
+            "p8_one_request",
+            "one request a transfer (4 documents) ÷ the document floor".to_owned(),
+            "xfers/s",
+            &samples.figures[&Side::OneRequest],
+            &samples.figures[&Side::Floor],
+        )
+        .note(format!(
+            "FloorShape::OneRequest's transfers/s over the floor's, same rounds \
+             (BENCH_ONE_REQUEST=1): each transfer's accounts with their markers and its \
+             document created initial in one request, the document decided in the next; \
+             beside it today's two requests (FloorShape::Phases) ÷ the floor: {:.3}",
+            median(&ratios(&samples, Side::Phases, Side::Floor))
+        ))
+    });
     let other_name = other_layout.name();
     let p10_other = with_other.then(|| {
         Row::new(
@@ -3102,6 +3202,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         p8_phases,
         p10_floor,
     ];
+    rows.extend(p8_one_request);
     rows.extend(p10_other);
     Ok(rows)
 }
