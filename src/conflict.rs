@@ -94,11 +94,19 @@ pub(crate) fn facts_needed(winner: &AccountDoc, losers: &[AccountDoc]) -> Vec<St
                     _ => None,
                 })
                 .collect();
+            let deltas: std::collections::HashSet<Amount> = all
+                .iter()
+                .filter_map(|s| match s {
+                    Status::Pending(d, ..) => Some(*d),
+                    _ => None,
+                })
+                .collect();
             (!agree
                 && all
                     .iter()
                     .any(|s| matches!(s, Status::Settled(_) | Status::Undone(_))))
                 || attempts.len() > 1
+                || deltas.len() > 1
         })
         .collect()
 }
@@ -108,6 +116,33 @@ fn same_kind(a: Status, b: Status) -> bool {
         (Status::Pending(x, ..), Status::Pending(y, ..)) => x == y,
         _ => std::mem::discriminant(&a) == std::mem::discriminant(&b),
     }
+}
+
+/// `leaf` without the one-write markers that hold other terms than their transfer's document
+/// (one id sent twice with other terms, each caller applying on its own branch — a cluster's
+/// two coordinators both took a write): once the document exists its terms are fixed, so no
+/// decision can ever name such a marker, and it never counts — its delta is taken back here,
+/// on every leaf alike, before the join (whichever leaf wins). A marker of the stepwise
+/// protocol (no attempt) is never dropped: its drive may still settle it, so two of those with
+/// different deltas still block the merge. Where the document was not read (the leaves agree
+/// on the delta), a stray marker is joined as any and converged later (undone: not named).
+fn without_strays(
+    leaf: &AccountDoc,
+    facts: &HashMap<String, TxnFacts>,
+) -> Result<AccountDoc, Blocked> {
+    let mut doc = leaf.clone();
+    let (strays, kept): (Vec<Marker>, Vec<Marker>) =
+        std::mem::take(&mut doc.pending).into_iter().partition(|m| {
+            m.attempt.is_some() && facts.get(&m.txn).is_some_and(|f| f.delta != m.delta)
+        });
+    doc.pending = kept;
+    for m in strays {
+        doc.balance = doc.balance.checked_sub(m.delta).map_err(|e| Blocked {
+            txn: m.txn.clone(),
+            why: format!("the balance without a marker of other terms is out of range: {e}"),
+        })?;
+    }
+    Ok(doc)
 }
 
 /// The merged account: the winner's document (and `_rev`, so the write is a CAS on it) with,
@@ -121,6 +156,11 @@ pub(crate) fn merge_account(
     now: i64,
 ) -> Result<AccountDoc, Blocked> {
     let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
+    let winner = &without_strays(winner, facts)?;
+    let losers = &losers
+        .iter()
+        .map(|leaf| without_strays(leaf, facts))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut merged = winner.clone();
     let mut pending: Vec<Marker> = Vec::new();
     let mut settled: BTreeMap<usize, Settled> = BTreeMap::new();
@@ -203,17 +243,22 @@ pub(crate) fn merge_account(
                 }
             }
         }
+        // A settled entry's delta: its document's (a leaf's pending marker of the same id may
+        // hold other terms), else any leaf's marker.
         let delta_of = |s: Status| -> Result<Amount, Blocked> {
             match s {
                 Status::Pending(d, ..) => Ok(d),
-                _ => theirs
-                    .iter()
-                    .chain(std::iter::once(&mine))
-                    .find_map(|x| match x {
-                        Status::Pending(d, ..) => Some(*d),
-                        _ => None,
+                _ => fact
+                    .map(|f| f.delta)
+                    .or_else(|| {
+                        theirs
+                            .iter()
+                            .chain(std::iter::once(&mine))
+                            .find_map(|x| match x {
+                                Status::Pending(d, ..) => Some(*d),
+                                _ => None,
+                            })
                     })
-                    .or(fact.map(|f| f.delta))
                     .ok_or_else(|| {
                         blocked(
                             &t,
@@ -249,7 +294,7 @@ pub(crate) fn merge_account(
                 let markers: Vec<&Marker> = std::iter::once(winner)
                     .chain(losers.iter())
                     .flat_map(|d| d.pending.iter())
-                    .filter(|m| m.txn == t)
+                    .filter(|m| m.txn == t && m.delta == delta)
                     .collect();
                 let mut all: Vec<Attempt> = markers
                     .iter()
@@ -427,6 +472,97 @@ mod tests {
         let m = merge_account(&w, &[l], &f, NOW).unwrap();
         assert_eq!(m.pending[0].attempt, Some(Attempt::from_bits(5)));
         assert_eq!(m.pending[0].aliases, vec![Attempt::from_bits(3)]);
+    }
+
+    /// Facts of a decided `t` with `delta`, naming attempt `named`.
+    fn decided(state: State, delta: i64, named: Option<u64>) -> HashMap<String, TxnFacts> {
+        let mut f = facts(&[("t", state, delta)]);
+        f.get_mut("t").unwrap().named = named.map(Attempt::from_bits);
+        f
+    }
+
+    #[test]
+    fn one_id_with_other_terms_on_two_branches_merges_to_the_documents_terms() {
+        // Two callers sent `t` with other terms (a cluster let each apply on its own branch).
+        let (mut w, mut l) = (account(1000, &[], &[]), account(1000, &[], &[]));
+        once(&mut w, "t", -100, 3);
+        once(&mut l, "t", -70, 5);
+        assert_eq!(facts_needed(&w, std::slice::from_ref(&l)), vec!["t"]);
+        // No document read: which terms count is not known.
+        let b = merge_account(&w, std::slice::from_ref(&l), &HashMap::new(), NOW).unwrap_err();
+        assert!(b.why.contains("different deltas"), "{b:?}");
+        // Once the document exists, in any state, its terms are fixed: the other terms' marker
+        // can never be named and is dropped, its delta taken back; the attempt it carried is
+        // not carried on (no decision may name it). Whichever leaf wins.
+        for (state, named) in [
+            (State::Initial, None),
+            (State::Done, Some(5)),
+            (State::Cancelled, None),
+        ] {
+            let f = decided(state, -70, named);
+            for (winner, loser) in [(&w, &l), (&l, &w)] {
+                let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
+                assert_eq!(m.balance.minor(), 930, "{state:?}");
+                assert_eq!(m.pending.len(), 1);
+                let marker = &m.pending[0];
+                assert_eq!(marker.delta.minor(), -70);
+                assert_eq!(marker.attempt, Some(Attempt::from_bits(5)));
+                assert!(marker.aliases.is_empty(), "{marker:?}");
+            }
+        }
+        // Neither marker of the document's terms (a third caller's `cancelled` won): both go.
+        let f = decided(State::Cancelled, -40, None);
+        for (winner, loser) in [(&w, &l), (&l, &w)] {
+            let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
+            assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
+        }
+    }
+
+    #[test]
+    fn three_leaves_with_other_terms_merge_alike_whichever_wins() {
+        // The document's terms (−40, attempt 9) on one leaf, two other callers' on the others.
+        let mut leaves = [
+            account(1000, &[], &[]),
+            account(1000, &[], &[]),
+            account(1000, &[], &[]),
+        ];
+        once(&mut leaves[0], "t", -100, 3);
+        once(&mut leaves[1], "t", -70, 5);
+        once(&mut leaves[2], "t", -40, 9);
+        let f = decided(State::Done, -40, Some(9));
+        for w in 0..3 {
+            let losers: Vec<AccountDoc> = (0..3)
+                .filter(|i| *i != w)
+                .map(|i| leaves[i].clone())
+                .collect();
+            let m = merge_account(&leaves[w], &losers, &f, NOW).unwrap();
+            assert_eq!(m.balance.minor(), 960, "winner {w}");
+            assert_eq!(m.pending.len(), 1);
+            assert_eq!(m.pending[0].attempt, Some(Attempt::from_bits(9)));
+        }
+    }
+
+    #[test]
+    fn stepwise_markers_with_different_deltas_still_block() {
+        // No attempt: the stepwise protocol's drive may still settle either; not dropped.
+        let w = account(900, &[("t", -100)], &[]);
+        let l = account(930, &[("t", -70)], &[]);
+        let f = decided(State::Pending, -70, None);
+        assert!(merge_account(&w, &[l], &f, NOW).is_err());
+    }
+
+    #[test]
+    fn a_settled_entry_counts_its_documents_delta_not_another_terms_marker() {
+        // One branch settled `t` (−70); the other holds a marker of `t` with other terms.
+        let mut w = account(1000, &[], &[]);
+        once(&mut w, "t", -100, 3);
+        let l = account(930, &[], &[("t", false)]);
+        let f = decided(State::Done, -70, Some(5));
+        for (winner, loser) in [(&w, &l), (&l, &w)] {
+            let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
+            assert_eq!(m.balance.minor(), 930);
+            assert!(m.pending.is_empty(), "{m:?}");
+        }
     }
 
     #[test]

@@ -419,6 +419,94 @@ async fn account_branches_settled_and_pending_planted_loses() {
     settled_and_pending("cf_settled_pending_lose", Planted::Loses).await;
 }
 
+/// One id sent twice with other terms (A→B 70 and A→B 100), each applied on its own branch of
+/// A — a cluster's two coordinators both took a write on one revision. The 70 was decided
+/// `done`; the other caller's marker (another attempt, −100) sits on the planted branch. A's
+/// merge keeps the decided terms: 70 moves once, the 100 never. `marker_pending`: the decided
+/// marker still pending on A's winning branch (its settle not written yet); else settled.
+/// (Until session 13 such an account could not be merged at all: "two leaves hold different
+/// deltas", for good; found on a real 3-node CouchDB cluster.)
+async fn other_terms_on_two_branches(test: &str, planted: Planted, marker_pending: bool) {
+    let mut w = World::new(test, &[("A", 1_000), ("B", 0)]).await;
+    let request = TransferRequest {
+        id: Some("x".into()),
+        source: "A".into(),
+        destination: "B".into(),
+        amount: Amount::new(70).unwrap(),
+        currency: eur(),
+    };
+    let done = w.l.submit(request, true).await.unwrap();
+    assert_eq!(done.state, State::Done);
+    w.transfers.push("x".to_owned());
+    let named = w.doc("txn:x").await["markers"]["source"].clone();
+    assert!(named.is_string(), "a one-write done names its markers");
+    let db = w.db.clone();
+    if marker_pending {
+        // The decided marker back on A, its settle not written yet: the same balance.
+        let mut a = w.doc("account:A").await;
+        a["pending"] =
+            json!([{"txn": "x", "delta": -70, "at": now_ms(), "attempt": named, "peer": "B"}]);
+        let entries = a["settled"].as_array().cloned().unwrap_or_default();
+        a["settled"] = Value::Array(
+            entries
+                .into_iter()
+                .filter(|group| !group.to_string().contains("\"x\""))
+                .collect(),
+        );
+        let url = support::raw_url(&format!("{db}/{}", enc("account:A")));
+        let put = support::auth(support::raw().put(url).json(&a))
+            .send()
+            .await
+            .unwrap();
+        assert!(put.status().is_success(), "{}", put.text().await.unwrap());
+    }
+    // The other caller's branch: x applied with its own terms on the parent revision.
+    let other = json!([{
+        "txn": "x", "delta": -100, "at": now_ms(), "attempt": "00000000beef", "peer": "B",
+    }]);
+    let rev = w
+        .plant("account:A", planted, |doc| {
+            // The current balance counts x's −70 (its marker, or settled): without it, −100.
+            let without_x = doc["balance"].as_i64().unwrap() + 70;
+            doc["balance"] = json!(without_x - 100);
+            doc["pending"] = other;
+            let entries = doc["settled"].as_array().cloned().unwrap_or_default();
+            doc["settled"] = Value::Array(
+                entries
+                    .into_iter()
+                    .filter(|group| !group.to_string().contains("\"x\""))
+                    .collect(),
+            );
+        })
+        .await;
+    assert_pick(&w, "account:A", &rev, planted).await;
+    let passes = w.sweep().await;
+    let states = w.assert_whole(&passes).await;
+    assert_eq!(states["x"], State::Done);
+    assert_eq!(w.l.account("A").await.unwrap().balance.minor(), 930);
+    assert_eq!(w.l.account("B").await.unwrap().balance.minor(), 70);
+}
+
+#[tokio::test]
+async fn account_branches_one_id_other_terms_pending_planted_wins() {
+    other_terms_on_two_branches("cf_terms_pending_win", Planted::Wins, true).await;
+}
+
+#[tokio::test]
+async fn account_branches_one_id_other_terms_pending_planted_loses() {
+    other_terms_on_two_branches("cf_terms_pending_lose", Planted::Loses, true).await;
+}
+
+#[tokio::test]
+async fn account_branches_one_id_other_terms_settled_planted_wins() {
+    other_terms_on_two_branches("cf_terms_settled_win", Planted::Wins, false).await;
+}
+
+#[tokio::test]
+async fn account_branches_one_id_other_terms_settled_planted_loses() {
+    other_terms_on_two_branches("cf_terms_settled_lose", Planted::Loses, false).await;
+}
+
 /// t1 was cancelled: one branch of A undid its marker, the other still holds it pending.
 /// Undone counts: the money is back, once.
 async fn undone_and_pending(test: &str, planted: Planted) {
