@@ -62,10 +62,9 @@ pub(crate) fn now_ms() -> i64 {
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// A copy of an error for each of several waiters (the library error is not `Clone`): same
-/// kind, so `is_transient()`, `is_conflict()`… still answer, with the original's text as source.
+/// A copy of an error for each of several waiters ([`Error::duplicate`]).
 pub(crate) fn duplicate(e: &Error) -> Error {
-    Error::new(e.kind().clone()).with_source(e.to_string())
+    e.duplicate()
 }
 
 /// A per-document failure in a `_bulk_docs` reply, as the error a single write would have had.
@@ -1475,14 +1474,7 @@ impl AccountEngine {
                     continue;
                 };
                 if doc.get("_conflicts").is_some() {
-                    return Ok(AccountRead::Failed(Error::status(
-                        409,
-                        Some("conflict".to_owned()),
-                        Some(format!(
-                            "{id} holds a conflict that depends on transfer {txn}, itself in \
-                             conflict; the sweeper resolves the transfer first"
-                        )),
-                    )));
+                    return Ok(AccountRead::Failed(Error::blocked_by_transfer(&id, txn)));
                 }
                 let state = doc
                     .get("state")

@@ -23,6 +23,9 @@ struct Inner {
     request: Option<String>,
     /// The transfer this error happened to after its document may have been written.
     transfer: Option<String>,
+    /// A transfer whose own conflict kept an account from being merged (a cluster): resolving
+    /// that transfer lets the same op go through.
+    blocked_by: Option<String>,
     source: Option<BoxError>,
 }
 
@@ -64,6 +67,7 @@ impl Error {
                 kind,
                 request: None,
                 transfer: None,
+                blocked_by: None,
                 source: None,
             }),
         }
@@ -92,6 +96,36 @@ impl Error {
             error,
             reason,
         })
+    }
+
+    /// 409: `account` holds a conflict its merge cannot settle while transfer `txn`, whose
+    /// document it needs, is itself in conflict (docs/CLUSTER.md).
+    pub(crate) fn blocked_by_transfer(account: &str, txn: &str) -> Error {
+        let mut e = Error::status(
+            409,
+            Some("conflict".to_owned()),
+            Some(format!(
+                "{account} holds a conflict that depends on transfer {txn}, itself in conflict; \
+                 resolving the transfer comes first (the sweeper does it)"
+            )),
+        );
+        e.inner.blocked_by = Some(txn.to_owned());
+        e
+    }
+
+    /// A copy for each of several waiters (the error is not `Clone`): the same kind, transfer
+    /// and blocking transfer, so every question still gets the same answer, with the
+    /// original's text as its source.
+    pub(crate) fn duplicate(&self) -> Error {
+        let mut copy = Error::new(self.inner.kind.clone()).with_source(self.to_string());
+        copy.inner.transfer.clone_from(&self.inner.transfer);
+        copy.inner.blocked_by.clone_from(&self.inner.blocked_by);
+        copy
+    }
+
+    /// The transfer whose conflict blocked this op ([`Error::blocked_by_transfer`]).
+    pub(crate) fn blocking_transfer(&self) -> Option<&str> {
+        self.inner.blocked_by.as_deref()
     }
 
     pub(crate) fn locked(user: Option<String>) -> Error {
@@ -135,10 +169,6 @@ impl Error {
 
     pub(crate) fn invariant(message: impl Into<String>) -> Error {
         Error::new(Kind::Invariant(message.into()))
-    }
-
-    pub(crate) fn kind(&self) -> &Kind {
-        &self.inner.kind
     }
 
     /// The id of the transfer this error happened to, once its document was or may have been

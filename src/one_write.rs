@@ -37,6 +37,10 @@ use crate::transfer::{
     txn_doc_id, FinishingGuard, Named, Reason, TransferOutcome, TransferRequest, TxnDoc,
 };
 
+/// How many times one submit resolves a transfer's conflict that blocked its accounts before it
+/// leaves the error to its caller (and the sweeper).
+const UNBLOCKS_MAX: usize = 3;
+
 /// What one attempt's apply calls for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Next {
@@ -187,14 +191,23 @@ impl Ledger {
         }
         let attempt = Attempt::random();
         let mut touched: Vec<String> = Vec::new();
+        // Transfers' conflicts resolved for this submit (`unblocked`).
+        let mut unblocks = 0;
         for _ in 0..DRIVE_PHASES_MAX {
             if self.inner.pause.is_none() {
                 // The engine decides as soon as both applies are answered and writes the
                 // decision in its next round (`AccountEngine::run_decided`).
-                match self
+                let applied = self
                     .apply_decided(&terms, attempt, deadline, &mut touched)
-                    .await?
-                {
+                    .await;
+                let applied = match applied {
+                    Err(e) if unblocks < UNBLOCKS_MAX && self.unblocked(&e, deadline).await => {
+                        unblocks += 1;
+                        continue;
+                    }
+                    other => other?,
+                };
+                match applied {
                     Applied::Wrote(decision, written) => {
                         return self.decided_once(&terms, *decision, written, touched).await;
                     }
@@ -205,9 +218,16 @@ impl Ledger {
                     Applied::Next(_) => return self.follow_once(&terms, None, touched).await,
                 }
             }
-            let next = self
+            let next = match self
                 .apply_once(&terms, attempt, deadline, false, &mut touched)
-                .await?;
+                .await
+            {
+                Err(e) if unblocks < UNBLOCKS_MAX && self.unblocked(&e, deadline).await => {
+                    unblocks += 1;
+                    continue;
+                }
+                other => other?,
+            };
             let decision = match next {
                 Next::Done(named) => decision(&terms, State::Done, Some(named), None),
                 Next::Cancel(reason) => decision(&terms, State::Cancelled, None, Some(reason)),
@@ -224,6 +244,33 @@ impl Ledger {
         Err(Error::invariant(format!(
             "transfer {id} was not applied within {DRIVE_PHASES_MAX} attempts"
         )))
+    }
+
+    /// Whether an apply that failed because an account's conflict waits on a transfer that is
+    /// itself in conflict (a cluster: two deciders' writes both landed, e.g. two callers of one
+    /// id at once) may go again: that transfer's conflict resolved here, as the sweeper would,
+    /// before `deadline`. A transfer that cannot be resolved (different terms under one id,
+    /// no right to delete a leaf) leaves the error to the caller.
+    async fn unblocked(&self, e: &Error, deadline: Instant) -> bool {
+        let Some(txn) = e.blocking_transfer() else {
+            return false;
+        };
+        if Instant::now() >= deadline {
+            return false;
+        }
+        match self.read_txn(txn).await {
+            Ok(_) => {
+                tracing::info!(
+                    txn,
+                    "resolved a transfer's conflict that blocked an account"
+                );
+                true
+            }
+            Err(resolving) => {
+                tracing::warn!(txn, error = %resolving, "could not resolve a transfer's conflict");
+                false
+            }
+        }
     }
 
     /// Step 2's outcome: the decision written (converge and answer), or someone else's there
