@@ -489,6 +489,9 @@ async fn on_one_copy_a_pass_decides_on_the_documents_its_query_read() {
     let mut requests = Vec::new();
     for (name, one_copy) in [("reread_one", true), ("reread_several", false)] {
         let base = support::ledger(name).await;
+        if one_copy && support::keeps_several_copies(base.hot_client().database()).await {
+            continue;
+        }
         let l = if one_copy {
             base.with_one_copy()
         } else {
@@ -512,6 +515,9 @@ async fn on_one_copy_a_pass_decides_on_the_documents_its_query_read() {
         );
         assert_eq!(balance(&l, "B").await, 400, "{name}");
         assert_at_rest(&l).await;
+    }
+    if requests.len() < 2 {
+        return; // the one-copy pass was skipped: a cluster keeps several copies
     }
     assert!(
         requests[0] < requests[1],

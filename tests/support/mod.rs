@@ -347,6 +347,25 @@ pub async fn live_leaves(db: &str, id: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Whether database `db` states several copies of each document (`cluster.n` > 1: a CouchDB
+/// cluster behind `COUCHDB_URL`). A test of the one-copy path (`Ledger::with_one_copy`, a knob
+/// that makes a ledger treat its database as a single node's) skips there: on a cluster that
+/// premise is false, and the copies' lag shows in it as flakiness, not as a finding.
+pub async fn keeps_several_copies(db: &str) -> bool {
+    let info: serde_json::Value = auth(raw().get(raw_url(db)))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let several = info["cluster"]["n"].as_u64().is_some_and(|n| n > 1);
+    if several {
+        eprintln!("SKIPPED: {db} keeps several copies; a one-copy test does not apply");
+    }
+    several
+}
+
 /// Plants a sibling of document `id`'s current revision in database `db`, as a cluster's
 /// concurrent writer or a replication would (a `_bulk_docs` with `"new_edits": false`): the
 /// same parent, the body `edit` makes of the current one, revision hash `hash` (32 hex
