@@ -507,6 +507,56 @@ async fn account_branches_one_id_other_terms_settled_planted_loses() {
     other_terms_on_two_branches("cf_terms_settled_lose", Planted::Loses, false).await;
 }
 
+/// A retry of `x` meets an account whose merge needs `x`'s document, and that document is itself
+/// in conflict (both creates landed, e.g. through two nodes): the retry resolves the transfer and
+/// answers it, where it used to answer 409 and leave it to the sweeper (found on a real
+/// CouchDB cluster, `concurrent_submits_of_one_id_apply_it_once`).
+#[tokio::test]
+async fn a_retry_blocked_by_its_own_transfers_conflict_resolves_it_and_answers() {
+    let mut w = World::new("cf_retry_unblocks", &[("A", 1_000), ("B", 0)]).await;
+    let request = TransferRequest {
+        id: Some("x".into()),
+        source: "A".into(),
+        destination: "B".into(),
+        amount: Amount::new(70).unwrap(),
+        currency: eur(),
+    };
+    let done = w.l.submit(request.clone(), true).await.unwrap();
+    assert_eq!(done.state, State::Done);
+    w.transfers.push("x".to_owned());
+    // A's other branch: another attempt of x still pending there (the same terms).
+    w.plant("account:A", Planted::Wins, |doc| {
+        doc["pending"] = json!([{
+            "txn": "x", "delta": -70, "at": now_ms(), "attempt": "00000000beef", "peer": "B",
+        }]);
+        let entries = doc["settled"].as_array().cloned().unwrap_or_default();
+        doc["settled"] = Value::Array(
+            entries
+                .into_iter()
+                .filter(|group| !group.to_string().contains("\"x\""))
+                .collect(),
+        );
+    })
+    .await;
+    // x's document: a second leaf with the same body.
+    let body = w.doc("txn:x").await;
+    w.plant_body("txn:x", Planted::Wins, body).await;
+    assert_eq!(conflicted(&w.db).await.len(), 2, "both conflicts planted");
+
+    // A retry by another process (its own engine: nothing cached, nothing remembered).
+    let retry = w.l.another_worker().submit(request, true).await;
+    let retry = retry.unwrap_or_else(|e| panic!("the retry was not answered: {e}"));
+    assert_eq!(retry.state, State::Done);
+    assert!(
+        !conflicted(&w.db).await.contains_key("txn:x"),
+        "the retry resolved the transfer"
+    );
+    let passes = w.sweep().await;
+    w.assert_whole(&passes).await;
+    assert_eq!(w.l.account("A").await.unwrap().balance.minor(), 930);
+    assert_eq!(w.l.account("B").await.unwrap().balance.minor(), 70);
+}
+
 /// t1 was cancelled: one branch of A undid its marker, the other still holds it pending.
 /// Undone counts: the money is back, once.
 async fn undone_and_pending(test: &str, planted: Planted) {
