@@ -1026,7 +1026,9 @@ async fn a_withdrawn_debit_whose_worker_stalls_is_cancelled_by_the_sweeper() {
     }));
     let stalled = w.l.clone().with_pause_hook(hook);
     let task = tokio::spawn(async move { stalled.step("t1").await });
-    reached.notified().await;
+    tokio::time::timeout(Duration::from_secs(60), reached.notified())
+        .await
+        .expect("the stalled step did not reach its cancel in 60 s");
     let a = w.doc("account:A").await;
     assert!(
         support::settled_entries(&a).contains(&("t1".to_owned(), true)),

@@ -653,7 +653,7 @@ async fn a_stale_worker_resumes_into_skips() {
 
         let req = request(Some(&id), &a, &b, 250);
         let worker = tokio::spawn(async move { slow.submit(req, true).await });
-        g.reached.notified().await;
+        g.wait_reached().await;
         // The slow worker passed its lease check and sits right before its write. Once its
         // claim has expired, another worker takes the transfer over and finishes it.
         let claim_end = base.transfer(&id).await.unwrap().claim.unwrap().expires_at;
@@ -882,7 +882,7 @@ async fn a_transfer_that_fails_after_its_document_was_written_names_its_id() {
             .submit(request(None, "A", "B", 100), true)
             .await
     });
-    g.reached.notified().await;
+    g.wait_reached().await;
     // The transfer exists (pending); now its database goes away under the worker.
     let doc_ids = support::db_snapshot(base.client().database()).await.revs;
     let txn = doc_ids

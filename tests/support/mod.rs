@@ -470,6 +470,16 @@ pub struct Gate {
     pub release: tokio::sync::Notify,
 }
 
+impl Gate {
+    /// Waits until the worker got to the gate, at most a minute: a worker that took another
+    /// path (an error before the phase) fails the test instead of hanging it.
+    pub async fn wait_reached(&self) {
+        tokio::time::timeout(Duration::from_secs(60), self.reached.notified())
+            .await
+            .unwrap_or_else(|_| panic!("the worker did not reach the {} gate in 60 s", self.phase));
+    }
+}
+
 /// A [`Gate`] at `phase` and the pause hook that holds a worker there
 /// (`Ledger::with_pause_hook`).
 pub fn gate(phase: &'static str) -> (std::sync::Arc<Gate>, couch_ledger::PauseHook) {
