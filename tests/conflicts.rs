@@ -419,6 +419,34 @@ async fn account_branches_settled_and_pending_planted_loses() {
     settled_and_pending("cf_settled_pending_lose", Planted::Loses).await;
 }
 
+impl World {
+    /// `x` (A→B 70) on the one-write path, answered `done` (and settled); returns its request.
+    async fn x_done(&mut self) -> TransferRequest {
+        let request = TransferRequest {
+            id: Some("x".into()),
+            source: "A".into(),
+            destination: "B".into(),
+            amount: Amount::new(70).unwrap(),
+            currency: eur(),
+        };
+        let done = self.l.submit(request.clone(), true).await.unwrap();
+        assert_eq!(done.state, State::Done);
+        self.transfers.push("x".to_owned());
+        request
+    }
+}
+
+/// An account body without its settled entries of `x` (a branch that never settled it).
+fn drop_entries_of_x(account: &mut Value) {
+    let entries = account["settled"].as_array().cloned().unwrap_or_default();
+    account["settled"] = Value::Array(
+        entries
+            .into_iter()
+            .filter(|group| !group.to_string().contains("\"x\""))
+            .collect(),
+    );
+}
+
 /// One id sent twice with other terms (A→B 70 and A→B 100), each applied on its own branch of
 /// A — a cluster's two coordinators both took a write on one revision. The 70 was decided
 /// `done`; the other caller's marker (another attempt, −100) sits on the planted branch. A's
@@ -428,16 +456,7 @@ async fn account_branches_settled_and_pending_planted_loses() {
 /// deltas", for good; found on a real 3-node CouchDB cluster.)
 async fn other_terms_on_two_branches(test: &str, planted: Planted, marker_pending: bool) {
     let mut w = World::new(test, &[("A", 1_000), ("B", 0)]).await;
-    let request = TransferRequest {
-        id: Some("x".into()),
-        source: "A".into(),
-        destination: "B".into(),
-        amount: Amount::new(70).unwrap(),
-        currency: eur(),
-    };
-    let done = w.l.submit(request, true).await.unwrap();
-    assert_eq!(done.state, State::Done);
-    w.transfers.push("x".to_owned());
+    w.x_done().await;
     let named = w.doc("txn:x").await["markers"]["source"].clone();
     assert!(named.is_string(), "a one-write done names its markers");
     let db = w.db.clone();
@@ -446,13 +465,7 @@ async fn other_terms_on_two_branches(test: &str, planted: Planted, marker_pendin
         let mut a = w.doc("account:A").await;
         a["pending"] =
             json!([{"txn": "x", "delta": -70, "at": now_ms(), "attempt": named, "peer": "B"}]);
-        let entries = a["settled"].as_array().cloned().unwrap_or_default();
-        a["settled"] = Value::Array(
-            entries
-                .into_iter()
-                .filter(|group| !group.to_string().contains("\"x\""))
-                .collect(),
-        );
+        drop_entries_of_x(&mut a);
         let url = support::raw_url(&format!("{db}/{}", enc("account:A")));
         let put = support::auth(support::raw().put(url).json(&a))
             .send()
@@ -470,13 +483,7 @@ async fn other_terms_on_two_branches(test: &str, planted: Planted, marker_pendin
             let without_x = doc["balance"].as_i64().unwrap() + 70;
             doc["balance"] = json!(without_x - 100);
             doc["pending"] = other;
-            let entries = doc["settled"].as_array().cloned().unwrap_or_default();
-            doc["settled"] = Value::Array(
-                entries
-                    .into_iter()
-                    .filter(|group| !group.to_string().contains("\"x\""))
-                    .collect(),
-            );
+            drop_entries_of_x(doc);
         })
         .await;
     assert_pick(&w, "account:A", &rev, planted).await;
@@ -514,28 +521,13 @@ async fn account_branches_one_id_other_terms_settled_planted_loses() {
 #[tokio::test]
 async fn a_retry_blocked_by_its_own_transfers_conflict_resolves_it_and_answers() {
     let mut w = World::new("cf_retry_unblocks", &[("A", 1_000), ("B", 0)]).await;
-    let request = TransferRequest {
-        id: Some("x".into()),
-        source: "A".into(),
-        destination: "B".into(),
-        amount: Amount::new(70).unwrap(),
-        currency: eur(),
-    };
-    let done = w.l.submit(request.clone(), true).await.unwrap();
-    assert_eq!(done.state, State::Done);
-    w.transfers.push("x".to_owned());
+    let request = w.x_done().await;
     // A's other branch: another attempt of x still pending there (the same terms).
     w.plant("account:A", Planted::Wins, |doc| {
         doc["pending"] = json!([{
             "txn": "x", "delta": -70, "at": now_ms(), "attempt": "00000000beef", "peer": "B",
         }]);
-        let entries = doc["settled"].as_array().cloned().unwrap_or_default();
-        doc["settled"] = Value::Array(
-            entries
-                .into_iter()
-                .filter(|group| !group.to_string().contains("\"x\""))
-                .collect(),
-        );
+        drop_entries_of_x(doc);
     })
     .await;
     // x's document: a second leaf with the same body.
