@@ -118,8 +118,7 @@ impl Attempt {
 
     /// A new random attempt.
     pub(crate) fn random() -> Attempt {
-        let bits = uuid::Uuid::new_v4().as_u128();
-        Attempt((bits as u64) & Attempt::MAX)
+        Attempt(crate::clock::random_u64() & Attempt::MAX)
     }
 
     #[cfg(test)]

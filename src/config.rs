@@ -45,6 +45,8 @@ pub(crate) struct Settings {
     pub(crate) retry: RetryPolicy,
     pub(crate) request_timeout: Duration,
     pub(crate) observer: Option<Arc<dyn Observer>>,
+    #[cfg(feature = "testing")]
+    pub(crate) transport: Option<Arc<dyn crate::wire::Transport>>,
 }
 
 /// How transient failures are retried: capped exponential backoff with full jitter, honouring a
@@ -99,6 +101,8 @@ pub struct ClientBuilder {
     request_timeout: Duration,
     retry: RetryPolicy,
     observer: Option<Arc<dyn Observer>>,
+    #[cfg(feature = "testing")]
+    transport: Option<Arc<dyn crate::wire::Transport>>,
     error: Option<Error>,
 }
 
@@ -134,6 +138,8 @@ impl Default for ClientBuilder {
             request_timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
             observer: None,
+            #[cfg(feature = "testing")]
+            transport: None,
             error: None,
         }
     }
@@ -213,6 +219,14 @@ impl ClientBuilder {
     /// Clients made from this one with [`Client::with_database`] keep it.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
+        self
+    }
+
+    /// Sends every request through `transport` instead of HTTP (feature `testing`: a simulated
+    /// server). Clients made from this one with [`Client::with_database`] keep it.
+    #[cfg(feature = "testing")]
+    pub fn transport(mut self, transport: Arc<dyn crate::wire::Transport>) -> Self {
+        self.transport = Some(transport);
         self
     }
 
@@ -296,6 +310,8 @@ impl ClientBuilder {
             retry: self.retry,
             request_timeout: self.request_timeout,
             observer: self.observer,
+            #[cfg(feature = "testing")]
+            transport: self.transport,
         })
     }
 }

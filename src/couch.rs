@@ -24,6 +24,11 @@ use crate::config::{Auth, ClientBuilder, RetryPolicy};
 use crate::error::{is_transient_status, scrub, Error, Result};
 use crate::iam::{Bearer, TokenSource};
 use crate::observe::{Observer, RequestEvent};
+#[cfg(feature = "testing")]
+use crate::wire::Transport;
+#[cfg(feature = "testing")]
+use crate::wire::WireRequest;
+use crate::wire::{WireFailure, WireReply};
 
 /// Everything but RFC 3986's unreserved characters is encoded in a path segment.
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
@@ -54,6 +59,9 @@ struct Inner {
     requests: AtomicU64,
     /// Told about every attempt and every `_bulk_docs` conflict (metrics).
     observer: Option<Arc<dyn Observer>>,
+    /// Where requests go instead of HTTP (a simulated server).
+    #[cfg(feature = "testing")]
+    transport: Option<Arc<dyn Transport>>,
 }
 
 impl fmt::Debug for Client {
@@ -249,7 +257,8 @@ pub struct ChangesResponse {
 
 /// A continuous `_changes` feed, read one row at a time.
 pub struct ChangesStream {
-    response: reqwest::Response,
+    /// The response still being read; `None` once a transport gave the whole body at once.
+    response: Option<reqwest::Response>,
     buffer: Vec<u8>,
     done: bool,
 }
@@ -285,7 +294,15 @@ impl ChangesStream {
             if self.done {
                 return None;
             }
-            match self.response.chunk().await {
+            let Some(response) = self.response.as_mut() else {
+                self.done = true;
+                if trim_ascii(&self.buffer).is_empty() {
+                    return None;
+                }
+                self.buffer.push(b'\n');
+                continue;
+            };
+            match response.chunk().await {
                 Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
                 Ok(None) => {
                     self.done = true;
@@ -315,6 +332,21 @@ fn trim_ascii(b: &[u8]) -> &[u8] {
     &b[start..end]
 }
 
+/// What sending a request gave: an HTTP response whose body is still to be read, or a
+/// transport's whole answer.
+enum Sent {
+    Http(reqwest::Response),
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    Whole(WireReply),
+}
+
+fn wire_failure(e: reqwest::Error) -> WireFailure {
+    WireFailure {
+        timeout: e.is_timeout(),
+        source: Box::new(scrub(e)),
+    }
+}
+
 /// A reply with a success status.
 struct Reply {
     status: StatusCode,
@@ -331,7 +363,7 @@ impl ClientBuilder {
     pub fn build(self) -> Result<Client> {
         let s = self.settings()?;
         let iam = s.iam.map(|iam| Arc::new(TokenSource::new(iam)));
-        Ok(Client::from_parts(
+        let client = Client::from_parts(
             s.http,
             s.base,
             s.database,
@@ -340,7 +372,10 @@ impl ClientBuilder {
             s.retry,
             s.request_timeout,
             s.observer,
-        ))
+        );
+        #[cfg(feature = "testing")]
+        let client = client.with_transport(s.transport);
+        Ok(client)
     }
 }
 
@@ -373,7 +408,22 @@ impl Client {
                 request_timeout,
                 requests: AtomicU64::new(0),
                 observer,
+                #[cfg(feature = "testing")]
+                transport: None,
             }),
+        }
+    }
+
+    /// This client with requests going to `transport` instead of HTTP.
+    #[cfg(feature = "testing")]
+    fn with_transport(self, transport: Option<Arc<dyn Transport>>) -> Client {
+        let Some(transport) = transport else {
+            return self;
+        };
+        let mut inner = Arc::try_unwrap(self.inner).unwrap_or_else(|_| unreachable!("new client"));
+        inner.transport = Some(transport);
+        Client {
+            inner: Arc::new(inner),
         }
     }
 
@@ -385,7 +435,7 @@ impl Client {
     /// An invalid database name.
     pub fn with_database(&self, name: &str) -> Result<Client> {
         crate::config::validate_database_name(name)?;
-        Ok(Client::from_parts(
+        let client = Client::from_parts(
             self.inner.http.clone(),
             self.inner.base.clone(),
             name.to_owned(),
@@ -394,7 +444,10 @@ impl Client {
             self.inner.retry,
             self.inner.request_timeout,
             self.inner.observer.clone(),
-        ))
+        );
+        #[cfg(feature = "testing")]
+        let client = client.with_transport(self.inner.transport.clone());
+        Ok(client)
     }
 
     /// The database this client works on.
@@ -484,81 +537,61 @@ impl Client {
                 )
                 .await;
             let retries_left = retry == Retry::Safe && attempt < policy.retries_max;
-            match response {
-                Err(e) => {
+            let reply = match response {
+                Err(failure) => {
                     observed(None);
-                    let timeout = e.is_timeout();
-                    let err = Error::transport(timeout)
-                        .with_source(scrub(e))
+                    let err = Error::transport(failure.timeout)
+                        .with_source(failure.source)
                         .with_request(method.as_str(), path);
                     if !retries_left {
                         return Err(err);
                     }
                     tracing::debug!(%method, path, attempt, "transport error, retrying: {err}");
                     tokio::time::sleep(backoff(&policy, attempt)).await;
+                    attempt += 1;
+                    continue;
                 }
-                Ok(response) => {
-                    let status = response.status();
-                    if status.is_success() {
-                        let body = response.bytes().await.map_err(|e| {
-                            Error::transport(e.is_timeout())
-                                .with_source(scrub(e))
-                                .with_request(method.as_str(), path)
-                        });
-                        observed(body.is_ok().then_some(status.as_u16()));
-                        match body {
-                            Ok(body) => {
-                                return Ok(Reply {
-                                    status,
-                                    body: body.to_vec(),
-                                })
-                            }
-                            Err(err) if retries_left => {
-                                tracing::debug!(%method, path, "body lost, retrying: {err}");
-                                tokio::time::sleep(backoff(&policy, attempt)).await;
-                                attempt += 1;
-                                continue;
-                            }
-                            Err(err) => return Err(err),
-                        }
-                    }
-                    if status == StatusCode::UNAUTHORIZED && !relogged && self.uses_cookie() {
-                        observed(Some(status.as_u16()));
-                        // The session expired: log in again once, then repeat the request.
-                        relogged = true;
-                        self.clear_session();
-                        continue;
-                    }
-                    if status == StatusCode::UNAUTHORIZED && !relogged {
-                        if let Some(b) = &bearer {
-                            observed(Some(status.as_u16()));
-                            // The token expired or was revoked early: a new one, once.
-                            relogged = true;
-                            refused = Some(b.generation);
-                            continue;
-                        }
-                    }
-                    let retry_after = retry_after(response.headers());
-                    let bytes = response.bytes().await.unwrap_or_default();
-                    observed(Some(status.as_u16()));
-                    let err = self
-                        .lockout(status_error(status, &bytes))
-                        .with_request(method.as_str(), path);
-                    if !(retries_left && is_transient_status(status.as_u16())) {
-                        return Err(err);
-                    }
-                    let mut delay = backoff(&policy, attempt);
-                    if let Some(wait) = retry_after {
-                        delay = delay.max(wait.min(policy.retry_after_max));
-                    }
-                    tracing::debug!(%method, path, attempt, ?delay, "transient status, retrying: {err}");
-                    tokio::time::sleep(delay).await;
+                Ok(reply) => reply,
+            };
+            observed(Some(reply.status));
+            let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            if status.is_success() {
+                return Ok(Reply {
+                    status,
+                    body: reply.body,
+                });
+            }
+            if status == StatusCode::UNAUTHORIZED && !relogged && self.uses_cookie() {
+                // The session expired: log in again once, then repeat the request.
+                relogged = true;
+                self.clear_session();
+                continue;
+            }
+            if status == StatusCode::UNAUTHORIZED && !relogged {
+                if let Some(b) = &bearer {
+                    // The token expired or was revoked early: a new one, once.
+                    relogged = true;
+                    refused = Some(b.generation);
+                    continue;
                 }
             }
+            let err = self
+                .lockout(status_error(status, &reply.body))
+                .with_request(method.as_str(), path);
+            if !(retries_left && is_transient_status(status.as_u16())) {
+                return Err(err);
+            }
+            let mut delay = backoff(&policy, attempt);
+            if let Some(wait) = reply.retry_after {
+                delay = delay.max(wait.min(policy.retry_after_max));
+            }
+            tracing::debug!(%method, path, attempt, ?delay, "transient status, retrying: {err}");
+            tokio::time::sleep(delay).await;
             attempt += 1;
         }
     }
 
+    /// One exchange: the request, then the whole answer (or why none came).
     async fn attempt(
         &self,
         method: &Method,
@@ -567,7 +600,49 @@ impl Client {
         body: Option<&[u8]>,
         timeout: Option<Duration>,
         bearer: Option<&Bearer>,
-    ) -> std::result::Result<reqwest::Response, reqwest::Error> {
+    ) -> std::result::Result<WireReply, WireFailure> {
+        let response = self
+            .request(method, path, query, body, timeout, bearer)
+            .await?;
+        let response = match response {
+            Sent::Http(response) => response,
+            Sent::Whole(reply) => return Ok(reply),
+        };
+        let status = response.status().as_u16();
+        let retry_after = retry_after(response.headers());
+        let body = response.bytes().await.map_err(wire_failure)?;
+        Ok(WireReply {
+            status,
+            retry_after,
+            body: body.to_vec(),
+        })
+    }
+
+    /// Sends a request: the HTTP response still to be read, or a transport's whole answer.
+    async fn request(
+        &self,
+        method: &Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<&[u8]>,
+        timeout: Option<Duration>,
+        bearer: Option<&Bearer>,
+    ) -> std::result::Result<Sent, WireFailure> {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        #[cfg(feature = "testing")]
+        if let Some(transport) = &self.inner.transport {
+            let request = WireRequest {
+                method: method.as_str().to_owned(),
+                path: path.to_owned(),
+                query: query
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                    .collect(),
+                body: body.map(<[u8]>::to_vec),
+                timeout,
+            };
+            return transport.exchange(request).await.map(Sent::Whole);
+        }
         let mut url = self.inner.base.clone();
         // The path is already encoded segment by segment; set it verbatim.
         url.set_path(&format!("{}{}", self.inner.base.path(), path));
@@ -586,7 +661,7 @@ impl Client {
         }
         if let Some(auth) = &self.inner.auth {
             if auth.cookie {
-                match self.session_cookie().await? {
+                match self.session_cookie().await.map_err(wire_failure)? {
                     Some(cookie) => request = request.header(COOKIE, cookie),
                     // The login was refused: let the server judge the same credentials, so a
                     // wrong password is its 401 — never an anonymous request, which a server
@@ -611,8 +686,7 @@ impl Client {
         if let Some(body) = body {
             request = request.body(body.to_vec());
         }
-        self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        request.send().await
+        request.send().await.map(Sent::Http).map_err(wire_failure)
     }
 
     /// CouchDB's login lockout answers 403 `forbidden` with this reason (3.4, SERVERS.md):
@@ -1148,8 +1222,8 @@ impl Client {
             Method::GET
         };
         let bearer = self.bearer(None).await?;
-        let response = self
-            .attempt(
+        let sent = self
+            .request(
                 &method,
                 &path,
                 &query,
@@ -1158,19 +1232,27 @@ impl Client {
                 bearer.as_ref(),
             )
             .await
-            .map_err(|e| {
-                Error::transport(e.is_timeout())
-                    .with_source(scrub(e))
+            .map_err(|f| {
+                Error::transport(f.timeout)
+                    .with_source(f.source)
                     .with_request(method.as_str(), &path)
             })?;
-        if !response.status().is_success() {
-            let status = response.status();
-            let bytes = response.bytes().await.unwrap_or_default();
-            return Err(status_error(status, &bytes).with_request(method.as_str(), &path));
-        }
+        let (response, buffer) = match sent {
+            Sent::Http(response) if !response.status().is_success() => {
+                let status = response.status();
+                let bytes = response.bytes().await.unwrap_or_default();
+                return Err(status_error(status, &bytes).with_request(method.as_str(), &path));
+            }
+            Sent::Http(response) => (Some(response), Vec::new()),
+            Sent::Whole(reply) if !(200..300).contains(&reply.status) => {
+                let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                return Err(status_error(status, &reply.body).with_request(method.as_str(), &path));
+            }
+            Sent::Whole(reply) => (None, reply.body),
+        };
         Ok(ChangesStream {
             response,
-            buffer: Vec::new(),
+            buffer,
             done: false,
         })
     }

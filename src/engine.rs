@@ -34,7 +34,10 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+pub(crate) use crate::clock::now_ms;
+use crate::clock::Instant;
 
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -52,15 +55,6 @@ use crate::limits::{
     READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN, TXN_BATCH_DOCS_MAX,
 };
 use crate::money::Amount;
-
-/// Wall-clock milliseconds since the Unix epoch (for `last_modified`, claims and markers; never
-/// for a decision that must be monotonic — leases use `Instant`).
-pub(crate) fn now_ms() -> i64 {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
-}
 
 /// A copy of an error for each of several waiters ([`Error::duplicate`]).
 pub(crate) fn duplicate(e: &Error) -> Error {
@@ -764,7 +758,7 @@ impl AccountEngine {
         }
         let engine = Arc::clone(self);
         tokio::spawn(async move {
-            tokio::time::sleep_until(due.into()).await;
+            tokio::time::sleep_until(due).await;
             // Against the deadline itself, not the clock: the timer's clock may be another's.
             engine.release(|h| h.due <= due);
         });

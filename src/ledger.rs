@@ -201,7 +201,7 @@ impl Ledger {
         Ledger::assemble(Settings {
             client: client.clone(),
             hot: client,
-            worker_id: uuid::Uuid::now_v7().to_string(),
+            worker_id: crate::clock::uuid_v7(),
             lease: Duration::from_millis(LEASE_MS),
             pause: None,
             progress: None,
@@ -432,7 +432,7 @@ impl Ledger {
     /// and progress hooks are not carried over.
     pub fn another_worker(&self) -> Ledger {
         Ledger::assemble(Settings {
-            worker_id: uuid::Uuid::now_v7().to_string(),
+            worker_id: crate::clock::uuid_v7(),
             pause: None,
             progress: None,
             ..self.settings()

@@ -57,6 +57,7 @@
 mod account_doc;
 mod accounts;
 mod audit;
+mod clock;
 mod config;
 mod conflict;
 mod couch;
@@ -73,6 +74,7 @@ mod orders;
 mod state;
 mod sweeper;
 mod transfer;
+mod wire;
 
 pub use accounts::{AccountSpec, AccountView, PendingEntry};
 pub use audit::{Check, VerifyOptions, VerifyReport};
@@ -99,3 +101,10 @@ pub use orders::{
 pub use state::{transition, Event, State, TransitionError};
 pub use sweeper::{LedgerStatus, StateCounts, SweepOptions, SweepOutcome};
 pub use transfer::{Claim, Reason, TransferOutcome, TransferRequest, TransferView, FAIL_POINTS};
+/// What a deterministic simulation of the server needs (feature `testing`): a transport to
+/// answer requests, and a wall clock that follows a paused runtime's.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use crate::clock::testing::simulate_wall_clock;
+    pub use crate::wire::{Exchange, Transport, WireFailure, WireReply, WireRequest};
+}

@@ -16,10 +16,10 @@
 //! crash) leaves its markers for the next attempt or for the sweeper, which gives the transfers
 //! nobody decided their document (`initial`, the terms taken from a marker) and drives them.
 
+use crate::clock::Instant;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use serde_json::Map;
 

@@ -28,9 +28,9 @@
 //! and stops (leaving the transfer to the sweeper) once it passed. That only avoids wasted
 //! work: two workers on one transfer still produce one effect.
 
+use crate::clock::Instant;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -1078,10 +1078,7 @@ impl Ledger {
         reverses: Option<String>,
         wait: bool,
     ) -> Result<TransferOutcome> {
-        let id = request
-            .id
-            .clone()
-            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let id = request.id.clone().unwrap_or_else(crate::clock::uuid_v7);
         validate_id("id", &id)?;
         validate_id("source", &request.source)?;
         validate_id("destination", &request.destination)?;

@@ -1,0 +1,937 @@
+//! One simulated run, chosen entirely by its seed: a cluster, several ledger processes (each a
+//! real [`Ledger`] with its own engine, talking to the cluster through a [`SimTransport`]),
+//! callers submitting transfers, reversals, cancels and order entries, sweepers, and faults —
+//! nodes stopped and started, answers lost after the server acted, processes killed mid-work.
+//! Then every fault is healed, the copies converge, an admin's sweeper finishes the work, and
+//! the oracle checks the money.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use couch_ledger::{
+    AccountSpec, Amount, Client, Currency, Ledger, Payment, Purchase, State, SweepOptions,
+    TransferRequest, VerifyOptions, WriteQuorum,
+};
+use serde_json::Value;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::sim::cluster::{Cluster, Config};
+use crate::sim::http::{Route, SimTransport};
+
+/// The wall clock's start in every run (2026-11-26), so runs replay exactly.
+const EPOCH_MS: i64 = 1_795_000_000_000;
+const LEDGER_DB: &str = "ledger";
+const HOT_DB: &str = "ledger_hot";
+const LEASE: Duration = Duration::from_secs(10);
+
+/// What a run did and what it found wrong.
+#[derive(Debug, Default, Clone)]
+pub struct Outcome {
+    pub seed: u64,
+    pub scenario: String,
+    pub violations: Vec<String>,
+    pub transfers: u64,
+    pub node_restarts: u64,
+    pub stemmed_branches: u64,
+    pub conflicts_merged: u64,
+    pub lost_replies: u64,
+    pub crashes: u64,
+    pub requests: u64,
+    pub trace: u64,
+}
+
+/// Runs seed `seed` on a fresh paused runtime of this thread.
+pub fn run_seed(seed: u64, long: bool) -> Outcome {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let play = async move {
+        couch_ledger::testing::simulate_wall_clock(Some(EPOCH_MS), seed);
+        START.with(|s| s.set(Some(Instant::now())));
+        Run::new(seed, long).play().await
+    };
+    match std::env::var("SIM_LOG") {
+        // The ledger's own log, stamped with the simulated time.
+        Ok(filter) => {
+            let subscriber = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_timer(SimTime)
+                .with_writer(std::io::stderr)
+                .finish();
+            tracing::subscriber::with_default(subscriber, || rt.block_on(play))
+        }
+        Err(_) => rt.block_on(play),
+    }
+}
+
+/// Log timestamps in simulated seconds since the run began.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let ms = couch_ledger_now_ms() - EPOCH_MS;
+        write!(w, "{:>4}.{:03}", ms / 1000, ms % 1000)
+    }
+}
+
+/// The simulated wall clock (what the ledger reads).
+fn couch_ledger_now_ms() -> i64 {
+    EPOCH_MS
+        + i64::try_from(START.with(|s| s.get().map_or(0, |t| t.elapsed().as_millis()))).unwrap_or(0)
+}
+
+thread_local! {
+    static START: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
+}
+
+/// The shape of one run, drawn from its seed.
+#[derive(Debug, Clone)]
+struct Plan {
+    split: bool,
+    slots: Vec<ProcessPlan>,
+    accounts: Vec<(String, i64, Option<i64>)>,
+    transfers: usize,
+    duration_s: u64,
+    same_id_permille: u32,
+    other_terms_permille: u32,
+    no_wait_permille: u32,
+    reverse_permille: u32,
+    payments: usize,
+    /// (node, stop at s, down for s)
+    outages: Vec<(usize, u64, u64)>,
+    /// (slot, at s)
+    crashes: Vec<(usize, u64)>,
+    sweep_every_s: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ProcessPlan {
+    route: Route,
+    admin: bool,
+    stepwise: bool,
+    background: bool,
+    server_default: bool,
+}
+
+/// What a caller was told.
+#[derive(Debug, Clone)]
+enum Told {
+    Transfer {
+        id: String,
+        source: String,
+        destination: String,
+        amount: i64,
+        state: State,
+    },
+    Payment {
+        id: String,
+        amount: i64,
+    },
+}
+
+struct Slot {
+    plan: ProcessPlan,
+    ledger: Ledger,
+    transport: Arc<SimTransport>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+struct Run {
+    seed: u64,
+    long: bool,
+    rng: fastrand::Rng,
+    plan: Plan,
+    config: Config,
+    cluster: Arc<Cluster>,
+    slots: Arc<Mutex<Vec<Slot>>>,
+    told: Arc<Mutex<Vec<Told>>>,
+    started: Instant,
+    crashes: u64,
+}
+
+fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
+    let mut config = Config {
+        q: rng.u64(1..=4),
+        repl_ms: (rng.u64(1..20), rng.u64(50..3000)),
+        slow_copy_one_in: rng.u32(3..30),
+        transient_permille: if rng.bool() { 0 } else { rng.u32(0..20) },
+        lost_reply_permille: if rng.bool() { 0 } else { rng.u32(0..25) },
+        ..Config::default()
+    };
+    if rng.u32(..4) == 0 {
+        config.default_w = 1;
+    }
+    let slots = (0..rng.usize(2..=4))
+        .map(|_| ProcessPlan {
+            route: if rng.u32(..4) == 0 {
+                Route::Pinned(rng.usize(..config.nodes))
+            } else {
+                Route::RoundRobin
+            },
+            admin: rng.u32(..5) != 0,
+            stepwise: rng.u32(..5) == 0,
+            background: rng.u32(..3) == 0,
+            server_default: rng.u32(..6) == 0,
+        })
+        .collect();
+    let accounts = (0..rng.usize(3..=7))
+        .map(|i| {
+            let opening = rng.i64(2_000..50_000);
+            let min = if rng.u32(..5) == 0 { None } else { Some(0) };
+            (format!("a{i}"), opening, min)
+        })
+        .collect();
+    let duration_s = if long {
+        rng.u64(150..260)
+    } else {
+        rng.u64(10..60)
+    };
+    let transfers = if long {
+        rng.usize(250..450)
+    } else {
+        rng.usize(15..90)
+    };
+    let mut outages = Vec::new();
+    if long || rng.u32(..3) == 0 {
+        let node = rng.usize(..config.nodes);
+        let at = rng.u64(1..duration_s.max(2) / 2 + 1);
+        let down = if long {
+            rng.u64(70..170)
+        } else {
+            rng.u64(3..25)
+        };
+        outages.push((node, at, down));
+    }
+    let mut crashes = Vec::new();
+    for _ in 0..rng.usize(0..=2) {
+        if rng.bool() {
+            crashes.push((0, rng.u64(1..duration_s)));
+        }
+    }
+    let plan = Plan {
+        split: rng.bool(),
+        slots,
+        accounts,
+        transfers,
+        duration_s,
+        same_id_permille: rng.u32(0..150),
+        other_terms_permille: rng.u32(0..40),
+        no_wait_permille: rng.u32(0..80),
+        reverse_permille: rng.u32(0..60),
+        payments: rng.usize(0..12),
+        outages,
+        crashes,
+        sweep_every_s: rng.u64(1..6),
+    };
+    (plan, config)
+}
+
+impl Run {
+    fn new(seed: u64, long: bool) -> Run {
+        let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_c0ff_ee00_0001);
+        let (mut plan, config) = draw_plan(&mut rng, long);
+        let n_slots = plan.slots.len();
+        for c in &mut plan.crashes {
+            c.0 = rng.usize(..n_slots);
+        }
+        let cluster = Cluster::new(config.clone(), seed);
+        Run {
+            seed,
+            long,
+            rng,
+            plan,
+            config,
+            cluster,
+            slots: Arc::new(Mutex::new(Vec::new())),
+            told: Arc::new(Mutex::new(Vec::new())),
+            started: Instant::now(),
+            crashes: 0,
+        }
+    }
+
+    fn ledger(&self, plan: ProcessPlan) -> (Ledger, Arc<SimTransport>) {
+        let transport = SimTransport::new(Arc::clone(&self.cluster), plan.route, plan.admin);
+        let client = Client::builder()
+            .url("http://couchdb.sim:5984")
+            .database(LEDGER_DB)
+            .request_timeout(Duration::from_secs(10))
+            .transport(transport.clone())
+            .build()
+            .expect("client");
+        let mut ledger = Ledger::new(client);
+        if self.plan.split {
+            ledger = ledger.with_hot_database(HOT_DB).expect("hot database");
+        }
+        if plan.stepwise {
+            ledger = ledger.with_stepwise_transfers();
+        }
+        if plan.background {
+            ledger = ledger.with_background_finish();
+        }
+        if plan.server_default {
+            ledger = ledger.with_write_quorum(WriteQuorum::ServerDefault);
+        }
+        let ledger = ledger.with_lease(LEASE).expect("lease");
+        (ledger, transport)
+    }
+
+    fn violation(&self, out: &mut Outcome, what: impl Into<String>) {
+        out.violations.push(what.into());
+    }
+
+    fn scenario(&self) -> String {
+        format!(
+            "{}{} layout, q={}, w={}, {} processes ({}), {} accounts, {} transfers over {} s, outages {:?}, crashes {:?}, lost replies {}‰, 503s {}‰",
+            if self.long { "long, " } else { "" },
+            if self.plan.split { "split" } else { "single" },
+            self.config.q,
+            self.config.default_w,
+            self.plan.slots.len(),
+            self.plan
+                .slots
+                .iter()
+                .map(|p| format!(
+                    "{}{}{}{}{}",
+                    match p.route {
+                        Route::RoundRobin => "rr".to_owned(),
+                        Route::Pinned(n) => format!("node{n}"),
+                    },
+                    if p.admin { "" } else { " member" },
+                    if p.stepwise { " stepwise" } else { "" },
+                    if p.background { " background" } else { "" },
+                    if p.server_default { " w-default" } else { "" },
+                ))
+                .collect::<Vec<_>>()
+                .join("; "),
+            self.plan.accounts.len(),
+            self.plan.transfers,
+            self.plan.duration_s,
+            self.plan.outages,
+            self.plan.crashes,
+            self.config.lost_reply_permille,
+            self.config.transient_permille,
+        )
+    }
+
+    async fn play(mut self) -> Outcome {
+        let mut out = Outcome {
+            seed: self.seed,
+            scenario: self.scenario(),
+            ..Outcome::default()
+        };
+        // Set up with every fault off: the ledger's databases, design documents, accounts.
+        let (lost, transient) = {
+            let mut s = self.cluster.lock();
+            let l = s.config.lost_reply_permille;
+            let t = s.config.transient_permille;
+            s.config.lost_reply_permille = 0;
+            s.config.transient_permille = 0;
+            (l, t)
+        };
+        let admin = ProcessPlan {
+            route: Route::RoundRobin,
+            admin: true,
+            stepwise: false,
+            background: false,
+            server_default: false,
+        };
+        let (setup, _) = self.ledger(admin);
+        if let Err(e) = setup.init().await {
+            self.violation(&mut out, format!("init failed: {e}"));
+            return out;
+        }
+        let eur = Currency::from_code("EUR").expect("EUR");
+        for (id, opening, min) in &self.plan.accounts {
+            let spec = AccountSpec {
+                account_id: id.clone(),
+                currency: eur,
+                opening: Amount::new(*opening).expect("amount"),
+                min_balance: min.map(|m| Amount::new(m).expect("amount")),
+            };
+            if let Err(e) = setup.create_account(spec).await {
+                self.violation(&mut out, format!("creating account {id} failed: {e}"));
+                return out;
+            }
+        }
+        let orders = ["o1", "o2"];
+        for o in orders {
+            let text = format!(
+                r#"{{"order_id":"{o}","account_id":"c1","basket":[{{"product_id":"p","title":"t","category":"c","price":100.00,"tax":0,"quantity":1}}],"delivery":{{"option":"std","price":0,"address":{{"street":"s"}}}},"pretax":100.00,"tax":0,"total":100.00}}"#
+            );
+            let purchase = Purchase::from_json(&text, Some(eur)).expect("purchase");
+            if let Err(e) = setup.record_purchase(&purchase).await {
+                self.violation(&mut out, format!("recording purchase {o} failed: {e}"));
+                return out;
+            }
+        }
+        {
+            let mut s = self.cluster.lock();
+            s.config.lost_reply_permille = lost;
+            s.config.transient_permille = transient;
+        }
+        self.started = Instant::now();
+        for p in self.plan.slots.clone() {
+            let (ledger, transport) = self.ledger(p);
+            self.slots.lock().unwrap().push(Slot {
+                plan: p,
+                ledger,
+                transport,
+                tasks: Vec::new(),
+            });
+        }
+        let n_slots = self.plan.slots.len();
+        for slot in 0..n_slots {
+            self.spawn_sweeper(slot);
+        }
+        self.schedule_faults();
+        self.schedule_work(eur, &orders);
+        // The workload's time, then its stragglers.
+        tokio::time::sleep(Duration::from_secs(self.plan.duration_s + 5)).await;
+        self.heal_and_finish(&mut out, eur).await;
+        let stats = self.cluster.stats();
+        out.node_restarts = stats.node_restarts;
+        out.stemmed_branches = stats.stemmed_branches;
+        out.lost_replies = stats.lost_replies;
+        out.requests = stats.requests;
+        out.trace = stats.trace;
+        out.crashes = self.crashes;
+        out
+    }
+
+    fn spawn_sweeper(&self, slot: usize) {
+        spawn_sweeper(
+            &self.slots,
+            slot,
+            Duration::from_secs(self.plan.sweep_every_s),
+        );
+    }
+
+    fn schedule_faults(&mut self) {
+        for (node, at, down) in self.plan.outages.clone() {
+            let cluster = Arc::clone(&self.cluster);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(at)).await;
+                cluster.stop_node(node);
+                tokio::time::sleep(Duration::from_secs(down)).await;
+                cluster.start_node(node);
+            });
+        }
+        for (slot, at) in self.plan.crashes.clone() {
+            let slots = Arc::clone(&self.slots);
+            let cluster = Arc::clone(&self.cluster);
+            let split = self.plan.split;
+            let every = Duration::from_secs(self.plan.sweep_every_s);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(at)).await;
+                let plan = {
+                    let mut s = slots.lock().unwrap();
+                    let slot = &mut s[slot];
+                    slot.transport.dead.store(true, Ordering::Relaxed);
+                    for t in slot.tasks.drain(..) {
+                        t.abort();
+                    }
+                    slot.plan
+                };
+                // A new process takes the slot a moment later.
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                let transport = SimTransport::new(Arc::clone(&cluster), plan.route, plan.admin);
+                let client = Client::builder()
+                    .url("http://couchdb.sim:5984")
+                    .database(LEDGER_DB)
+                    .request_timeout(Duration::from_secs(10))
+                    .transport(transport.clone())
+                    .build()
+                    .expect("client");
+                let mut ledger = Ledger::new(client);
+                if split {
+                    ledger = ledger.with_hot_database(HOT_DB).expect("hot");
+                }
+                if plan.stepwise {
+                    ledger = ledger.with_stepwise_transfers();
+                }
+                if plan.background {
+                    ledger = ledger.with_background_finish();
+                }
+                if plan.server_default {
+                    ledger = ledger.with_write_quorum(WriteQuorum::ServerDefault);
+                }
+                let ledger = ledger.with_lease(LEASE).expect("lease");
+                {
+                    let mut s = slots.lock().unwrap();
+                    s[slot].ledger = ledger;
+                    s[slot].transport = transport;
+                }
+                spawn_sweeper(&slots, slot, every);
+            });
+        }
+        self.crashes = self.plan.crashes.len() as u64;
+    }
+
+    /// Registers a caller task with its slot, so a crash of that process stops it.
+    fn spawn_on(
+        &self,
+        slot: usize,
+        at: Duration,
+        f: impl FnOnce(Ledger) -> tokio::task::JoinHandle<()> + Send + 'static,
+    ) {
+        let slots = Arc::clone(&self.slots);
+        let started = self.started;
+        let handle = tokio::spawn(async move {
+            tokio::time::sleep_until(started + at).await;
+            let ledger = slots.lock().unwrap()[slot].ledger.clone();
+            let inner = f(ledger);
+            slots.lock().unwrap()[slot].tasks.push(inner);
+        });
+        drop(handle);
+    }
+
+    fn schedule_work(&mut self, eur: Currency, orders: &[&str]) {
+        let n_accounts = self.plan.accounts.len();
+        let n_slots = self.plan.slots.len();
+        let span_ms = self.plan.duration_s * 1000;
+        let mut sent = 0u64;
+        for i in 0..self.plan.transfers {
+            let s = self.rng.usize(..n_accounts);
+            let mut d = self.rng.usize(..n_accounts);
+            if d == s {
+                d = (d + 1) % n_accounts;
+            }
+            let opening = self.plan.accounts[s].1;
+            let amount = self.rng.i64(1..=(opening / 8).max(2));
+            let id = format!("t{i}");
+            let at = Duration::from_millis(self.rng.u64(0..span_ms));
+            let wait = self.rng.u32(..1000) >= self.plan.no_wait_permille;
+            let slot = self.rng.usize(..n_slots);
+            let source = self.plan.accounts[s].0.clone();
+            let destination = self.plan.accounts[d].0.clone();
+            self.submit(slot, at, &id, &source, &destination, amount, wait, eur);
+            sent += 1;
+            if self.rng.u32(..1000) < self.plan.same_id_permille {
+                // The same transfer again through another process, a moment later.
+                let other = self.rng.usize(..n_slots);
+                let later = at + Duration::from_millis(self.rng.u64(0..300));
+                self.submit(other, later, &id, &source, &destination, amount, true, eur);
+            }
+            if self.rng.u32(..1000) < self.plan.other_terms_permille {
+                let other = self.rng.usize(..n_slots);
+                let later = at + Duration::from_millis(self.rng.u64(0..300));
+                self.submit(
+                    other,
+                    later,
+                    &id,
+                    &source,
+                    &destination,
+                    amount + 1,
+                    true,
+                    eur,
+                );
+            }
+            if !wait && self.rng.bool() {
+                let other = self.rng.usize(..n_slots);
+                let later = at + Duration::from_millis(self.rng.u64(0..3000));
+                let id2 = id.clone();
+                let told = Arc::clone(&self.told);
+                self.spawn_on(other, later, move |ledger| {
+                    tokio::spawn(async move {
+                        if let Ok(o) = ledger.cancel(&id2).await {
+                            if o.state == State::Cancelled {
+                                told.lock().unwrap().push(Told::Transfer {
+                                    id: o.id,
+                                    source: String::new(),
+                                    destination: String::new(),
+                                    amount: 0,
+                                    state: o.state,
+                                });
+                            }
+                        }
+                    })
+                });
+            }
+            if self.rng.u32(..1000) < self.plan.reverse_permille {
+                let other = self.rng.usize(..n_slots);
+                let later = at + Duration::from_millis(self.rng.u64(500..10_000));
+                let id2 = id.clone();
+                let told = Arc::clone(&self.told);
+                let (src, dst) = (source.clone(), destination.clone());
+                self.spawn_on(other, later, move |ledger| {
+                    tokio::spawn(async move {
+                        if let Ok(o) = ledger.reverse(&id2).await {
+                            told.lock().unwrap().push(Told::Transfer {
+                                id: o.id,
+                                source: dst,
+                                destination: src,
+                                amount,
+                                state: o.state,
+                            });
+                        }
+                    })
+                });
+            }
+        }
+        for i in 0..self.plan.payments {
+            let order = orders[i % orders.len()].to_owned();
+            let reference = format!("r{i}");
+            let amount = self.rng.i64(1..=500);
+            let at = Duration::from_millis(self.rng.u64(0..span_ms));
+            let copies = if self.rng.u32(..3) == 0 { 2 } else { 1 };
+            for c in 0..copies {
+                let other_amount = c == 1 && self.rng.bool();
+                let amount = if other_amount { amount + 100 } else { amount };
+                let slot = self.rng.usize(..n_slots);
+                let at = at + Duration::from_millis(self.rng.u64(0..50));
+                let told = Arc::clone(&self.told);
+                let order = order.clone();
+                let reference = reference.clone();
+                self.spawn_on(slot, at, move |ledger| {
+                    tokio::spawn(async move {
+                        let p = Payment {
+                            order_id: order.clone(),
+                            reference: reference.clone(),
+                            amount: Amount::new(amount).expect("amount"),
+                            currency: eur,
+                            method: None,
+                        };
+                        if let Ok(r) = ledger.record_payment(&p).await {
+                            told.lock()
+                                .unwrap()
+                                .push(Told::Payment { id: r.id, amount });
+                        }
+                    })
+                });
+            }
+        }
+        let _ = sent;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &self,
+        slot: usize,
+        at: Duration,
+        id: &str,
+        source: &str,
+        destination: &str,
+        amount: i64,
+        wait: bool,
+        eur: Currency,
+    ) {
+        let told = Arc::clone(&self.told);
+        let request = TransferRequest {
+            id: Some(id.to_owned()),
+            source: source.to_owned(),
+            destination: destination.to_owned(),
+            amount: Amount::new(amount).expect("amount"),
+            currency: eur,
+        };
+        let (source, destination) = (source.to_owned(), destination.to_owned());
+        self.spawn_on(slot, at, move |ledger| {
+            tokio::spawn(async move {
+                if let Ok(o) = ledger.submit(request, wait).await {
+                    told.lock().unwrap().push(Told::Transfer {
+                        id: o.id,
+                        source,
+                        destination,
+                        amount,
+                        state: o.state,
+                    });
+                }
+            })
+        });
+    }
+
+    /// Every fault healed: nodes up, no lost answers, no more crashes; callers finish; the
+    /// copies converge; an admin's sweeper finishes what is left; then the oracle.
+    async fn heal_and_finish(&mut self, out: &mut Outcome, _eur: Currency) {
+        {
+            let mut s = self.cluster.lock();
+            s.config.lost_reply_permille = 0;
+            s.config.transient_permille = 0;
+        }
+        let n = self.config.nodes;
+        for node in 0..n {
+            self.cluster.start_node(node);
+        }
+        // Let callers still running finish (each is bounded by the ledger's own deadlines).
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        let stuck: usize = {
+            let mut s = self.slots.lock().unwrap();
+            let mut stuck = 0;
+            for slot in s.iter_mut() {
+                for t in slot.tasks.drain(..) {
+                    if !t.is_finished() {
+                        stuck += 1;
+                    }
+                    t.abort();
+                }
+            }
+            stuck
+        };
+        let _ = stuck;
+        tokio::time::sleep(Duration::from_secs(20)).await;
+        self.cluster.converge();
+        let finisher_plan = ProcessPlan {
+            route: Route::RoundRobin,
+            admin: true,
+            stepwise: false,
+            background: false,
+            server_default: false,
+        };
+        let (finisher, _) = self.ledger(finisher_plan);
+        let mut rested = false;
+        for _ in 0..40 {
+            let _ = finisher
+                .sweep_once(SweepOptions {
+                    limit: 10_000,
+                    stale_after: Duration::from_secs(1),
+                })
+                .await;
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            self.cluster.converge();
+            if self.at_rest() {
+                rested = true;
+                break;
+            }
+            // Claims of dead workers run out.
+            tokio::time::sleep(LEASE).await;
+        }
+        if !rested {
+            self.violation(
+                out,
+                format!(
+                    "termination: not at rest after the sweeper: {}",
+                    self.unrest()
+                ),
+            );
+        }
+        self.oracle(out);
+        match finisher.verify_with(VerifyOptions::at_rest()).await {
+            Ok(report) if report.ok => {}
+            Ok(report) => {
+                for c in report.checks.iter().filter(|c| !c.ok) {
+                    self.violation(out, format!("verify: {}: {}", c.name, c.detail));
+                }
+            }
+            Err(e) => self.violation(out, format!("verify failed: {e}")),
+        }
+        let counts = finisher.conflict_counts();
+        out.conflicts_merged += counts.resolved;
+        for slot in self.slots.lock().unwrap().iter() {
+            out.conflicts_merged += slot.ledger.conflict_counts().resolved;
+        }
+    }
+
+    /// The final state: every document of both databases, as node 0 holds it (the copies agree).
+    fn docs(&self) -> Vec<(String, Value, usize)> {
+        let s = self.cluster.lock();
+        let mut out = Vec::new();
+        for db in [LEDGER_DB, HOT_DB] {
+            if let Some(d) = s.dbs.get(db) {
+                for (id, e) in &d.copies[0].docs {
+                    let Some(w) = e.tree.winner() else { continue };
+                    if e.tree.is_deleted(&w) {
+                        continue;
+                    }
+                    let body = crate::sim::cluster::doc_json(id, &e.tree, &w, true);
+                    out.push((id.clone(), body, e.tree.conflicts().len()));
+                }
+            }
+        }
+        out
+    }
+
+    fn unrest(&self) -> String {
+        let mut what = Vec::new();
+        for (id, doc, conflicts) in self.docs() {
+            if conflicts > 0 && !id.starts_with("_design/") {
+                what.push(format!("{id} in conflict"));
+            }
+            match doc.get("type").and_then(Value::as_str) {
+                Some("transaction") => {
+                    let state = doc.get("state").and_then(Value::as_str).unwrap_or("?");
+                    if state != "done" && state != "cancelled" {
+                        what.push(format!("{id} {state}"));
+                    }
+                }
+                Some("account") => {
+                    let pending = doc
+                        .get("pending")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len);
+                    if pending > 0 {
+                        what.push(format!("{id} holds {pending} pending markers"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        what.truncate(12);
+        what.join(", ")
+    }
+
+    fn at_rest(&self) -> bool {
+        self.unrest().is_empty()
+    }
+
+    fn oracle(&self, out: &mut Outcome) {
+        // The copies agree.
+        {
+            let s = self.cluster.lock();
+            for (name, d) in &s.dbs {
+                for (id, e) in &d.copies[0].docs {
+                    for c in &d.copies[1..] {
+                        if !c.docs.get(id).is_some_and(|o| o.tree.same_as(&e.tree)) {
+                            out.violations.push(format!(
+                                "model: copies of {name}/{id} disagree after converging"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        let docs = self.docs();
+        let mut accounts: BTreeMap<String, Value> = BTreeMap::new();
+        let mut txns: BTreeMap<String, Value> = BTreeMap::new();
+        let mut entries: BTreeMap<String, Value> = BTreeMap::new();
+        for (id, doc, conflicts) in docs {
+            if conflicts > 0 && !id.starts_with("_design/") {
+                out.violations.push(format!(
+                    "conflict left after the sweeper: {id} ({conflicts} losing leaves)"
+                ));
+            }
+            match doc.get("type").and_then(Value::as_str) {
+                Some("account") => {
+                    accounts.insert(id, doc);
+                }
+                Some("transaction") => {
+                    txns.insert(id, doc);
+                }
+                Some("payment") => {
+                    entries.insert(id, doc);
+                }
+                _ => {}
+            }
+        }
+        out.transfers = txns.len() as u64;
+        let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_i64).unwrap_or(0);
+        // Each balance = opening + its done (and committed) transfers, each counted once.
+        let mut moved: BTreeMap<String, i64> = BTreeMap::new();
+        for t in txns.values() {
+            let state = t.get("state").and_then(Value::as_str).unwrap_or("");
+            if state == "done" || state == "committed" {
+                let v = num(t, "value");
+                let s = t.get("source").and_then(Value::as_str).unwrap_or("");
+                let d = t.get("destination").and_then(Value::as_str).unwrap_or("");
+                *moved.entry(s.to_owned()).or_default() -= v;
+                *moved.entry(d.to_owned()).or_default() += v;
+            }
+        }
+        let (mut sum_open, mut sum_bal) = (0i64, 0i64);
+        for (id, opening, min) in &self.plan.accounts {
+            let Some(a) = accounts.get(&format!("account:{id}")) else {
+                out.violations.push(format!("account {id} is gone"));
+                continue;
+            };
+            let balance = num(a, "balance");
+            sum_open += opening;
+            sum_bal += balance;
+            let expected = opening + moved.get(id).copied().unwrap_or(0);
+            if balance != expected {
+                out.violations.push(format!(
+                    "exactly-once: account {id} balance {balance}, opening {opening} + its done transfers {} = {expected} (off by {:+})",
+                    moved.get(id).copied().unwrap_or(0),
+                    balance - expected
+                ));
+            }
+            if num(a, "opening") != *opening {
+                out.violations.push(format!(
+                    "account {id} opening changed to {}",
+                    num(a, "opening")
+                ));
+            }
+            if let Some(m) = min {
+                if balance < *m {
+                    out.violations.push(format!(
+                        "overdraft at rest: account {id} balance {balance} < {m}"
+                    ));
+                }
+            }
+        }
+        if sum_open != sum_bal {
+            out.violations.push(format!(
+                "conservation: Σ balances {sum_bal} ≠ Σ openings {sum_open} ({:+})",
+                sum_bal - sum_open
+            ));
+        }
+        // What callers were told stays true.
+        for told in self.told.lock().unwrap().iter() {
+            match told {
+                Told::Transfer {
+                    id,
+                    source,
+                    destination,
+                    amount,
+                    state,
+                } => {
+                    if !matches!(state, State::Done | State::Cancelled) {
+                        continue;
+                    }
+                    let Some(t) = txns.get(&format!("txn:{id}")) else {
+                        out.violations.push(format!(
+                            "transfer {id} was answered {state} but has no document"
+                        ));
+                        continue;
+                    };
+                    let final_state = t.get("state").and_then(Value::as_str).unwrap_or("?");
+                    if final_state != state.to_string() {
+                        out.violations.push(format!(
+                            "transfer {id} was answered {state} and ended {final_state}"
+                        ));
+                    }
+                    if *state == State::Done && !source.is_empty() {
+                        let same = t.get("source").and_then(Value::as_str) == Some(source)
+                            && t.get("destination").and_then(Value::as_str) == Some(destination)
+                            && num(t, "value") == *amount;
+                        if !same {
+                            out.violations.push(format!(
+                                "transfer {id} was answered done for {source}→{destination} {amount} but its document holds other terms"
+                            ));
+                        }
+                    }
+                }
+                Told::Payment { id, amount } => match entries.get(id) {
+                    None => out
+                        .violations
+                        .push(format!("payment {id} was answered written but is missing")),
+                    Some(p) if num(p, "value") != *amount => out.violations.push(format!(
+                        "payment {id} was answered written with {amount} but holds {}",
+                        num(p, "value")
+                    )),
+                    Some(_) => {}
+                },
+            }
+        }
+    }
+}
+
+/// A process's sweeper: a pass every `every`, by whichever ledger holds the slot then.
+fn spawn_sweeper(slots: &Arc<Mutex<Vec<Slot>>>, slot: usize, every: Duration) {
+    let shared = Arc::clone(slots);
+    let handle = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            let ledger = shared.lock().unwrap()[slot].ledger.clone();
+            let _ = ledger
+                .sweep_once(SweepOptions {
+                    limit: 200,
+                    stale_after: Duration::from_secs(2),
+                })
+                .await;
+        }
+    });
+    slots.lock().unwrap()[slot].tasks.push(handle);
+}

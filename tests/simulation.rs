@@ -1,0 +1,14 @@
+//! The deterministic cluster simulation: the real ledger (`submit`, the sweeper, `verify`)
+//! against a simulated CouchDB 3.4 cluster (`sim/`), one run per seed, every fault the seed
+//! picks, an oracle after each run. Prints the `SIMULATION` line; a failing seed prints the
+//! command that replays it.
+//!
+//! - `SIM_SEEDS=N` runs N seeds (default 300; `SIM_LONG_EVERY` of them are long runs with a
+//!   node down for minutes); `SIM_SEED=S` replays one seed (decimal or `0x…`), `SIM_LONG=1`
+//!   as a long run; `SIM_THREADS` (default 2).
+
+mod sim;
+
+fn main() {
+    std::process::exit(sim::main());
+}
