@@ -69,6 +69,12 @@ pub(crate) struct AccountDoc {
     pub(crate) settled: Vec<Settled>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) created_at: Option<i64>,
+    /// Losing leaves of a conflict whose content this branch already joined (docs/CLUSTER.md):
+    /// their revisions, kept while they are still leaves (a member may not delete them; an
+    /// admin's sweeper does). A merge never joins them again: this branch may have settled and
+    /// pruned since what they still hold pending.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(crate) merged: Vec<String>,
     #[serde(flatten)]
     pub(crate) extra: Map<String, Value>,
 }

@@ -65,6 +65,7 @@ impl Ledger {
             pending: Vec::new(),
             settled: Vec::new(),
             created_at: Some(crate::engine::now_ms()),
+            merged: Vec::new(),
             extra: Map::new(),
         };
         let client = &self.inner.hot;

@@ -77,7 +77,9 @@ fn transfers(winner: &AccountDoc, losers: &[AccountDoc]) -> Vec<String> {
 }
 
 /// The transfers whose documents the merge of these leaves must read: those the leaves disagree
-/// on where a settled or undone entry is involved (its delta, or which outcome holds).
+/// on where a settled or undone entry is involved (its delta, or which outcome holds), and
+/// those a losing leaf holds pending where the winner has nothing (whether that marker still
+/// counts: [`merge_account`]).
 pub(crate) fn facts_needed(winner: &AccountDoc, losers: &[AccountDoc]) -> Vec<String> {
     transfers(winner, losers)
         .into_iter()
@@ -101,12 +103,15 @@ pub(crate) fn facts_needed(winner: &AccountDoc, losers: &[AccountDoc]) -> Vec<St
                     _ => None,
                 })
                 .collect();
+            let stale_pending = all[0] == Status::Absent
+                && all[1..].iter().any(|s| matches!(s, Status::Pending(..)));
             (!agree
                 && all
                     .iter()
                     .any(|s| matches!(s, Status::Settled(_) | Status::Undone(_))))
                 || attempts.len() > 1
                 || deltas.len() > 1
+                || stale_pending
         })
         .collect()
 }
@@ -232,6 +237,23 @@ pub(crate) fn merge_account(
                 },
             };
         }
+        // A marker the winner lacks, of a transfer that ended without counting it (cancelled;
+        // a one-write `done` naming another attempt; a stepwise `done`, written only after its
+        // markers were settled, so a pending one is a late repeat or a stale copy of one
+        // settled elsewhere): its contribution is nothing, whichever branch it came from — the
+        // winner never had it, or had it and took it back (settled and pruned, undone and
+        // pruned). Only the marker a one-write `done` names is joined as pending; that the
+        // winner cannot have pruned it is the prune rule's to ensure (docs/CLUSTER.md).
+        if mine == Status::Absent {
+            if let (Status::Pending(delta, ..), Some(f)) = (joined, fact) {
+                let counted = f.state == State::Done
+                    && f.delta == delta
+                    && f.named.is_some_and(|n| carried(&t, n));
+                if f.state.is_terminal() && !counted {
+                    continue;
+                }
+            }
+        }
         // A settled entry the winner lacks may be one it pruned (only old entries of finished
         // transfers are pruned): then its delta is in the winner's balance already.
         if mine == Status::Absent {
@@ -281,6 +303,14 @@ pub(crate) fn merge_account(
             (contribution(mine)?, contribution(joined)?)
         };
         if before != after {
+            tracing::debug!(
+                account = %winner.account_id,
+                txn = %t,
+                winner = ?mine,
+                merged = ?joined,
+                change = after.minor() - before.minor(),
+                "a merge moved the balance"
+            );
             balance = after
                 .checked_sub(before)
                 .and_then(|d| balance.checked_add(d))

@@ -896,6 +896,27 @@ impl Client {
         written(&reply).map_err(|e| e.with_request("PUT", &path))
     }
 
+    /// [`Client::put`] with CouchDB's write parameters (`w`: how many copies must take it before
+    /// the server answers 201 rather than 202).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::put`].
+    pub async fn put_with<T: Serialize + ?Sized>(
+        &self,
+        id: &str,
+        doc: &T,
+        options: &WriteOptions,
+    ) -> Result<Written> {
+        let path = self.doc_path(id)?;
+        let body = serde_json::to_vec(doc).map_err(|e| Error::invalid_input(e.to_string()))?;
+        let query: Vec<(&str, String)> = options.w.iter().map(|w| ("w", w.to_string())).collect();
+        let reply = self
+            .send(Method::PUT, &path, &query, Some(body), Retry::Safe)
+            .await?;
+        written(&reply).map_err(|e| e.with_request("PUT", &path))
+    }
+
     /// Deletes revision `rev` of a document.
     ///
     /// # Errors

@@ -52,7 +52,8 @@ use crate::limits::{
     ACCOUNT_BATCH_OPS_MAX, ACCOUNT_CACHE_MAX, ACCOUNT_CAS_ATTEMPTS_MAX, BULK_BYTES_MAX,
     CLOCK_SKEW_MAX_MS, COPIES_RECHECK_MS, ENDED_KNOWN_MAX, ENGINE_ROUNDS_MAX, GATHER_YIELDS_MAX,
     ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_UNDO_SLACK_BYTES, MARKER_OVERHEAD_BYTES,
-    READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN, TXN_BATCH_DOCS_MAX,
+    PRUNE_CONFIRMED_MS, READ_BATCH_KEYS_MAX, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN,
+    TXN_BATCH_DOCS_MAX,
 };
 use crate::money::Amount;
 
@@ -217,6 +218,17 @@ impl Quorum {
                 tracing::debug!("could not read the database's copies: {e}");
                 None
             }
+        }
+    }
+
+    /// Whether a 201 to an account write means every copy took it: the database keeps one copy
+    /// (or does not say: one server), or account writes go with `w` = n. `false` while the
+    /// database cannot be read.
+    pub(crate) async fn acks_every_copy(&self, client: &Client) -> bool {
+        match self.stated(client).await {
+            Ok(Some(n)) if n > 1 => self.mode == WriteQuorum::All,
+            Ok(_) => true,
+            Err(_) => false,
         }
     }
 
@@ -388,11 +400,15 @@ pub(crate) enum OpKind {
         /// can ever name: it is undone before this apply (docs/ONE_WRITE.md).
         exists: bool,
     },
-    /// Move the marker from pending to settled (step 6). With `named` (the one-write path) only
-    /// the marker of that attempt is settled; a pending marker of the transfer with another
-    /// attempt (or none) is not the one its decision counts: it is undone
-    /// ([`OpResult::Repaired`]).
-    Settle { named: Option<Attempt> },
+    /// Move the marker from pending to settled (step 6). Only a marker of the transfer's terms
+    /// (`delta`, its document's change to this account) is settled; with `named` (the one-write
+    /// path) only the marker of that attempt. Any other pending marker of the transfer is not
+    /// the one its document counts — the same id sent with other terms, or a late attempt — and
+    /// is undone ([`OpResult::Repaired`]), the settle still to come.
+    Settle {
+        named: Option<Attempt>,
+        delta: Amount,
+    },
     /// Reverse a pending marker's delta and record the transfer as finished here (cancel).
     /// `decided`: sent to converge the account to its transfer's final document on the
     /// one-write path (`one_write::convergence`): a late apply of the transfer then meets that
@@ -640,6 +656,10 @@ pub(crate) struct AccountEngine {
     ended: Mutex<Ended>,
     /// Reads of transfers made to prune settled entries.
     prune_reads: AtomicU64,
+    /// Per account, its settled entries every copy is known to hold, and since when: seen in a
+    /// revision this engine wrote that every copy took. Only those may be pruned
+    /// ([`PRUNE_CONFIRMED_MS`]).
+    confirmed: Mutex<HashMap<String, HashMap<String, Instant>>>,
 }
 
 /// Transfers known to have ended, because this ledger wrote their end (`done` or `cancelled`,
@@ -701,6 +721,7 @@ impl AccountEngine {
             folded: AtomicU64::new(0),
             ended: Mutex::new(Ended::default()),
             prune_reads: AtomicU64::new(0),
+            confirmed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -992,6 +1013,8 @@ impl AccountEngine {
             .keeps_entries(&self.client)
             .await
             .unwrap_or(true);
+        // Whether a 201 to an account write means every copy took it.
+        let every_copy = self.quorum.acks_every_copy(&self.client).await;
         // Links whose failure is final (answered): later attempts keep honouring them.
         let mut failed_links: HashSet<u64> = HashSet::new();
         // Transfers whose state this round read for pruning, and those found done/cancelled.
@@ -1081,11 +1104,16 @@ impl AccountEngine {
                     work.insert(a.clone(), (doc, slot.is_some_and(|s| s.dirty)));
                 }
             }
+            let prunable: HashMap<String, HashSet<String>> =
+                work.keys().map(|a| (a.clone(), self.prunable(a))).collect();
             let candidates: Vec<String> = {
                 let mut seen = HashSet::new();
-                work.values()
-                    .filter_map(|(doc, _)| doc.as_ref())
-                    .flat_map(|doc| prune_candidates(doc, now))
+                work.iter()
+                    .filter_map(|(a, (doc, _))| doc.as_ref().map(|d| (a, d)))
+                    .flat_map(|(a, doc)| {
+                        let eligible = &prunable[a];
+                        prune_candidates(doc, now, |t| eligible.contains(t))
+                    })
                     .filter(|t| !checked.contains(t) && seen.insert(t.clone()))
                     .collect()
             };
@@ -1109,9 +1137,11 @@ impl AccountEngine {
                 }
             }
             if !terminal.is_empty() {
-                for (doc, changed) in work.values_mut() {
+                for (a, (doc, changed)) in work.iter_mut() {
                     if let Some(doc) = doc.as_mut() {
-                        if prune_settled(doc, now, &terminal) {
+                        let eligible = &prunable[a];
+                        if prune_settled(doc, now, |t| terminal.contains(t) && eligible.contains(t))
+                        {
                             *changed = true;
                         }
                     }
@@ -1210,6 +1240,9 @@ impl AccountEngine {
                 if r.is_ok() && !r.accepted {
                     doc.rev = r.rev.clone();
                     self.remember(&doc);
+                    if every_copy {
+                        self.confirm(&doc);
+                    }
                     let losers = slots
                         .get_mut(&a)
                         .map(|s| std::mem::take(&mut s.losers))
@@ -1234,6 +1267,7 @@ impl AccountEngine {
                     // others. Never taken as written: read again (with conflicts, merged) and
                     // decide again — an op whose write did land finds its own marker.
                     tracing::info!(account = %a, "account write accepted (202), not confirmed; re-reading");
+                    self.unconfirm(&a);
                     self.conflicts.uncertain.fetch_add(1, Ordering::Relaxed);
                     slots.remove(&a);
                     self.forget(&a);
@@ -1388,12 +1422,20 @@ impl AccountEngine {
                         let losers = take_conflicts(&mut raw);
                         match AccountDoc::from_value(raw.clone()) {
                             Err(e) => AccountRead::Unreadable(raw, e),
-                            Ok(doc) if losers.is_empty() => AccountRead::Found(Box::new(Found {
-                                doc: Some(doc),
-                                losers,
-                                dirty: false,
-                            })),
-                            Ok(doc) => self.merge(doc, losers).await?,
+                            Ok(mut doc) => {
+                                // Leaves this branch joined already stay out of any merge
+                                // (and out of the list once they are gone).
+                                doc.merged.retain(|r| losers.contains(r));
+                                if losers.iter().all(|r| doc.merged.contains(r)) {
+                                    AccountRead::Found(Box::new(Found {
+                                        doc: Some(doc),
+                                        losers,
+                                        dirty: false,
+                                    }))
+                                } else {
+                                    self.merge(doc, losers).await?
+                                }
+                            }
                         }
                     }
                     // Missing (`error: not_found`) or deleted (`doc: null`).
@@ -1416,6 +1458,7 @@ impl AccountEngine {
     async fn merge(&self, winner: AccountDoc, losers: Vec<String>) -> Result<AccountRead> {
         let id = winner.id.clone();
         self.conflicts.met.fetch_add(1, Ordering::Relaxed);
+        self.unconfirm(&winner.account_id);
         match self.quorum.keeps_entries(&self.client).await {
             Some(true) => {}
             Some(false) => return Ok(AccountRead::Failed(unmergeable(&id, losers.len()))),
@@ -1430,7 +1473,13 @@ impl AccountEngine {
                 )))
             }
         }
-        let bodies = self.client.revisions(&id, &losers).await?;
+        // Leaves this branch joined already are not read again.
+        let unread: Vec<String> = losers
+            .iter()
+            .filter(|r| !winner.merged.contains(r))
+            .cloned()
+            .collect();
+        let bodies = self.client.revisions(&id, &unread).await?;
         let mut leaves = Vec::with_capacity(bodies.len());
         let mut revs = Vec::with_capacity(bodies.len());
         for mut body in bodies {
@@ -1450,11 +1499,23 @@ impl AccountEngine {
                 (Ok(_), None) => return Err(Error::decode(format!("a leaf of {id} has no _rev"))),
             }
         }
+        // A leaf another leaf joined already is not joined again either.
+        let folded: HashSet<String> = winner
+            .merged
+            .iter()
+            .chain(leaves.iter().flat_map(|d| d.merged.iter()))
+            .cloned()
+            .collect();
+        let (leaves, revs): (Vec<AccountDoc>, Vec<String>) = leaves
+            .into_iter()
+            .zip(revs)
+            .filter(|(_, rev)| !folded.contains(rev))
+            .unzip();
         if leaves.is_empty() {
-            // The losers were deleted meanwhile: nothing to merge.
+            // The losers were deleted meanwhile, or joined already: nothing to merge.
             return Ok(AccountRead::Found(Box::new(Found {
                 doc: Some(winner),
-                losers: Vec::new(),
+                losers,
                 dirty: false,
             })));
         }
@@ -1507,10 +1568,20 @@ impl AccountEngine {
             }
         }
         match merge_account(&winner, &leaves, &facts, now_ms()) {
-            Ok(merged) => {
+            Ok(mut merged) => {
+                // Every leaf joined here is recorded on the merged branch while it lasts: a
+                // member's sweeper may not delete it, and the next merge must not join it
+                // again over what this branch settled and pruned since.
+                let mut joined: Vec<String> =
+                    folded.into_iter().chain(revs.iter().cloned()).collect();
+                joined.retain(|r| losers.contains(r));
+                joined.sort();
+                joined.dedup();
+                merged.merged = joined;
                 let dirty = merged.balance != winner.balance
                     || merged.pending != winner.pending
-                    || merged.settled != winner.settled;
+                    || merged.settled != winner.settled
+                    || merged.merged != winner.merged;
                 tracing::info!(
                     account = %winner.account_id,
                     leaves = revs.len() + 1,
@@ -1519,7 +1590,7 @@ impl AccountEngine {
                 );
                 Ok(AccountRead::Found(Box::new(Found {
                     doc: Some(merged),
-                    losers: revs,
+                    losers,
                     dirty,
                 })))
             }
@@ -1585,6 +1656,51 @@ impl AccountEngine {
                 Some(e)
             }
         }
+    }
+
+    /// Every copy took `doc` (a 201 with `w` = n): its settled entries are on all of them.
+    fn confirm(&self, doc: &AccountDoc) {
+        let now = Instant::now();
+        let mut confirmed = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        if confirmed.len() >= ACCOUNT_CACHE_MAX && !confirmed.contains_key(&doc.account_id) {
+            // Bounded like the cache: forgetting only delays pruning.
+            confirmed.clear();
+        }
+        let entries = confirmed.entry(doc.account_id.clone()).or_default();
+        entries.retain(|txn, _| doc.settled.iter().any(|s| &s.txn == txn));
+        for s in &doc.settled {
+            entries.entry(s.txn.clone()).or_insert(now);
+        }
+    }
+
+    /// A write of `account` was only accepted (202), or a conflict of it was seen: a copy may
+    /// be behind or hold a branch of its own; nothing of it is pruned until every copy takes
+    /// its writes again, for [`PRUNE_CONFIRMED_MS`].
+    fn unconfirm(&self, account: &str) {
+        self.confirmed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(account);
+    }
+
+    /// The settled entries of `account` that may be pruned as far as the copies go.
+    fn prunable(&self, account: &str) -> HashSet<String> {
+        let Some(since) = Instant::now().checked_sub(Duration::from_millis(PRUNE_CONFIRMED_MS))
+        else {
+            return HashSet::new();
+        };
+        self.confirmed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(account)
+            .map(|entries| {
+                entries
+                    .iter()
+                    .filter(|(_, at)| **at <= since)
+                    .map(|(txn, _)| txn.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn remember(&self, doc: &AccountDoc) {
@@ -1866,16 +1982,15 @@ pub(crate) fn evaluate_with(
             doc.pending.push(marker);
             Ok(OpResult::Applied)
         }
-        // A marker without attempt under a named decision: one that a program of an earlier
-        // version rewrote (it drops fields it does not know), never a late apply (such a
-        // program writes the transfer's document first and meets the decision): settled.
-        OpKind::Settle { named } => match in_pending {
+        OpKind::Settle { named, delta } => match in_pending {
             Some(pos)
-                if named.is_some_and(|n| {
-                    doc.pending[pos].attempt.is_some() && !doc.pending[pos].carries(n)
-                }) =>
+                if doc.pending[pos].delta != *delta
+                    || named.is_some_and(|n| !doc.pending[pos].carries(n)) =>
             {
-                // Not the marker the decision counts: a late apply of a decided transfer.
+                // Not the marker the document counts: a late apply of a decided transfer, or
+                // the same id sent with other terms (a cluster let both apply, each on its own
+                // branch). A marker without attempt under a named decision is a stepwise
+                // drive's, which a conflicted document let run beside the decision.
                 let delta = doc.pending[pos].delta;
                 doc.balance = doc.balance.checked_sub(delta)?;
                 doc.pending.remove(pos);
@@ -1885,7 +2000,7 @@ pub(crate) fn evaluate_with(
                 tracing::warn!(
                     account = %doc.account_id,
                     txn = %op.txn,
-                    "undid a marker of an attempt the transfer's decision does not name"
+                    "undid a marker the transfer's document does not count"
                 );
                 Ok(OpResult::Repaired)
             }
@@ -1939,7 +2054,11 @@ pub(crate) fn evaluate_with(
 /// minute of entries rather than an hour's (each one rewritten by every write of the account:
 /// BENCHMARKS.md, session 7). None either when a marker is dated more than [`CLOCK_SKEW_MAX_MS`] ahead of this host:
 /// a clock is off by more than the pruning rule allows for.
-pub(crate) fn prune_candidates(doc: &AccountDoc, now: i64) -> Vec<String> {
+pub(crate) fn prune_candidates(
+    doc: &AccountDoc,
+    now: i64,
+    eligible: impl Fn(&str) -> bool,
+) -> Vec<String> {
     let skew = i64::try_from(CLOCK_SKEW_MAX_MS).expect("fits");
     let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
     let ahead = doc
@@ -1958,7 +2077,7 @@ pub(crate) fn prune_candidates(doc: &AccountDoc, now: i64) -> Vec<String> {
     let old: Vec<&Settled> = doc
         .settled
         .iter()
-        .filter(|s| s.at <= now.saturating_sub(age_min))
+        .filter(|s| s.at <= now.saturating_sub(age_min) && eligible(&s.txn))
         .collect();
     if old.is_empty() {
         return Vec::new();
@@ -1972,14 +2091,18 @@ pub(crate) fn prune_candidates(doc: &AccountDoc, now: i64) -> Vec<String> {
     }
 }
 
-/// Drops the settled entries whose transfer is in `terminal` (read `done` or `cancelled`) and
-/// that are older than [`SETTLED_AGE_MIN_MS`]; never any other (issue 12, item 5: age alone
-/// trusts other hosts' clocks). `true` when it dropped something.
-pub(crate) fn prune_settled(doc: &mut AccountDoc, now: i64, terminal: &HashSet<String>) -> bool {
+/// Drops the settled entries `prunable` allows (their transfer read `done` or `cancelled`, every
+/// copy known to hold them) that are older than [`SETTLED_AGE_MIN_MS`]; never any other (age
+/// alone would trust other hosts' clocks). `true` when it dropped something.
+pub(crate) fn prune_settled(
+    doc: &mut AccountDoc,
+    now: i64,
+    prunable: impl Fn(&str) -> bool,
+) -> bool {
     let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
     let before = doc.settled.len();
     doc.settled
-        .retain(|s| !(terminal.contains(&s.txn) && s.at <= now.saturating_sub(age_min)));
+        .retain(|s| !(prunable(&s.txn) && s.at <= now.saturating_sub(age_min)));
     doc.settled.len() != before
 }
 
@@ -2277,13 +2400,21 @@ mod tests {
         }
     }
 
-    fn settle_named(txn: &str, a: u64) -> AccountOp {
+    fn settle_named(txn: &str, a: u64, delta: i64) -> AccountOp {
         op(
             txn,
             OpKind::Settle {
                 named: Some(Attempt::from_bits(a)),
+                delta: Amount::new(delta).unwrap(),
             },
         )
+    }
+
+    fn settle(delta: i64) -> OpKind {
+        OpKind::Settle {
+            named: None,
+            delta: Amount::new(delta).unwrap(),
+        }
     }
 
     #[test]
@@ -2340,13 +2471,7 @@ mod tests {
             OpResult::AlreadyPending,
             "a stepwise marker: its document exists, follow it"
         );
-        evaluate(
-            Some(&mut doc),
-            &op("s", OpKind::Settle { named: None }),
-            3,
-            &none,
-        )
-        .unwrap();
+        evaluate(Some(&mut doc), &op("s", settle(-100)), 3, &none).unwrap();
         assert_eq!(
             evaluate(Some(&mut doc), &once("s", -100, 1, "b", false), 4, &none).unwrap(),
             OpResult::Finished
@@ -2362,13 +2487,26 @@ mod tests {
             let mut doc = account(1_000, Some(0));
             evaluate(Some(&mut doc), &once("t", 250, 7, "b", false), 1, &none).unwrap();
             assert_eq!(
-                evaluate_with(Some(&mut doc), &settle_named("t", 7), 2, &none, entries).unwrap(),
+                evaluate_with(
+                    Some(&mut doc),
+                    &settle_named("t", 7, 250),
+                    2,
+                    &none,
+                    entries
+                )
+                .unwrap(),
                 OpResult::Applied
             );
             assert_eq!((doc.balance.minor(), doc.pending.len()), (1_250, 0));
             assert_eq!(doc.settled.len(), usize::from(entries));
             // Again: nothing left to do.
-            let again = evaluate_with(Some(&mut doc), &settle_named("t", 7), 3, &none, entries);
+            let again = evaluate_with(
+                Some(&mut doc),
+                &settle_named("t", 7, 250),
+                3,
+                &none,
+                entries,
+            );
             let expect = if entries {
                 OpResult::Finished
             } else {
@@ -2380,29 +2518,60 @@ mod tests {
         let mut doc = account(1_000, Some(0));
         evaluate(Some(&mut doc), &once("t", 250, 8, "b", false), 1, &none).unwrap();
         assert_eq!(
-            evaluate_with(Some(&mut doc), &settle_named("t", 7), 2, &none, false).unwrap(),
+            evaluate_with(Some(&mut doc), &settle_named("t", 7, 250), 2, &none, false).unwrap(),
             OpResult::Repaired
         );
         assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
-        // A marker that carries the named attempt among its merged ones, and one whose attempt
-        // an earlier version dropped: both are the decision's marker.
-        for (attempt, aliases) in [(Some(9), vec![7]), (None, vec![])] {
+        // A marker that carries the named attempt among its merged ones is the decision's
+        // marker; one without attempt (a stepwise drive's, beside the decision) or with other
+        // terms is not: undone.
+        for (attempt, aliases, delta, settled) in [
+            (Some(9), vec![7], 250, true),
+            (None, vec![], 250, false),
+            (Some(7), vec![], 240, false),
+        ] {
             let mut doc = account(1_000, Some(0));
-            doc.balance = Amount::new(1_250).unwrap();
+            doc.balance = Amount::new(1_000 + delta).unwrap();
             doc.pending.push(Marker {
                 txn: "t".into(),
-                delta: Amount::new(250).unwrap(),
+                delta: Amount::new(delta).unwrap(),
                 at: Some(1),
                 attempt: attempt.map(Attempt::from_bits),
                 peer: Some("b".into()),
                 aliases: aliases.into_iter().map(Attempt::from_bits).collect(),
             });
+            let (answer, balance) = if settled {
+                (OpResult::Applied, 1_250)
+            } else {
+                (OpResult::Repaired, 1_000)
+            };
             assert_eq!(
-                evaluate(Some(&mut doc), &settle_named("t", 7), 2, &none).unwrap(),
-                OpResult::Applied
+                evaluate(Some(&mut doc), &settle_named("t", 7, 250), 2, &none).unwrap(),
+                answer
             );
-            assert_eq!((doc.balance.minor(), doc.pending.len()), (1_250, 0));
+            assert_eq!((doc.balance.minor(), doc.pending.len()), (balance, 0));
         }
+    }
+
+    #[test]
+    fn a_stepwise_settle_settles_only_a_marker_of_its_terms() {
+        let none = HashSet::new();
+        // A one-write marker of the same terms (adopted by the stepwise drive): settled.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", -300, 1, "b", false), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", settle(-300)), 2, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 0));
+        // One of the same id with other terms: undone, this transfer's marker still to settle.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", -270, 1, "b", false), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", settle(-300)), 2, &none).unwrap(),
+            OpResult::Repaired
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
     }
 
     #[test]
@@ -2478,13 +2647,7 @@ mod tests {
         );
         assert_eq!(doc.balance.minor(), 700);
         assert_eq!(
-            evaluate(
-                Some(&mut doc),
-                &op("t", OpKind::Settle { named: None }),
-                3,
-                &none
-            )
-            .unwrap(),
+            evaluate(Some(&mut doc), &op("t", settle(-300)), 3, &none).unwrap(),
             OpResult::Applied
         );
         assert!(doc.pending.is_empty());
@@ -2525,13 +2688,7 @@ mod tests {
         );
         assert_eq!(doc.balance.minor(), 700);
         assert_eq!(
-            evaluate(
-                Some(&mut doc),
-                &op("v", OpKind::Settle { named: None }),
-                7,
-                &none
-            )
-            .unwrap(),
+            evaluate(Some(&mut doc), &op("v", settle(-100)), 7, &none).unwrap(),
             OpResult::Absent
         );
     }
@@ -2626,19 +2783,24 @@ mod tests {
                 undone: false,
             });
         }
-        let candidates = prune_candidates(&doc, now);
+        let every = |_: &str| true;
+        let candidates = prune_candidates(&doc, now, every);
         assert_eq!(candidates.len(), SETTLED_PRUNE_BATCH_MIN + 1);
+        // Entries not known to be on every copy are not candidates.
+        assert!(prune_candidates(&doc, now, |t| t == "open").is_empty());
         assert!(!candidates.contains(&"young".to_owned()));
         // The transfer read says: every `old*` ended, `open` did not; `young` ended too.
         let mut terminal: HashSet<String> = (0..SETTLED_PRUNE_BATCH_MIN)
             .map(|i| format!("old{i}"))
             .collect();
         terminal.insert("young".into());
-        assert!(prune_settled(&mut doc, now, &terminal));
+        // Nothing the copies rule forbids goes, whatever its transfer.
+        assert!(!prune_settled(&mut doc, now, |_| false));
+        assert!(prune_settled(&mut doc, now, |t| terminal.contains(t)));
         let left: Vec<&str> = doc.settled.iter().map(|s| s.txn.as_str()).collect();
         assert_eq!(left, ["open", "young"]);
         // Too few old entries on a small account: nothing to read.
-        assert!(prune_candidates(&doc, now).is_empty());
+        assert!(prune_candidates(&doc, now, every).is_empty());
         // A marker dated far ahead of this host: a clock is off, no pruning at all.
         let mut skewed = account(0, None);
         for i in 0..SETTLED_PRUNE_BATCH_MIN {
@@ -2653,7 +2815,7 @@ mod tests {
             at: now + i64::try_from(CLOCK_SKEW_MAX_MS).unwrap() + 1,
             undone: false,
         });
-        assert!(prune_candidates(&skewed, now).is_empty());
+        assert!(prune_candidates(&skewed, now, every).is_empty());
     }
 
     #[test]
@@ -2769,7 +2931,7 @@ mod tests {
                 op: AccountOp {
                     account: account.to_owned(),
                     txn: txn.to_owned(),
-                    kind: OpKind::Settle { named: None },
+                    kind: settle(1),
                     link: None,
                 },
                 reply: Reply::One(reply),
@@ -2786,7 +2948,7 @@ mod tests {
         hold(&engine, "a", "t3", later);
         let (reply, _rx) = oneshot::channel();
         let batch = vec![QueuedOp {
-            op: op("t9", OpKind::Settle { named: None }),
+            op: op("t9", settle(1)),
             reply: Reply::One(reply),
         }];
         // `op` is on account "a": both of a's held settles join, b's stays held.

@@ -44,6 +44,15 @@ pub const CLOCK_SKEW_MAX_MS: u64 = 30_000;
 /// would need it.
 pub const SETTLED_AGE_MIN_MS: u64 = LEASE_MS + CLOCK_SKEW_MAX_MS;
 
+/// A settled entry is pruned only once every copy of its account is known to hold it: it was
+/// in an account revision this process wrote and every copy took (201 with `w` = n), at least
+/// this long ago, with no write of that account answered 202 and no conflict of it seen since
+/// (docs/CLUSTER.md, "Pruning"). While a copy is down every such write answers 202, so nothing
+/// is pruned then; the wait gives a leaf that one copy took alone (a rival's 202) the time
+/// internal replication needs to bring it to the others, where the merge finds it next to the
+/// entry instead of next to nothing.
+pub const PRUNE_CONFIRMED_MS: u64 = 30_000;
+
 /// Settled entries are dated rounded up to a multiple of this (so never earlier than they
 /// happened, which keeps pruning by age safe): the entries of five seconds share one stored
 /// group and one date (`settled_groups` in src/account_doc.rs). Pruning waits up to this much

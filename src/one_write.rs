@@ -34,7 +34,8 @@ use crate::state::{transition, Event, State};
 #[cfg(feature = "failpoints")]
 use crate::transfer::crash;
 use crate::transfer::{
-    txn_doc_id, FinishingGuard, Named, Reason, TransferOutcome, TransferRequest, TxnDoc,
+    txn_doc_id, unconfirmed, FinishingGuard, Named, Reason, TransferOutcome, TransferRequest,
+    TxnDoc, TxnWritten,
 };
 
 /// How many times one submit resolves a transfer's conflict that blocked its accounts before it
@@ -59,7 +60,7 @@ enum Next {
 /// What applying in the engine came to: the decision it wrote (and how that write went), or
 /// what the answers call for instead.
 enum Applied {
-    Wrote(Box<TxnDoc>, Result<Option<String>>),
+    Wrote(Box<TxnDoc>, Result<TxnWritten>),
     Next(Next),
 }
 
@@ -119,9 +120,11 @@ pub(crate) fn convergence(doc: &TxnDoc, account: &str) -> Option<OpKind> {
     match (doc.state, doc.markers) {
         (State::Done, Some(named)) if account == doc.source => Some(OpKind::Settle {
             named: Some(named.source),
+            delta: doc.value.neg(),
         }),
         (State::Done, Some(named)) if account == doc.destination => Some(OpKind::Settle {
             named: Some(named.destination),
+            delta: doc.value,
         }),
         (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
         // Undecided, or the stepwise protocol's own drive settles or undoes it.
@@ -238,7 +241,7 @@ impl Ledger {
                 Next::Follow => return self.follow_once(&terms, None, touched).await,
             };
             self.pause_at("decide").await;
-            let written = self.write_txn(&decision).await;
+            let written = self.write_txn_outcome(&decision).await;
             return self.decided_once(&terms, decision, written, touched).await;
         }
         Err(Error::invariant(format!(
@@ -273,24 +276,26 @@ impl Ledger {
         }
     }
 
-    /// Step 2's outcome: the decision written (converge and answer), or someone else's there
-    /// (follow it).
+    /// Step 2's outcome: the decision written (converge and answer), someone else's there
+    /// (follow it), or this one only on some copies (not final: left to the sweeper, which
+    /// resolves any rival and converges the accounts once the copies agree).
     async fn decided_once(
         &self,
         terms: &TxnDoc,
         decision: TxnDoc,
-        written: Result<Option<String>>,
+        written: Result<TxnWritten>,
         touched: Vec<String>,
     ) -> Result<TransferOutcome> {
         match written? {
-            Some(rev) => {
+            TxnWritten::Uncertain => Err(unconfirmed(&terms.txn_id)),
+            TxnWritten::Written(rev) => {
                 fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
                 let mut doc = decision;
                 doc.rev = Some(rev);
                 self.converge_decided(doc, touched, RecordStatus::Created)
                     .await
             }
-            None => self.follow_once(terms, Some(&decision), touched).await,
+            TxnWritten::Taken => self.follow_once(terms, Some(&decision), touched).await,
         }
     }
 
@@ -525,9 +530,13 @@ impl Ledger {
                     decided.markers = tried.markers;
                     decided.claim = None;
                     decided.last_modified = now_ms();
-                    if let Some(rev) = self.write_txn(&decided).await? {
-                        decided.rev = Some(rev);
-                        return self.converge_decided(decided, touched, status).await;
+                    match self.write_txn_outcome(&decided).await? {
+                        TxnWritten::Written(rev) => {
+                            decided.rev = Some(rev);
+                            return self.converge_decided(decided, touched, status).await;
+                        }
+                        TxnWritten::Uncertain => return Err(unconfirmed(id)),
+                        TxnWritten::Taken => {}
                     }
                 }
                 State::Pending | State::Committed | State::Canceling => {
@@ -694,13 +703,17 @@ impl Ledger {
             decided.claim = None;
             decided.last_modified = now_ms();
             self.pause_at("decide").await;
-            if let Some(rev) = self.write_txn(&decided).await? {
-                fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
-                decided.rev = Some(rev);
-                self.converge_in_background(decided.clone(), touched, Some(Arc::clone(pass)));
-                return Ok((decided, true));
+            match self.write_txn_outcome(&decided).await? {
+                TxnWritten::Written(rev) => {
+                    fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
+                    decided.rev = Some(rev);
+                    self.converge_in_background(decided.clone(), touched, Some(Arc::clone(pass)));
+                    return Ok((decided, true));
+                }
+                // Not final: a later pass finds it decided, or in conflict, and goes on.
+                TxnWritten::Uncertain => return Err(unconfirmed(&doc.txn_id)),
+                TxnWritten::Taken => break,
             }
-            break;
         }
         // Someone else wrote first: follow what they wrote.
         let now = self.read_txn(&doc.txn_id).await?;

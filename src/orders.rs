@@ -174,14 +174,20 @@ pub enum RecordStatus {
     /// The document was already there with the same content (a retry, or a re-sent message):
     /// treat it like `Created`.
     Exists,
+    /// Written to some copies of a cluster's database but not yet every one (a copy is down or
+    /// behind), so another body under the same id, written meanwhile through another node, may
+    /// still prevail (docs/CLUSTER.md, "Write-once documents"). Send it again once the copies
+    /// agree: `Exists`, or a mismatch when the other body stands.
+    Uncertain,
 }
 
 impl RecordStatus {
-    /// `"created"` or `"exists"`.
+    /// `"created"`, `"exists"` or `"uncertain"`.
     pub fn as_str(self) -> &'static str {
         match self {
             RecordStatus::Created => "created",
             RecordStatus::Exists => "exists",
+            RecordStatus::Uncertain => "uncertain",
         }
     }
 }
@@ -1401,26 +1407,32 @@ impl Ledger {
         Ok(OrderTerms { account_id })
     }
 
-    /// Creates a write-once document: PUT without `_rev`; when it exists the stored document is
-    /// compared with ours — the same is `Exists`, different is a mismatch naming the field. Every
-    /// leaf is compared (docs/CLUSTER.md): on a cluster two bodies under one id can both be
-    /// stored, and one of them differing from ours is a mismatch even when ours won. A write a
-    /// cluster only accepted (202) is read back the same way before it counts as created.
+    /// Creates a write-once document: PUT without `_rev`, with `w` = every copy of a cluster's
+    /// database. Taken by every copy (201), it is the only body there can ever be under its id
+    /// (each copy took it as a new document, and refuses another now): `Created`. When it
+    /// exists the stored document is compared with ours — the same is `Exists`, different is a
+    /// mismatch naming the field; every leaf is compared (docs/CLUSTER.md): on a cluster two
+    /// bodies under one id can both be stored, and one of them differing from ours is a
+    /// mismatch even when ours won. Taken by some copies only (202), it is `Uncertain` unless
+    /// the read back shows another body (a mismatch).
     async fn write_once(&self, id: &str, doc: Value) -> Result<Recorded> {
         let client = &self.inner.client;
+        let options = self.inner.quorum.write_options(client, true).await;
         for _ in 0..WRITE_ATTEMPTS_MAX {
-            match client.put(id, &doc).await {
+            match client.put_with(id, &doc, &options).await {
                 Ok(written) => {
                     debug_assert_eq!(written.id, id);
+                    let mut status = RecordStatus::Created;
                     if written.accepted {
-                        tracing::info!(id, "write accepted (202), not confirmed; re-reading");
+                        tracing::info!(id, "write accepted (202), not on every copy yet");
                         if let Some(field) = self.differing_leaf(id, &doc).await? {
                             return Err(Error::mismatch(id, &field));
                         }
+                        status = RecordStatus::Uncertain;
                     }
                     return Ok(Recorded {
                         id: id.to_owned(),
-                        status: RecordStatus::Created,
+                        status,
                     });
                 }
                 // CouchDB answers 409 for a create over an existing document. pouchdb-server

@@ -217,6 +217,45 @@ pub(crate) struct Named {
 }
 
 /// `txn:{id}`.
+/// How a transfer document's write went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TxnWritten {
+    /// Every copy it had to reach took it (201 with `w` = the copies): the new `_rev`. A
+    /// decision written so is exclusive: no rival can exist or appear (docs/CLUSTER.md, F6).
+    Written(String),
+    /// Someone else's write is there (a conflict, or a refusal of a stale write).
+    Taken,
+    /// Some copies took it (202): a rival may have reached the others. A decision written so is
+    /// never answered as final, nor acted on by its writer: the sweeper resolves and finishes
+    /// it once the copies agree (`unconfirmed`).
+    Uncertain,
+}
+
+/// How far toward an outcome a transfer's state is, between leaves of other terms: a decided
+/// `done` first (money moved), then the commit path, then a decided `cancelled`, then the
+/// cancel path, then undecided.
+fn terms_rank(state: State) -> u8 {
+    match state {
+        State::Done => 5,
+        State::Committed => 4,
+        State::Cancelled => 3,
+        State::Canceling => 2,
+        State::Pending => 1,
+        State::Initial => 0,
+    }
+}
+
+/// The answer to a caller whose decision reached only some copies of a cluster.
+pub(crate) fn unconfirmed(id: &str) -> Error {
+    Error::status(
+        503,
+        Some("unconfirmed".to_owned()),
+        Some(format!(
+            "the decision of transfer {id} reached some copies of the database but not every              one (a copy is down or behind), so it is not final yet; the sweeper finishes it              once the copies agree: send the same id again later to learn how it ended"
+        )),
+    )
+}
+
 pub(crate) fn txn_doc_id(txn_id: &str) -> String {
     format!("txn:{txn_id}")
 }
@@ -434,9 +473,19 @@ impl Ledger {
         (claim, deadline)
     }
 
-    /// Writes a transfer document through the batching writer: `Some(rev)`, or `None` on a
-    /// conflict (stale `_rev`, or the document exists).
+    /// Writes a transfer document through the batching writer: `Some(rev)`, or `None` when
+    /// someone else's write is there or this one only reached some copies (a 202): either way
+    /// the caller reads the document again and follows it.
     pub(crate) async fn write_txn(&self, doc: &TxnDoc) -> Result<Option<String>> {
+        Ok(match self.write_txn_outcome(doc).await? {
+            TxnWritten::Written(rev) => Some(rev),
+            TxnWritten::Taken | TxnWritten::Uncertain => None,
+        })
+    }
+
+    /// Writes a transfer document through the batching writer and says how it went: a
+    /// decision must tell a write every copy took from one that reached some of them.
+    pub(crate) async fn write_txn_outcome(&self, doc: &TxnDoc) -> Result<TxnWritten> {
         doc.check()
             .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))?;
         let raw = crate::couch::RawDoc::new(&doc.id, doc)?;
@@ -444,36 +493,34 @@ impl Ledger {
         self.txn_written(doc, written).await
     }
 
-    /// What a transfer document's write came to ([`Ledger::write_txn`]): `Some(rev)`, or `None`
-    /// when someone else's write is there (a conflict, a 202, a refusal of a stale write).
+    /// What a transfer document's write came to ([`Ledger::write_txn_outcome`]).
     pub(crate) async fn txn_written(
         &self,
         doc: &TxnDoc,
         written: Result<crate::engine::TxnWrite>,
-    ) -> Result<Option<String>> {
+    ) -> Result<TxnWritten> {
         match written {
             Ok(crate::engine::TxnWrite::Written(rev)) => {
                 if matches!(doc.state, State::Done | State::Cancelled) {
                     self.inner.accounts.note_ended(&doc.txn_id);
                 }
-                Ok(Some(rev))
+                Ok(TxnWritten::Written(rev))
             }
-            Ok(crate::engine::TxnWrite::Conflict) => Ok(None),
-            // 202: maybe landed, maybe beside a rival. Like a conflict, the caller reads the
-            // document again — with its conflicts, resolved — and follows what it finds.
+            Ok(crate::engine::TxnWrite::Conflict) => Ok(TxnWritten::Taken),
+            // 202: maybe landed, maybe beside a rival that reached the other copies.
             Ok(crate::engine::TxnWrite::Uncertain) => {
-                tracing::info!(txn = %doc.txn_id, "transfer write accepted (202), not confirmed; re-reading");
+                tracing::info!(txn = %doc.txn_id, "transfer write accepted (202), not confirmed");
                 self.inner
                     .conflicts
                     .uncertain
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                Ok(None)
+                Ok(TxnWritten::Uncertain)
             }
             Err(e)
                 if e.is_forbidden()
                     && self.changed_under_us(&doc.id, doc.rev.as_deref()).await? =>
             {
-                Ok(None)
+                Ok(TxnWritten::Taken)
             }
             Err(e) => Err(e),
         }
@@ -531,17 +578,31 @@ impl Ledger {
     ) -> Result<TxnDoc> {
         use std::sync::atomic::Ordering::Relaxed;
         self.inner.conflicts.met.fetch_add(1, Relaxed);
-        let leaves: Vec<TxnDoc> = std::iter::once(winner)
+        let all: Vec<TxnDoc> = std::iter::once(winner)
             .chain(losers)
             .map(TxnDoc::from_value)
             .collect::<Result<_>>()?;
-        for other in &leaves[1..] {
-            if let Some(field) = leaves[0].differing_term(other) {
-                return Err(Error::invariant(format!(
-                    "{id} holds a conflict between different terms ({field}): two transfers \
-                     under one id; a person must decide which happened"
-                )));
-            }
+        // One id sent with other terms at once, both written on a cluster (each on some copies
+        // only, so neither writer was told its decision was final): the terms that stand are
+        // those furthest toward an outcome, CouchDB's winner among equals. Markers of the other
+        // terms are then strays the accounts drop (`conflict::merge_account`, the settle's
+        // delta check).
+        let standing = all
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, d)| (terms_rank(d.state), std::cmp::Reverse(*i)))
+            .map_or(0, |(i, _)| i);
+        let reference = all[standing].clone();
+        let (leaves, other_terms): (Vec<TxnDoc>, Vec<TxnDoc>) = all
+            .into_iter()
+            .partition(|d| reference.differing_term(d).is_none());
+        if !other_terms.is_empty() {
+            tracing::warn!(
+                %id,
+                kept = %reference.state,
+                dropped = other_terms.len(),
+                "a conflicted transfer holds other terms under its id; keeping those furthest along"
+            );
         }
         let states: Vec<State> = leaves.iter().map(|d| d.state).collect();
         let mut evidence = Evidence::default();
@@ -608,7 +669,9 @@ impl Ledger {
             .iter()
             .enumerate()
             .filter(|(i, _)| *i != keep)
-            .filter_map(|(_, d)| d.rev.clone())
+            .map(|(_, d)| d)
+            .chain(other_terms.iter())
+            .filter_map(|d| d.rev.clone())
             .map(|rev| {
                 serde_json::json!({
                     "_id": id, "_rev": rev, "_deleted": true, "merged_into": kept,
@@ -891,8 +954,14 @@ impl Ledger {
                             d,
                             "settle",
                             [
-                                OpKind::Settle { named: None },
-                                OpKind::Settle { named: None },
+                                OpKind::Settle {
+                                    named: None,
+                                    delta: d.doc.value.neg(),
+                                },
+                                OpKind::Settle {
+                                    named: None,
+                                    delta: d.doc.value,
+                                },
                             ],
                             None,
                         )
@@ -911,7 +980,11 @@ impl Ledger {
                             return Ok(());
                         }
                     }
-                    if source == OpResult::Absent || destination == OpResult::Absent {
+                    // A marker of other terms undone here (`Repaired`) leaves this account's
+                    // own marker still to settle, like finding none.
+                    let unsettled =
+                        |r: OpResult| matches!(r, OpResult::Absent | OpResult::Repaired);
+                    if unsettled(source) || unsettled(destination) {
                         // Committed means both markers were applied, so an account that shows
                         // neither the marker nor a settled entry was read from a copy the
                         // apply has not reached yet (accounts written at the server's default
@@ -1203,7 +1276,14 @@ impl Ledger {
                     new.reason = Some(Reason::CancelledByUser.as_str().to_owned());
                     new.last_modified = now_ms();
                     new.claim = (!next.is_terminal()).then_some(claim);
-                    match self.write_txn(&new).await? {
+                    let written = match self.write_txn_outcome(&new).await? {
+                        TxnWritten::Written(rev) => Some(rev),
+                        // `cancelled` straight from `initial` is a decision: final only where
+                        // every copy took it.
+                        TxnWritten::Uncertain if next.is_terminal() => return Err(unconfirmed(id)),
+                        TxnWritten::Uncertain | TxnWritten::Taken => None,
+                    };
+                    match written {
                         Some(rev) => {
                             new.rev = Some(rev);
                             if next.is_terminal() {

@@ -204,8 +204,7 @@ pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<
                 .record_payment(&p)
                 .await
                 .context("could not record the payment")?;
-            ctx.out.recorded("payment", &r)?;
-            Ok(Exit::Success)
+            Ok(ctx.out.recorded("payment", &r)?)
         }
         OrderCommand::Refund(a) => {
             let currency = currency(&a.currency)?;
@@ -222,8 +221,7 @@ pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<
                 .record_refund(&r)
                 .await
                 .context("could not record the refund")?;
-            ctx.out.recorded("refund", &r)?;
-            Ok(Exit::Success)
+            Ok(ctx.out.recorded("refund", &r)?)
         }
         OrderCommand::Adjust(a) => {
             let currency = currency(&a.currency)?;
@@ -240,8 +238,7 @@ pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<
                 .record_adjustment(&adj)
                 .await
                 .context("could not record the adjustment")?;
-            ctx.out.recorded("adjustment", &r)?;
-            Ok(Exit::Success)
+            Ok(ctx.out.recorded("adjustment", &r)?)
         }
         OrderCommand::Ship(a) => {
             let s = Shipment {
@@ -255,8 +252,7 @@ pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<
                 .record_shipment(&s)
                 .await
                 .context("could not record the shipment")?;
-            ctx.out.recorded("shipment", &r)?;
-            Ok(Exit::Success)
+            Ok(ctx.out.recorded("shipment", &r)?)
         }
         OrderCommand::Deliver(a) => {
             let d = Delivered {
@@ -269,8 +265,7 @@ pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<
                 .record_delivery(&d)
                 .await
                 .context("could not record the delivery")?;
-            ctx.out.recorded("delivery", &r)?;
-            Ok(Exit::Success)
+            Ok(ctx.out.recorded("delivery", &r)?)
         }
         OrderCommand::Order {
             command: OrderSub::Show { order, fresh },
@@ -298,8 +293,7 @@ async fn purchase(a: PurchaseArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         .record_purchase(&p)
         .await
         .context("could not record the purchase")?;
-    ctx.out.recorded("purchase", &r)?;
-    Ok(Exit::Success)
+    Ok(ctx.out.recorded("purchase", &r)?)
 }
 
 /// A file's text, or standard input's for `-`. Bounded: a purchase is one small document.

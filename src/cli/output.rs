@@ -18,6 +18,8 @@ pub(crate) enum Exit {
     Invalid,
     /// 3: a transfer ended `cancelled` by a business rule (insufficient funds…).
     Cancelled,
+    /// 4: written, but not yet on every copy of a cluster's database; send it again to confirm.
+    Uncertain,
 }
 
 impl Exit {
@@ -27,6 +29,7 @@ impl Exit {
             Exit::Operational => 1,
             Exit::Invalid => 2,
             Exit::Cancelled => 3,
+            Exit::Uncertain => 4,
         }
     }
 }
@@ -74,16 +77,25 @@ impl Out {
         stdout.flush()
     }
 
-    /// The result of a write-once command.
-    pub(crate) fn recorded(&mut self, what: &str, r: &Recorded) -> io::Result<()> {
+    /// The result of a write-once command, and its exit code.
+    pub(crate) fn recorded(&mut self, what: &str, r: &Recorded) -> io::Result<Exit> {
         let text = match r.status {
             couch_ledger::RecordStatus::Created => format!("{what} {} created", r.id),
             couch_ledger::RecordStatus::Exists => format!(
                 "{what} {} exists (already recorded with the same content; nothing written)",
                 r.id
             ),
+            couch_ledger::RecordStatus::Uncertain => format!(
+                "{what} {} written to some copies of the database but not yet every one (a copy \
+                 is down or behind): run the same command again later to confirm it",
+                r.id
+            ),
         };
-        self.print(&json!({"id": r.id, "status": r.status.as_str()}), &text)
+        self.print(&json!({"id": r.id, "status": r.status.as_str()}), &text)?;
+        Ok(match r.status {
+            couch_ledger::RecordStatus::Uncertain => Exit::Uncertain,
+            _ => Exit::Success,
+        })
     }
 }
 

@@ -242,7 +242,9 @@ async fn account_create(a: AccountCreateArgs, ctx: &mut Context) -> anyhow::Resu
         }
     );
     let text = match r.status {
-        RecordStatus::Created => format!("account {} created ({terms})", a.account),
+        RecordStatus::Created | RecordStatus::Uncertain => {
+            format!("account {} created ({terms})", a.account)
+        }
         RecordStatus::Exists => format!(
             "account {} exists with the same terms ({terms}); nothing written",
             a.account
@@ -438,7 +440,7 @@ async fn transfer(a: TransferArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         o.id,
         money(c, value),
         match o.status {
-            RecordStatus::Created => "",
+            RecordStatus::Created | RecordStatus::Uncertain => "",
             RecordStatus::Exists => " (exists: sent before with the same terms)",
         },
         state_words(&o)
@@ -523,7 +525,7 @@ async fn reverse(txn: &str, ctx: &mut Context) -> anyhow::Result<Exit> {
         "reversal {} of transfer {txn}{}: {}",
         o.id,
         match o.status {
-            RecordStatus::Created => "",
+            RecordStatus::Created | RecordStatus::Uncertain => "",
             RecordStatus::Exists => " (exists: it was reversed before; nothing moved again)",
         },
         state_words(&o)

@@ -358,11 +358,13 @@ fn amount(field: &str, minor: i64) -> Result<Amount, ApiError> {
     })
 }
 
-/// 201 for a document this call wrote, 200 for one found with the same content.
+/// 201 for a document this call wrote, 200 for one found with the same content, 202 for one
+/// written to some copies of a cluster's database and not yet every one (send it again).
 fn record_status(status: RecordStatus) -> StatusCode {
     match status {
         RecordStatus::Created => StatusCode::CREATED,
         RecordStatus::Exists => StatusCode::OK,
+        RecordStatus::Uncertain => StatusCode::ACCEPTED,
     }
 }
 

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use couch_ledger::{
-    AccountSpec, Amount, Client, Currency, Ledger, Payment, Purchase, State, SweepOptions,
-    TransferRequest, VerifyOptions, WriteQuorum,
+    AccountSpec, Amount, Client, Currency, Ledger, Payment, Purchase, RecordStatus, State,
+    SweepOptions, TransferRequest, VerifyOptions, WriteQuorum,
 };
 use serde_json::Value;
 use tokio::task::JoinHandle;
@@ -596,10 +596,13 @@ impl Run {
                             currency: eur,
                             method: None,
                         };
-                        if let Ok(r) = ledger.record_payment(&p).await {
-                            told.lock()
-                                .unwrap()
-                                .push(Told::Payment { id: r.id, amount });
+                        match ledger.record_payment(&p).await {
+                            Ok(r) if r.status != RecordStatus::Uncertain => {
+                                told.lock()
+                                    .unwrap()
+                                    .push(Told::Payment { id: r.id, amount });
+                            }
+                            _ => {}
                         }
                     })
                 });
