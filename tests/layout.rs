@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use crate::support;
 use crate::support::{eur_transfer as request, open_account as open};
 use couch_ledger::{
-    Amount, Currency, Ledger, Payment, Purchase, State, SweepOptions, VerifyOptions,
+    Amount, Currency, Ledger, Payment, Purchase, RecordStatus, State, SweepOptions, VerifyOptions,
 };
 
 fn now_sweep() -> SweepOptions {
@@ -238,4 +238,63 @@ async fn a_design_document_missing_from_the_hot_database_is_drift_and_init_repai
         "{hot_docs:?}"
     );
     assert!(l.design_drift().await.unwrap().is_empty());
+}
+
+/// A reversal cancelled for funds is tried again under the next id on the split layout too:
+/// the earlier reversal is looked for where transfers live, the hot database. Read in the
+/// ledger's database it is never found, and every later `reverse` answers the cancelled one.
+#[tokio::test]
+async fn a_reversal_cancelled_for_funds_is_tried_again_in_the_hot_database() {
+    let l = support::split_ledger("split_reverse_again").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    open(&l, "C", 0).await;
+    let pay = l.submit(request("pay", "A", "B", 300), true).await.unwrap();
+    assert_eq!(pay.state, State::Done);
+    let spend = l
+        .submit(request("spend", "B", "C", 300), true)
+        .await
+        .unwrap();
+    assert_eq!(spend.state, State::Done);
+    let first = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (first.id.as_str(), first.state, first.reason.as_deref()),
+        ("rev-pay", State::Cancelled, Some("insufficient_funds"))
+    );
+
+    // The money comes back: reversing again makes the next attempt, which moves it.
+    let back = l
+        .submit(request("back", "C", "B", 300), true)
+        .await
+        .unwrap();
+    assert_eq!(back.state, State::Done);
+    let second = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (second.id.as_str(), second.state, second.status),
+        ("rev2-pay", State::Done, RecordStatus::Created)
+    );
+    assert_eq!(
+        l.transfer("rev2-pay").await.unwrap().reverses.as_deref(),
+        Some("pay")
+    );
+    assert_eq!(support::balance(&l, "A").await, 1_000);
+    assert_eq!(support::balance(&l, "B").await, 0);
+
+    // Once done, it is found, never made again: nothing moves.
+    let third = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (third.id.as_str(), third.state, third.status),
+        ("rev2-pay", State::Done, RecordStatus::Exists)
+    );
+    assert_eq!(support::balance(&l, "A").await, 1_000);
+    assert_eq!(support::balance(&l, "B").await, 0);
+    assert_eq!(support::balance(&l, "C").await, 0);
+    let hot = l.hot_database().unwrap().to_owned();
+    let reversals: Vec<String> = ids_in(&hot)
+        .await
+        .into_iter()
+        .filter(|id| id.starts_with("txn:rev"))
+        .collect();
+    assert_eq!(reversals, ["txn:rev-pay", "txn:rev2-pay"]);
+    assert_at_rest(&l).await;
 }
