@@ -1504,10 +1504,29 @@ async fn load_docs(client: &Client, docs: &[Value]) -> Result<()> {
 }
 
 /// Creates accounts with `_bulk_docs` in the shape `Ledger::create_account` writes
-/// (docs/DOCUMENTS.md): thousands of single PUTs would cost more than the figures they feed.
-/// `p3` creates its accounts through the API.
+/// (docs/DOCUMENTS.md), their opening records first: thousands of single PUTs would cost more
+/// than the figures they feed. `p3` creates its accounts through the API.
 async fn load_accounts(ledger: &Ledger, accounts: &[String]) -> Result<()> {
+    load_docs(ledger.client(), &opening_docs(accounts)).await?;
     load_docs(ledger.hot_client(), &account_docs(accounts)).await
+}
+
+/// The accounts' opening records, as `Ledger::create_account` writes them into the ledger's
+/// database: what `verify` takes their openings from.
+fn opening_docs(accounts: &[String]) -> Vec<Value> {
+    accounts
+        .iter()
+        .map(|account| {
+            json!({
+                "_id": format!("opening:{account}"),
+                "type": "opening",
+                "account_id": account,
+                "currency": TRANSFER_CURRENCY,
+                "opening": ACCOUNT_OPENING_MINOR,
+                "min_balance": ACCOUNT_MIN_BALANCE_MINOR,
+            })
+        })
+        .collect()
 }
 
 /// New accounts as `Ledger::create_account` writes them.
@@ -1537,6 +1556,7 @@ fn account_docs(accounts: &[String]) -> Vec<Value> {
 /// `_revs_limit`), so the ledger meets them as it meets accounts a long-running shop has written
 /// a thousand times.
 async fn load_aged_accounts(bench: &Bench, ledger: &Ledger, accounts: &[String]) -> Result<()> {
+    load_docs(ledger.client(), &opening_docs(accounts)).await?;
     let docs: Vec<Value> = account_docs(accounts)
         .into_iter()
         .enumerate()

@@ -8,6 +8,7 @@ pub use crate::account_doc::{AccountView, PendingEntry};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::money::{Amount, Currency};
+use crate::opening::OpeningRecord;
 use crate::orders::{RecordStatus, Recorded};
 
 /// What to create: [`Ledger::create_account`].
@@ -33,11 +34,18 @@ impl Ledger {
     /// Creates an account. Idempotent: the same spec again is [`RecordStatus::Exists`] (the
     /// balance may have moved since; only the fixed fields are compared).
     ///
+    /// Two writes: the account's opening record (`opening:{id}`, write-once, in the ledger's
+    /// validated database: what `verify` takes the account's terms from, docs/DOCUMENTS.md),
+    /// then the account. The record comes first, so an account never exists without one; a
+    /// create that stopped between the two is completed by the same call again, which finds
+    /// the record with the same terms and goes on. An account made before records existed gets
+    /// its record from its own document.
+    ///
     /// # Errors
     ///
     /// Invalid input (a bad id, an opening below a limited account's `min_balance`); the
-    /// account exists with another currency, opening or minimum (a mismatch naming the field);
-    /// the server failed.
+    /// account or its record exists with another currency, opening or minimum (a mismatch
+    /// naming the field); the server failed.
     pub async fn create_account(&self, spec: AccountSpec) -> Result<Recorded> {
         validate_id("account", &spec.account_id)?;
         if let Some(min) = spec.min_balance {
@@ -69,6 +77,21 @@ impl Ledger {
             extra: Map::new(),
         };
         let client = &self.inner.hot;
+        // The account is read first: one that exists (made before records existed, perhaps)
+        // must not get a record of the terms asked now, which a record would keep for good.
+        if let Some(existing) = client.get_opt::<Value>(&id).await? {
+            let existing = AccountDoc::from_value(existing)?;
+            same_terms(&existing, &doc)?;
+            self.write_opening_record(&OpeningRecord::of_account(&existing))
+                .await?;
+            return Ok(Recorded {
+                id,
+                status: RecordStatus::Exists,
+            });
+        }
+        // Another create with other terms that got here first owns the record: a mismatch.
+        self.write_opening_record(&OpeningRecord::of_spec(&spec))
+            .await?;
         match client.put(&id, &doc).await {
             Ok(_) => {
                 return Ok(Recorded {
@@ -84,16 +107,7 @@ impl Ledger {
         }
         // It exists (or our own retried create landed): same fixed fields → Exists.
         let existing: Value = client.get(&id).await?;
-        let existing = AccountDoc::from_value(existing)?;
-        if existing.currency != doc.currency {
-            return Err(Error::mismatch(&id, "currency"));
-        }
-        if existing.opening != doc.opening {
-            return Err(Error::mismatch(&id, "opening"));
-        }
-        if existing.min_balance != doc.min_balance {
-            return Err(Error::mismatch(&id, "min_balance"));
-        }
+        same_terms(&AccountDoc::from_value(existing)?, &doc)?;
         Ok(Recorded {
             id,
             status: RecordStatus::Exists,
@@ -110,6 +124,15 @@ impl Ledger {
         validate_id("account", account_id)?;
         let value: Value = self.inner.hot.get(&account_doc_id(account_id)).await?;
         AccountDoc::from_value(value)?.view()
+    }
+}
+
+/// An existing account's fixed fields against those asked: a mismatch naming the first that
+/// differs.
+fn same_terms(existing: &AccountDoc, asked: &AccountDoc) -> Result<()> {
+    match OpeningRecord::of_account(asked).differing_term(existing) {
+        Some(field) => Err(Error::mismatch(&existing.id, field)),
+        None => Ok(()),
     }
 }
 

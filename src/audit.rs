@@ -1,10 +1,10 @@
 //! The auditor: SPEC §7 invariants 1–7, checked from what the database holds.
 //!
-//! The expected state is rebuilt from the documents themselves — the transfers and the
-//! order-ledger entries, read once from the `_changes` feed — and compared with the account
-//! documents and with the views (`transactions/by_account`, `orders/ledger`). Everything is read
-//! in bounded pages, and every sum is computed here in `i128` rather than trusted from a `_sum`
-//! (JavaScript doubles). Every violation names the documents involved (in its `detail`, and as
+//! The expected state is rebuilt from the documents themselves — the transfers, the
+//! order-ledger entries and the accounts' opening records, read once from the `_changes` feed —
+//! and compared with the account documents and with the views (`transactions/by_account`,
+//! `orders/ledger`). Everything is read in bounded pages, and every sum is computed here in
+//! `i128` rather than trusted from a `_sum` (JavaScript doubles). Every violation names the documents involved (in its `detail`, and as
 //! ids in [`Check::documents`]).
 //!
 //! It reads a moving database without a snapshot, so the exact checks (2 and 5) are only
@@ -22,28 +22,33 @@ use crate::engine::now_ms;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::{OPEN_AGE_MAX_MS, PAGES_MAX, PAGE_ROWS_MAX, SETTLED_RETENTION_MIN_MS};
+use crate::money::Amount;
+use crate::opening::{account_term, opening_doc_id, OpeningRecord, OPENING_PREFIX};
 use crate::state::State;
 use crate::sweeper::StateCounts;
 use crate::transfer::{txn_doc_id, TxnDoc};
 
-/// Id prefixes of the write-once documents (invariant 6).
-const IMMUTABLE_PREFIXES: [&str; 6] = [
+/// Id prefixes of the write-once documents (invariant 6): the order ledger's entries and the
+/// accounts' opening records.
+const IMMUTABLE_PREFIXES: [&str; 7] = [
     "purchase:",
     "payment:",
     "refund:",
     "adjustment:",
     "shipment:",
     "delivery:",
+    OPENING_PREFIX,
 ];
 
 /// Id prefixes of every ledger document (invariant 8: none holds a conflict).
-const LEDGER_PREFIXES: [&str; 8] = [
+const LEDGER_PREFIXES: [&str; 9] = [
     "purchase:",
     "payment:",
     "refund:",
     "adjustment:",
     "shipment:",
     "delivery:",
+    OPENING_PREFIX,
     "account:",
     "txn:",
 ];
@@ -82,8 +87,8 @@ impl VerifyOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Check {
     /// `conservation`, `exactly_once`, `no_overdraft`, `termination`, `no_pending_markers`,
-    /// `immutable_documents`, `order_balances`, `account_documents`, `transfer_documents`,
-    /// `conflicts`, `design_documents`.
+    /// `immutable_documents`, `order_balances`, `account_documents`, `opening_records`,
+    /// `transfer_documents`, `conflicts`, `design_documents`.
     pub name: String,
     /// It holds.
     pub ok: bool,
@@ -152,7 +157,7 @@ fn named(list: &[String]) -> String {
 /// [`PAGE_ROWS_MAX`] rows, each starting after the last key of the page before (so the keys must
 /// be unique: grouped rows, or map rows with one row per document), at most [`PAGES_MAX`] pages.
 /// `base`'s `start_key`, `skip` and `limit` are set here.
-async fn view_in_pages(
+pub(crate) async fn view_in_pages(
     client: &Client,
     ddoc: &str,
     view: &str,
@@ -257,7 +262,11 @@ impl Ledger {
         let mut rows = Latest::default();
         let mut read: u64 = 0;
         for client in self.databases() {
-            self.scan_database(client, &mut rows, &mut read).await?;
+            // Opening records count only from the ledger's database, where the validation
+            // keeps them write-once; one in the hot database is anybody's write.
+            let records_here = client.database() == self.inner.client.database();
+            self.scan_database(client, records_here, &mut rows, &mut read)
+                .await?;
         }
         Ok(rows.scan())
     }
@@ -266,6 +275,7 @@ impl Ledger {
     async fn scan_database(
         &self,
         client: &Client,
+        records_here: bool,
         rows: &mut Latest,
         read: &mut u64,
     ) -> Result<()> {
@@ -281,6 +291,13 @@ impl Ledger {
             let page = client.changes(&q).await?;
             let n = page.results.len() as u64;
             for row in page.results {
+                if !records_here && row.id.starts_with(OPENING_PREFIX) {
+                    if !row.deleted {
+                        rows.misplaced_records
+                            .push(format!("{}/{}", client.database(), row.id));
+                    }
+                    continue;
+                }
                 rows.keep(row);
             }
             *read += n;
@@ -343,9 +360,17 @@ impl Ledger {
     ///    computed from its documents.
     ///
     /// plus `account_documents` and `transfer_documents`: every account and transfer document
-    /// is one this program can read; and `design_documents`: the views and the validation of
-    /// this version are installed and unchanged (without `_design/validation` the server no
-    /// longer keeps history write-once).
+    /// is one this program can read; `opening_records`: every account has its opening record
+    /// in the ledger's database and agrees with it; and `design_documents`: the views and the
+    /// validation of this version are installed and unchanged (without `_design/validation`
+    /// the server no longer keeps history write-once).
+    ///
+    /// An account's currency, opening and minimum are taken from its opening record (written
+    /// once, validated, in the ledger's database), not from the account document: in the split
+    /// layout the account lives where nothing validates it, and an opening raised there
+    /// together with the balance would leave every sum of the document's own figures intact.
+    /// Only an account without a record is counted with its document's figures (and named in
+    /// `opening_records`).
     ///
     /// Every violation names the documents involved, in its `detail` and in `documents`: the
     /// accounts, the transfers that explain (or fail to explain) a balance, the order's entries.
@@ -359,16 +384,17 @@ impl Ledger {
         let (accounts, malformed) = self.account_docs().await?;
         let scan = self.scan_documents().await?;
         let moves = scan.moves();
+        let terms: Vec<Terms<'_>> = accounts.iter().map(|a| scan.terms_of(a)).collect();
         let mut checks = Vec::new();
 
         // 1. Conservation, per currency. A violation names the accounts whose balance is not
         //    explained by their opening, their committed/done transfers and their pending
         //    markers — or, when every account is explained that way, the markers in flight.
         let mut totals: BTreeMap<&str, (i128, i128)> = BTreeMap::new();
-        for a in &accounts {
-            let t = totals.entry(a.currency.as_str()).or_default();
-            t.0 += i128::from(a.opening.minor());
-            t.1 += i128::from(a.balance.minor());
+        for (a, t) in accounts.iter().zip(&terms) {
+            let total = totals.entry(t.currency).or_default();
+            total.0 += i128::from(t.opening.minor());
+            total.1 += i128::from(a.balance.minor());
         }
         let mut unbalanced = Vec::new();
         let mut conservation_docs = Vec::new();
@@ -377,7 +403,13 @@ impl Ledger {
                 continue;
             }
             let mut named_here = Vec::new();
-            for a in accounts.iter().filter(|a| a.currency == *currency) {
+            let in_currency = || {
+                accounts
+                    .iter()
+                    .zip(&terms)
+                    .filter(|(_, t)| t.currency == *currency)
+            };
+            for (a, t) in in_currency() {
                 let in_flight: i128 = a
                     .pending
                     .iter()
@@ -386,7 +418,7 @@ impl Ledger {
                     .sum();
                 let moved = moves.get(&a.account_id).copied().unwrap_or(0);
                 let drift = i128::from(a.balance.minor())
-                    - i128::from(a.opening.minor())
+                    - i128::from(t.opening.minor())
                     - moved
                     - in_flight;
                 if drift != 0 {
@@ -395,7 +427,7 @@ impl Ledger {
                 }
             }
             if named_here.is_empty() {
-                for a in accounts.iter().filter(|a| a.currency == *currency) {
+                for (a, _) in in_currency() {
                     for m in &a.pending {
                         named_here.push(format!(
                             "{} holds {} ({:+})",
@@ -445,17 +477,17 @@ impl Ledger {
             let mut wrong = Vec::new();
             let mut docs = Vec::new();
             let mut doc_moves = moves.clone();
-            for a in &accounts {
+            for (a, t) in accounts.iter().zip(&terms) {
                 let moved = doc_moves.remove(&a.account_id).unwrap_or(0);
                 let viewed = view_sums.remove(&a.account_id).unwrap_or(0);
-                let expected = i128::from(a.opening.minor()) + moved;
+                let expected = i128::from(t.opening.minor()) + moved;
                 if i128::from(a.balance.minor()) != expected {
                     let (why, involved) = scan.suspects(a, now);
                     wrong.push(format!(
                         "{}: balance {} ≠ opening {} + transfers {moved}; {why}",
                         a.id,
                         a.balance.minor(),
-                        a.opening.minor()
+                        t.opening.minor()
                     ));
                     docs.push(a.id.clone());
                     docs.extend(involved);
@@ -501,11 +533,12 @@ impl Ledger {
         }
 
         // 3. No overdraft.
-        let overdrawn: Vec<&AccountDoc> = accounts
+        let overdrawn: Vec<(&AccountDoc, Amount)> = accounts
             .iter()
-            .filter(|a| a.min_balance.is_some_and(|min| a.balance < min))
+            .zip(&terms)
+            .filter_map(|(a, t)| t.min_balance.filter(|min| a.balance < *min).map(|m| (a, m)))
             .collect();
-        let limited = accounts.iter().filter(|a| a.min_balance.is_some()).count();
+        let limited = terms.iter().filter(|t| t.min_balance.is_some()).count();
         checks.push(check_with(
             "no_overdraft",
             overdrawn.is_empty(),
@@ -515,19 +548,19 @@ impl Ledger {
                 named(
                     &overdrawn
                         .iter()
-                        .map(|a| {
+                        .map(|(a, min)| {
                             format!(
                                 "{}: balance {} < min {} (pending: {})",
                                 a.id,
                                 a.balance.minor(),
-                                a.min_balance.map_or(0, |m| m.minor()),
+                                min.minor(),
                                 markers_of(a)
                             )
                         })
                         .collect::<Vec<_>>(),
                 )
             },
-            overdrawn.iter().map(|a| a.id.clone()).collect(),
+            overdrawn.iter().map(|(a, _)| a.id.clone()).collect(),
         ));
 
         // 4. Termination, from the transfer documents (oldest open first).
@@ -612,7 +645,7 @@ impl Ledger {
             scan.rewritten.is_empty(),
             if scan.rewritten.is_empty() {
                 format!(
-                    "{} order-ledger documents, all at revision 1",
+                    "{} write-once documents (order entries, opening records), all at revision 1",
                     scan.immutable_seen
                 )
             } else {
@@ -642,6 +675,8 @@ impl Ledger {
             },
             malformed.iter().map(|(id, _)| id.clone()).collect(),
         ));
+
+        checks.push(self.check_opening_records(&accounts, &malformed, &scan));
 
         checks.push(check_with(
             "transfer_documents",
@@ -721,6 +756,100 @@ impl Ledger {
     }
 }
 
+impl Ledger {
+    /// The `opening_records` check: every readable account has its opening record in the
+    /// ledger's database, with the same currency, opening and minimum; every record is
+    /// readable; none lies in the hot database; no account that has a record was deleted. A
+    /// record without an account is a create that stopped between its two writes (the record
+    /// comes first): named in the detail, not a violation — the same create completes it.
+    fn check_opening_records(
+        &self,
+        accounts: &[AccountDoc],
+        malformed: &[(String, String)],
+        scan: &Scan,
+    ) -> Check {
+        let db = self.inner.client.database();
+        let mut wrong = Vec::new();
+        let mut docs = Vec::new();
+        for a in accounts {
+            let Some(record) = scan.records.get(&a.account_id) else {
+                wrong.push(format!(
+                    "{} has no opening record ({} in {db}); run `couch-ledger init`, which writes \
+                     the records of accounts created before records existed",
+                    a.id,
+                    opening_doc_id(&a.account_id)
+                ));
+                docs.push(a.id.clone());
+                continue;
+            };
+            if let Some(field) = record.differing_term(a) {
+                wrong.push(format!(
+                    "{}: {field} {} differs from its opening record's {} ({}): the account \
+                     document was changed",
+                    a.id,
+                    account_term(a, field),
+                    record.term(field),
+                    record.id
+                ));
+                docs.push(a.id.clone());
+                docs.push(record.id.clone());
+            }
+        }
+        for (id, why) in &scan.bad_records {
+            wrong.push(why.clone());
+            docs.push(id.clone());
+        }
+        for id in &scan.misplaced_records {
+            wrong.push(format!(
+                "{id}: an opening record outside {db}, where nothing validates it (not counted)"
+            ));
+            docs.push(id.clone());
+        }
+        let existing: std::collections::HashSet<&str> = accounts
+            .iter()
+            .map(|a| a.id.as_str())
+            .chain(malformed.iter().map(|(id, _)| id.as_str()))
+            .collect();
+        let mut unfinished = Vec::new();
+        for (account, record) in &scan.records {
+            let id = account_doc_id(account);
+            if existing.contains(id.as_str()) {
+                continue;
+            }
+            if scan.deleted_accounts.contains(&id) {
+                wrong.push(format!(
+                    "{id} was deleted; its opening record {} says it opened with {} {}",
+                    record.id,
+                    record.opening.minor(),
+                    record.currency
+                ));
+                docs.push(id);
+                docs.push(record.id.clone());
+            } else {
+                unfinished.push(record.id.clone());
+            }
+        }
+        unfinished.sort();
+        let mut detail = if wrong.is_empty() {
+            format!(
+                "{} accounts match their opening records in {db}",
+                accounts.len()
+            )
+        } else {
+            named(&wrong)
+        };
+        if !unfinished.is_empty() {
+            detail.push_str(&format!(
+                "; {} records without an account, a create that stopped half-way (the same \
+                 `account create` completes it): {}",
+                unfinished.len(),
+                named(&unfinished)
+            ));
+        }
+        check_with("opening_records", wrong.is_empty(), detail, docs)
+    }
+}
+
 /// `{txn} {delta}` for each pending marker of an account.
 fn markers_of(a: &AccountDoc) -> String {
     if a.pending.is_empty() {
@@ -737,6 +866,15 @@ fn markers_of(a: &AccountDoc) -> String {
 
 /// A signed amount, or what is wrong with the document it should come from.
 type Signed = std::result::Result<i128, String>;
+
+/// An account's fixed fields as the auditor counts them: from its opening record, or from the
+/// account document where it has none.
+#[derive(Debug, Clone, Copy)]
+struct Terms<'a> {
+    currency: &'a str,
+    opening: Amount,
+    min_balance: Option<Amount>,
+}
 
 /// What the auditor needs of one transfer document.
 #[derive(Debug, Clone)]
@@ -776,24 +914,40 @@ struct Scan {
     bad_transfers: Vec<(String, String)>,
     /// `(id, losing revisions)` for ledger documents that hold an unresolved conflict.
     conflicts: Vec<(String, Vec<String>)>,
+    /// Readable opening records of the ledger's database, by account id.
+    records: HashMap<String, OpeningRecord>,
+    /// `(id, what is wrong)` for opening records this program cannot read.
+    bad_records: Vec<(String, String)>,
+    /// `{database}/{id}` of opening records found in the hot database (never counted).
+    misplaced_records: Vec<String>,
+    /// `account:…` ids the feed shows deleted.
+    deleted_accounts: std::collections::HashSet<String>,
 }
 
 /// The feed's rows, one per document. `_changes` may name a document more than once: it moved
 /// while the feed was read (a later row, newer), or a cluster's copies each reported it. Every
 /// document must count once, as it is now.
 #[derive(Default)]
-struct Latest(BTreeMap<String, crate::couch::ChangeRow>);
+struct Latest {
+    rows: BTreeMap<String, crate::couch::ChangeRow>,
+    /// `{database}/{id}` of opening records where they do not belong (the hot database): not
+    /// kept as rows, so they never count as records.
+    misplaced_records: Vec<String>,
+}
 
 impl Latest {
     fn keep(&mut self, row: crate::couch::ChangeRow) {
-        self.0.insert(row.id.clone(), row);
+        self.rows.insert(row.id.clone(), row);
     }
 
     fn scan(self) -> Scan {
         let mut scan = Scan::default();
-        for row in self.0.into_values() {
+        for row in self.rows.into_values() {
             scan.add(row);
         }
+        scan.misplaced_records = self.misplaced_records;
+        scan.misplaced_records.sort();
+        scan.misplaced_records.dedup();
         scan
     }
 }
@@ -824,6 +978,9 @@ impl Scan {
             if id.starts_with("txn:") {
                 self.bad_transfers
                     .push((id.clone(), format!("{id} was deleted")));
+            }
+            if id.starts_with("account:") {
+                self.deleted_accounts.insert(id);
             }
             return;
         }
@@ -891,7 +1048,33 @@ impl Scan {
             _ if id.starts_with("txn:") => self
                 .bad_transfers
                 .push((id.clone(), format!("{id} is not of type transaction"))),
+            Some("opening") => match OpeningRecord::from_value(doc.clone()) {
+                Ok(r) => {
+                    self.records.insert(r.account_id.clone(), r);
+                }
+                Err(e) => self.bad_records.push((id, e.to_string())),
+            },
+            _ if id.starts_with(OPENING_PREFIX) => self
+                .bad_records
+                .push((id.clone(), format!("{id} is not of type opening"))),
             _ => {}
+        }
+    }
+
+    /// `a`'s currency, opening and minimum: its opening record's, or where it has none (named
+    /// by `opening_records`) its own.
+    fn terms_of<'a>(&'a self, a: &'a AccountDoc) -> Terms<'a> {
+        match self.records.get(&a.account_id) {
+            Some(r) => Terms {
+                currency: &r.currency,
+                opening: r.opening,
+                min_balance: r.min_balance,
+            },
+            None => Terms {
+                currency: &a.currency,
+                opening: a.opening,
+                min_balance: a.min_balance,
+            },
         }
     }
 
@@ -1222,6 +1405,34 @@ mod tests {
         let (why, docs) = scan.suspects(&b, 3);
         assert!(why.contains("latest"), "{why}");
         assert!(docs.contains(&"txn:t1".to_owned()), "{docs:?}");
+    }
+
+    #[test]
+    fn an_accounts_terms_come_from_its_opening_record() {
+        let mut scan = Scan::default();
+        for doc in [
+            json!({"_id": "opening:A", "type": "opening", "account_id": "A", "currency": "EUR",
+                   "opening": 100, "min_balance": null}),
+            json!({"_id": "opening:X", "type": "opening", "account_id": "Y", "currency": "EUR",
+                   "opening": 100, "min_balance": 0}),
+            json!({"_id": "opening:Z", "type": "note"}),
+        ] {
+            scan.add(row(doc));
+        }
+        assert_eq!(scan.immutable_seen, 3);
+        assert_eq!(scan.records.len(), 1);
+        let bad: Vec<&str> = scan.bad_records.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(bad, ["opening:X", "opening:Z"]);
+        // A's document says 600 and a minimum of 0; its record says otherwise, and counts.
+        let a = account("A", 600, 600, json!([]));
+        let t = scan.terms_of(&a);
+        assert_eq!(
+            (t.currency, t.opening.minor(), t.min_balance),
+            ("EUR", 100, None)
+        );
+        // B has no record: its own figures, until `init` writes one.
+        let b = account("B", 5, 5, json!([]));
+        assert_eq!(scan.terms_of(&b).opening.minor(), 5);
     }
 
     #[test]

@@ -182,6 +182,9 @@ pub struct InitReport {
     /// copy of each document, when it was higher; left alone when an admin
     /// had set it lower; `None` when the server has no such setting (pouchdb-server).
     pub revs_limit: Option<u32>,
+    /// Opening records (docs/DOCUMENTS.md) this call wrote for accounts that had none: those
+    /// created before records existed. 0 once every account has its record.
+    pub opening_records: u64,
 }
 
 /// What [`Ledger::init`] did to the database of accounts and transfers of a split ledger.
@@ -628,7 +631,9 @@ impl Ledger {
     }
 
     /// Creates the database if needed and installs the design documents, writing only those
-    /// that changed. Safe to run any number of times, from several processes at once.
+    /// that changed; then writes the opening record of every account that has none (accounts
+    /// created before records existed: `verify` fails on those until then). Safe to run any
+    /// number of times, from several processes at once.
     ///
     /// # Errors
     ///
@@ -660,12 +665,15 @@ impl Ledger {
         // Learn the database's copies now (the `w` of ledger writes on a cluster), not in the
         // first transfer.
         self.inner.quorum.write_options(&self.inner.hot, true).await;
+        // After the validation is installed, which guards the records from then on.
+        let opening_records = self.write_missing_opening_records().await?;
         Ok(InitReport {
             database: self.inner.client.database().to_owned(),
             created,
             design_docs,
             hot,
             revs_limit,
+            opening_records,
         })
     }
 }

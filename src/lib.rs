@@ -70,6 +70,7 @@ pub mod limits;
 mod money;
 mod observe;
 mod one_write;
+mod opening;
 mod orders;
 mod state;
 mod sweeper;

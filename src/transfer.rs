@@ -1377,16 +1377,15 @@ impl Ledger {
                 )
             })?;
             // An earlier attempt that ended cancelled moved nothing: go on to the next id. Any
-            // other state is the reversal (made, or under way): answer it.
-            let earlier = self
-                .inner
-                .client
-                .get_opt::<Value>(&txn_doc_id(&reversal))
-                .await?;
-            if let Some(v) = earlier {
-                if TxnDoc::from_value(v)?.state == State::Cancelled {
-                    continue;
-                }
+            // other state is the reversal (made, or under way): answer it. Read as every
+            // transfer is, where transfers live and with its conflicts resolved.
+            let earlier = match self.read_txn(&reversal).await {
+                Ok(earlier) => Some(earlier),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            };
+            if earlier.is_some_and(|t| t.state == State::Cancelled) {
+                continue;
             }
             let request = TransferRequest {
                 id: Some(reversal),

@@ -575,7 +575,7 @@ fn design_table_is_well_formed_and_covers_every_type_and_transition() {
         match doc["type"].as_str() {
             Some(
                 t @ ("purchase" | "payment" | "refund" | "adjustment" | "shipment" | "delivery"
-                | "account" | "transaction"),
+                | "opening" | "account" | "transaction"),
             ) => t.to_owned(),
             _ => "other".to_owned(),
         }
@@ -587,6 +587,7 @@ fn design_table_is_well_formed_and_covers_every_type_and_transition() {
         "adjustment",
         "shipment",
         "delivery",
+        "opening",
         "account",
         "transaction",
         "other",

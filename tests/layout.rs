@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 use crate::support;
 use crate::support::{eur_transfer as request, open_account as open};
 use couch_ledger::{
-    Amount, Currency, Ledger, Payment, Purchase, State, SweepOptions, VerifyOptions,
+    AccountSpec, Amount, Currency, Ledger, Payment, Purchase, RecordStatus, State, SweepOptions,
+    VerifyOptions,
 };
 
 fn now_sweep() -> SweepOptions {
@@ -86,13 +87,16 @@ async fn a_split_ledger_keeps_accounts_and_transfers_out_of_the_validated_databa
             "_design/orders",
             "_design/transactions",
             "_design/validation",
+            "opening:A",
+            "opening:B",
             "payment:o1:p1",
             "purchase:o1",
         ]
         .into_iter()
         .map(str::to_owned)
         .collect(),
-        "the ledger's database holds the history and the design documents"
+        "the ledger's database holds the history (the accounts' opening records included) and \
+         the design documents"
     );
     assert_eq!(
         hot_ids,
@@ -238,4 +242,223 @@ async fn a_design_document_missing_from_the_hot_database_is_drift_and_init_repai
         "{hot_docs:?}"
     );
     assert!(l.design_drift().await.unwrap().is_empty());
+}
+
+/// A reversal cancelled for funds is tried again under the next id on the split layout too:
+/// the earlier reversal is looked for where transfers live, the hot database. Read in the
+/// ledger's database it is never found, and every later `reverse` answers the cancelled one.
+#[tokio::test]
+async fn a_reversal_cancelled_for_funds_is_tried_again_in_the_hot_database() {
+    let l = support::split_ledger("split_reverse_again").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    open(&l, "C", 0).await;
+    let pay = l.submit(request("pay", "A", "B", 300), true).await.unwrap();
+    assert_eq!(pay.state, State::Done);
+    let spend = l
+        .submit(request("spend", "B", "C", 300), true)
+        .await
+        .unwrap();
+    assert_eq!(spend.state, State::Done);
+    let first = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (first.id.as_str(), first.state, first.reason.as_deref()),
+        ("rev-pay", State::Cancelled, Some("insufficient_funds"))
+    );
+
+    // The money comes back: reversing again makes the next attempt, which moves it.
+    let back = l
+        .submit(request("back", "C", "B", 300), true)
+        .await
+        .unwrap();
+    assert_eq!(back.state, State::Done);
+    let second = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (second.id.as_str(), second.state, second.status),
+        ("rev2-pay", State::Done, RecordStatus::Created)
+    );
+    assert_eq!(
+        l.transfer("rev2-pay").await.unwrap().reverses.as_deref(),
+        Some("pay")
+    );
+    assert_eq!(support::balance(&l, "A").await, 1_000);
+    assert_eq!(support::balance(&l, "B").await, 0);
+
+    // Once done, it is found, never made again: nothing moves.
+    let third = l.reverse("pay").await.unwrap();
+    assert_eq!(
+        (third.id.as_str(), third.state, third.status),
+        ("rev2-pay", State::Done, RecordStatus::Exists)
+    );
+    assert_eq!(support::balance(&l, "A").await, 1_000);
+    assert_eq!(support::balance(&l, "B").await, 0);
+    assert_eq!(support::balance(&l, "C").await, 0);
+    let hot = l.hot_database().unwrap().to_owned();
+    let reversals: Vec<String> = ids_in(&hot)
+        .await
+        .into_iter()
+        .filter(|id| id.starts_with("txn:rev"))
+        .collect();
+    assert_eq!(reversals, ["txn:rev-pay", "txn:rev2-pay"]);
+    assert_at_rest(&l).await;
+}
+
+/// In the hot database nothing validates an account: a writer there can raise its `opening`
+/// and its `balance` by the same amount, and every sum of the document's own figures still
+/// adds up. `verify` takes the opening from the account's record in the ledger's validated
+/// database, and names the account.
+#[tokio::test]
+async fn verify_names_an_account_whose_opening_was_raised_in_the_hot_database() {
+    let l = support::split_ledger("split_forged_opening").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    for (id, from, to, value) in [("f1", "A", "B", 300), ("f2", "B", "A", 100)] {
+        let done = l.submit(request(id, from, to, value), true).await.unwrap();
+        assert_eq!(done.state, State::Done);
+    }
+    assert_at_rest(&l).await;
+
+    // 5,000 from nowhere on B, opening and balance alike, with a plain PUT.
+    let hot = l.hot_client();
+    let mut b: Value = hot.get("account:B").await.unwrap();
+    b["opening"] = json!(b["opening"].as_i64().unwrap() + 5_000);
+    b["balance"] = json!(b["balance"].as_i64().unwrap() + 5_000);
+    hot.put("account:B", &b).await.unwrap();
+    assert_eq!(support::balance(&l, "B").await, 5_200);
+
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(!report.ok, "{report:#?}");
+    for name in ["conservation", "exactly_once", "opening_records"] {
+        let check = report
+            .check(name)
+            .unwrap_or_else(|| panic!("no check {name}: {report:#?}"));
+        assert!(!check.ok, "{name}: {report:#?}");
+        assert!(check.detail.contains("account:B"), "{name}: {check:?}");
+        assert_eq!(
+            check
+                .documents
+                .iter()
+                .filter(|d| d.starts_with("account:"))
+                .collect::<Vec<_>>(),
+            ["account:B"],
+            "{name}: {check:?}"
+        );
+    }
+    let records = report.check("opening_records").unwrap();
+    assert!(
+        records
+            .detail
+            .contains("account:B: opening 5000 differs from its opening record's 0 (opening:B)"),
+        "{records:?}"
+    );
+    let conservation = report.check("conservation").unwrap();
+    assert!(
+        conservation
+            .detail
+            .contains("account:B (+5000 unexplained)"),
+        "{conservation:?}"
+    );
+
+    // A record written beside it in the hot database, with the raised opening, is not one:
+    // records are read from the ledger's database only.
+    let forged = json!({"type": "opening", "account_id": "B", "currency": "EUR",
+                        "opening": 5_000, "min_balance": 0});
+    hot.put("opening:B", &forged).await.unwrap();
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    let records = report.check("opening_records").unwrap();
+    assert!(
+        !records.ok && !report.check("conservation").unwrap().ok,
+        "{report:#?}"
+    );
+    let misplaced = format!("{}/opening:B", hot.database());
+    assert!(records.documents.contains(&misplaced), "{records:?}");
+}
+
+/// A create that stopped between its two writes — the opening record written, the account not
+/// — is completed by the same create; one with other terms is refused by the record.
+#[tokio::test]
+async fn an_account_create_that_stopped_after_its_record_is_completed_by_the_same_create() {
+    let l = support::split_ledger("split_half_created").await;
+    // What the first write of `create_account` leaves: the record, in the ledger's database.
+    let record = json!({"type": "opening", "account_id": "A", "currency": "EUR",
+                        "opening": 1_000, "min_balance": 0});
+    l.client().put("opening:A", &record).await.unwrap();
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+    let records = report.check("opening_records").unwrap();
+    assert!(
+        records.detail.contains("1 records without an account"),
+        "{records:?}"
+    );
+
+    let other = l
+        .create_account(AccountSpec {
+            account_id: "A".into(),
+            currency: support::eur(),
+            opening: Amount::new(2_000).unwrap(),
+            min_balance: Some(Amount::ZERO),
+        })
+        .await
+        .unwrap_err();
+    assert!(other.is_mismatch(), "{other:?}");
+    assert!(l.account("A").await.unwrap_err().is_not_found());
+
+    open(&l, "A", 1_000).await;
+    assert_eq!(support::balance(&l, "A").await, 1_000);
+    let again = l
+        .create_account(AccountSpec {
+            account_id: "A".into(),
+            currency: support::eur(),
+            opening: Amount::new(1_000).unwrap(),
+            min_balance: Some(Amount::ZERO),
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.status, RecordStatus::Exists);
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    assert!(report.ok, "{report:#?}");
+    assert!(
+        !report
+            .check("opening_records")
+            .unwrap()
+            .detail
+            .contains("without an account"),
+        "{report:#?}"
+    );
+}
+
+/// Accounts created before opening records existed have none: `verify` says to run `init`,
+/// which writes them from the account documents, once.
+#[tokio::test]
+async fn init_writes_the_opening_records_of_accounts_created_before_them() {
+    let l = support::split_ledger("split_old_accounts").await;
+    open(&l, "A", 1_000).await;
+    // B as an earlier version created it: the account alone.
+    let old = json!({"type": "account", "account_id": "B", "currency": "EUR", "opening": 500,
+                     "balance": 500, "min_balance": null, "pending": [], "settled": [],
+                     "created_at": 1});
+    l.hot_client().put("account:B", &old).await.unwrap();
+    l.submit(request("o1", "B", "A", 700), true).await.unwrap();
+
+    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+    let records = report.check("opening_records").unwrap();
+    assert!(!records.ok, "{report:#?}");
+    assert_eq!(records.documents, ["account:B"], "{records:?}");
+    assert!(
+        records.detail.contains("account:B has no opening record")
+            && records.detail.contains("couch-ledger init"),
+        "{records:?}"
+    );
+    // Counted with its own figures meanwhile: the money adds up.
+    assert!(report.check("conservation").unwrap().ok, "{report:#?}");
+
+    let init = l.init().await.unwrap();
+    assert_eq!(init.opening_records, 1);
+    let written: Value = l.client().get("opening:B").await.unwrap();
+    assert_eq!(
+        (&written["opening"], &written["min_balance"]),
+        (&json!(500), &Value::Null)
+    );
+    assert_at_rest(&l).await;
+    assert_eq!(l.init().await.unwrap().opening_records, 0);
 }

@@ -5,19 +5,20 @@ function (newDoc, oldDoc, userCtx, secObj) {
   // outside it: `x instanceof Array` is false for every array of a document, and prototypes and
   // constructors are not the sandbox's. Test shapes with typeof and Array.isArray only.
   var MAX = 9007199254740991;
+  // Write-once: the order ledger's entries, and the opening record of each account.
   var IMMUTABLE = {
     purchase: true, payment: true, refund: true,
-    adjustment: true, shipment: true, delivery: true
+    adjustment: true, shipment: true, delivery: true, opening: true
   };
   var OURS = {
     purchase: true, payment: true, refund: true, adjustment: true,
-    shipment: true, delivery: true, account: true, transaction: true
+    shipment: true, delivery: true, opening: true, account: true, transaction: true
   };
   // Id prefix -> the only type a document under that prefix may have.
   var PREFIX = [
     ['purchase:', 'purchase'], ['payment:', 'payment'], ['refund:', 'refund'],
     ['adjustment:', 'adjustment'], ['shipment:', 'shipment'], ['delivery:', 'delivery'],
-    ['account:', 'account'], ['txn:', 'transaction']
+    ['opening:', 'opening'], ['account:', 'account'], ['txn:', 'transaction']
   ];
   // One step of a transfer's state graph (docs/DOCUMENTS.md); `initial -> done` is the one-write
   // path's decision (docs/ONE_WRITE.md).
@@ -164,6 +165,19 @@ function (newDoc, oldDoc, userCtx, secObj) {
   if (IMMUTABLE[type] === true) {
     if (oldLive) {
       deny(type, "documents are write-once; '" + id + "' already exists and may not be updated");
+    }
+    if (type === 'opening') {
+      // The terms an account was created with, written before the account: what verify takes
+      // its opening, currency and minimum from, wherever the account lives (docs/LAYOUT.md).
+      needStr(type, newDoc, 'account_id');
+      needId(type, 'opening:' + newDoc.account_id);
+      needCurrency(type, newDoc);
+      needInt(type, newDoc, 'opening');
+      if (newDoc.min_balance === undefined) {
+        deny(type, "field 'min_balance' is required (null for an unlimited account)");
+      }
+      if (newDoc.min_balance !== null) { needInt(type, newDoc, 'min_balance'); }
+      return;
     }
     needStr(type, newDoc, 'order_id');
     var oid = newDoc.order_id;

@@ -177,12 +177,19 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
             "  _security                only admins and role {role:?} may read and write\n"
         ));
     }
+    if report.opening_records > 0 {
+        text.push_str(&format!(
+            "  opening records          {} written, for accounts created before records existed\n",
+            report.opening_records
+        ));
+    }
     let mut value =
         json!({"database": report.database, "created": report.created, "design_docs": docs});
     if let Some(security) = security {
         value["security"] = security;
     }
     value["revs_limit"] = json!(report.revs_limit);
+    value["opening_records"] = json!(report.opening_records);
     if let Some(hot) = &report.hot {
         value["hot"] = json!({
             "database": hot.database,
