@@ -79,7 +79,13 @@ pub struct DocEntry {
 pub struct Copy {
     pub docs: BTreeMap<String, DocEntry>,
     pub seq: u64,
+    /// Per view (`ddoc/view`), per document: the rows its map emitted for the document as it
+    /// was at that sequence (an index, brought up to date at each query).
+    pub index: BTreeMap<String, BTreeMap<String, (u64, Vec<(Value, Value)>)>>,
 }
+
+/// A view's rows as one query sees them: key, document id, value, and the document when asked.
+pub type Row = (Value, String, Value, Option<Value>);
 
 #[derive(Debug, Clone)]
 pub struct Db {
@@ -523,26 +529,29 @@ impl Cluster {
     /// disagree. `None` when no copy read holds it.
     pub fn read_doc(self: &Arc<Self>, db: &str, id: &str, r: usize) -> Option<(Tree, usize)> {
         let copies = self.read_copies(r);
-        let found: Vec<(usize, Tree)> = {
+        let (best, disagree) = {
             let s = self.lock();
             let d = s.dbs.get(db)?;
-            copies
+            let found: Vec<(usize, &Tree)> = copies
                 .iter()
-                .filter_map(|c| d.copies[*c].docs.get(id).map(|e| (*c, e.tree.clone())))
-                .collect()
+                .filter_map(|c| d.copies[*c].docs.get(id).map(|e| (*c, &e.tree)))
+                .collect();
+            let best = found
+                .iter()
+                .filter_map(|(c, t)| t.winner().map(|w| (*c, *t, w)))
+                .max_by(|a, b| {
+                    let key =
+                        |(_, t, w): &(usize, &Tree, Rev)| (!t.is_deleted(w), w.pos, w.hash.clone());
+                    key(a).cmp(&key(b))
+                })
+                .map(|(c, t, _)| (t.clone(), c));
+            let disagree = found.len() > 1 && !found.windows(2).all(|p| p[0].1.same_as(p[1].1));
+            let read: Vec<usize> = found.iter().map(|(c, _)| *c).collect();
+            (best, disagree.then_some(read))
         };
-        let best = found
-            .iter()
-            .filter_map(|(c, t)| t.winner().map(|w| (c, t, w)))
-            .max_by(|a, b| {
-                let key =
-                    |(_, t, w): &(&usize, &Tree, Rev)| (!t.is_deleted(w), w.pos, w.hash.clone());
-                key(a).cmp(&key(b))
-            })
-            .map(|(c, t, _)| (t.clone(), *c));
-        if found.len() > 1 && !found.windows(2).all(|p| p[0].1.same_as(&p[1].1)) {
-            for (a, _) in &found {
-                for (b, _) in &found {
+        if let Some(read) = disagree {
+            for a in &read {
+                for b in &read {
                     if a != b {
                         let delay = self.lock().rng.u64(1..50);
                         self.sync_later(db.to_owned(), id.to_owned(), *a, *b, delay);
@@ -570,21 +579,71 @@ impl Cluster {
             .collect()
     }
 
-    /// Every document of `db` on the copies `shards` picks, with its tree, by shard.
-    pub fn snapshot(&self, db: &str, shards: &[(u64, usize)]) -> Vec<(String, DocEntry, u64)> {
+    /// Calls `f` with every document of `db` on the copies `shards` picks (id, entry, shard).
+    pub fn scan(&self, db: &str, shards: &[(u64, usize)], mut f: impl FnMut(&str, &DocEntry, u64)) {
         let s = self.lock();
         let Some(d) = s.dbs.get(db) else {
-            return Vec::new();
+            return;
         };
-        let mut out = Vec::new();
         for (shard, node) in shards {
             for (id, e) in &d.copies[*node].docs {
                 if Cluster::shard_of(id, d.q) == *shard {
-                    out.push((id.clone(), e.clone(), *shard));
+                    f(id, e, *shard);
                 }
             }
         }
-        out
+    }
+
+    /// A view's rows over the copies `shards` picks, each copy's index brought up to date
+    /// first; `None` when the simulation has no such view. With `docs`, each row carries its
+    /// document (with `_conflicts` when `conflicts`).
+    pub fn view_rows(
+        &self,
+        db: &str,
+        shards: &[(u64, usize)],
+        ddoc: &str,
+        view: &str,
+        docs: bool,
+        conflicts: bool,
+    ) -> Option<Vec<Row>> {
+        crate::sim::views::map(ddoc, view, &Value::Null)?;
+        let name = format!("{ddoc}/{view}");
+        let mut s = self.lock();
+        let d = s.dbs.get_mut(db)?;
+        let q = d.q;
+        let mut out = Vec::new();
+        for (shard, node) in shards {
+            let copy = &mut d.copies[*node];
+            let index = copy.index.entry(name.clone()).or_default();
+            for (id, e) in &copy.docs {
+                if Cluster::shard_of(id, q) != *shard {
+                    continue;
+                }
+                let fresh = index.get(id).is_some_and(|(seq, _)| *seq == e.seq);
+                if !fresh {
+                    let rows = match e.tree.winner() {
+                        Some(w) if !e.tree.is_deleted(&w) => {
+                            let doc = doc_json(id, &e.tree, &w, true);
+                            crate::sim::views::map(ddoc, view, &doc).unwrap_or_default()
+                        }
+                        _ => Vec::new(),
+                    };
+                    index.insert(id.clone(), (e.seq, rows));
+                }
+                let (_, rows) = &index[id];
+                if rows.is_empty() {
+                    continue;
+                }
+                let doc = docs.then(|| {
+                    let w = e.tree.winner().expect("a document with rows has a winner");
+                    doc_json(id, &e.tree, &w, conflicts)
+                });
+                for (k, v) in rows {
+                    out.push((k.clone(), id.clone(), v.clone(), doc.clone()));
+                }
+            }
+        }
+        Some(out)
     }
 }
 

@@ -516,49 +516,28 @@ fn all_docs(cluster: &Arc<Cluster>, db: &str, r: &WireRequest, body: Option<Valu
     let start = json_param(r, "startkey");
     let end = json_param(r, "endkey");
     let shards = cluster.shard_copies(db);
-    let mut docs = cluster.snapshot(db, &shards);
-    docs.sort_by(|a, b| a.0.cmp(&b.0));
-    let rows: Vec<Value> = docs
-        .into_iter()
-        .filter(|(id, e, _)| {
-            e.tree.live()
-                && start
-                    .as_ref()
-                    .and_then(Value::as_str)
-                    .is_none_or(|s| id.as_str() >= s)
-                && end
-                    .as_ref()
-                    .and_then(Value::as_str)
-                    .is_none_or(|s| id.as_str() <= s)
-        })
-        .map(|(id, e, _)| {
-            let w = e.tree.winner().expect("live");
-            let mut row = json!({"id": id, "key": id, "value": {"rev": w.to_string()}});
-            if include {
-                row["doc"] = doc_json(&id, &e.tree, &w, conflicts);
-            }
-            row
-        })
-        .collect();
+    let start = start.as_ref().and_then(Value::as_str).map(str::to_owned);
+    let end = end.as_ref().and_then(Value::as_str).map(str::to_owned);
+    let mut rows: Vec<(String, Value)> = Vec::new();
+    cluster.scan(db, &shards, |id, e, _| {
+        let in_range =
+            start.as_deref().is_none_or(|s| id >= s) && end.as_deref().is_none_or(|s| id <= s);
+        if !in_range || !e.tree.live() {
+            return;
+        }
+        let w = e.tree.winner().expect("live");
+        let mut row = json!({"id": id, "key": id, "value": {"rev": w.to_string()}});
+        if include {
+            row["doc"] = doc_json(id, &e.tree, &w, conflicts);
+        }
+        rows.push((id.to_owned(), row));
+    });
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    let rows: Vec<Value> = rows.into_iter().map(|(_, r)| r).collect();
     reply(
         200,
         json!({"total_rows": rows.len(), "offset": 0, "rows": rows}),
     )
-}
-
-/// The documents a view or `_changes` sees on one copy: live winners with their conflicts.
-fn live_docs(entries: Vec<(String, DocEntry, u64)>) -> Vec<(String, Value, DocEntry)> {
-    entries
-        .into_iter()
-        .filter_map(|(id, e, _)| {
-            let w = e.tree.winner()?;
-            if e.tree.is_deleted(&w) {
-                return None;
-            }
-            let doc = doc_json(&id, &e.tree, &w, true);
-            Some((id, doc, e))
-        })
-        .collect()
 }
 
 fn query_view(
@@ -570,16 +549,11 @@ fn query_view(
     body: Option<Value>,
 ) -> WireReply {
     let shards = cluster.shard_copies(db);
-    let docs = live_docs(cluster.snapshot(db, &shards));
-    let mut rows: Vec<(Value, String, Value, Value)> = Vec::new();
-    for (id, doc, _) in &docs {
-        let Some(emitted) = views::map(ddoc, view, doc) else {
-            return not_found("missing_named_view");
-        };
-        for (k, v) in emitted {
-            rows.push((k, id.clone(), v, doc.clone()));
-        }
-    }
+    let include = flag(r, "include_docs");
+    let conflicts = flag(r, "conflicts");
+    let Some(mut rows) = cluster.view_rows(db, &shards, ddoc, view, include, conflicts) else {
+        return not_found("missing_named_view");
+    };
     let total = rows.len();
     rows.sort_by(|a, b| views::collate(&a.0, &b.0).then_with(|| a.1.cmp(&b.1)));
     let descending = flag(r, "descending");
@@ -682,20 +656,13 @@ fn query_view(
         };
         return reply(200, json!({"rows": out}));
     }
-    let include = flag(r, "include_docs");
-    let conflicts = flag(r, "conflicts");
     let out: Vec<Value> = rows
         .into_iter()
         .skip(skip)
         .take(limit)
-        .map(|(k, id, v, mut doc)| {
+        .map(|(k, id, v, doc)| {
             let mut row = json!({"id": id, "key": k, "value": v});
-            if include {
-                if !conflicts {
-                    if let Some(o) = doc.as_object_mut() {
-                        o.remove("_conflicts");
-                    }
-                }
+            if let Some(doc) = doc {
                 row["doc"] = doc;
             }
             row
@@ -774,28 +741,17 @@ async fn changes(
     loop {
         let notified = cluster.changed.notified();
         let mut rows: Vec<(u64, u64, String, DocEntry)> = Vec::new();
-        for (shard, node, id, e) in
-            cluster
-                .snapshot(db, &shards)
-                .into_iter()
-                .map(|(id, e, shard)| {
-                    (
-                        shard,
-                        shards.iter().find(|s| s.0 == shard).map_or(0, |s| s.1),
-                        id,
-                        e,
-                    )
-                })
-        {
+        cluster.scan(db, &shards, |id, e, shard| {
+            let node = shards.iter().find(|s| s.0 == shard).map_or(0, |s| s.1);
             // Since a sequence of another copy: from the start of this one (CouchDB may replay).
             let from = match since.get(&shard) {
                 Some((n, seq)) if *n == node => *seq,
                 _ => 0,
             };
             if e.seq > from {
-                rows.push((shard, e.seq, id, e));
+                rows.push((shard, e.seq, id.to_owned(), e.clone()));
             }
-        }
+        });
         rows.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
         let mut last: BTreeMap<u64, (usize, u64)> = since.clone();
         for (shard, node) in &shards {
