@@ -89,7 +89,7 @@ pub use ledger::{
     ConflictCounts, HotReport, InitReport, Ledger, PauseFn, PauseHook, Progress, ProgressFn,
     ProgressHook,
 };
-pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
+pub use money::{plain_decimal, Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent};
 pub use orders::{
     Adjustment, BasketItem, CurrencyBalance, Delivered, Delivery, Entry, EntryKind, OrderBalance,

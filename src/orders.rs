@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::couch::{ViewQuery, ViewRow};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
-use crate::money::{Amount, Currency};
+use crate::money::{plain_decimal, Amount, Currency};
 
 /// The longest order id, reference or account id, in characters.
 pub const ID_PART_LEN_MAX: usize = crate::limits::ID_CHARS_MAX;
@@ -570,7 +570,13 @@ fn decimal(currency: Currency, field: &str, raw: &RawValue) -> Result<Amount> {
     let decimal: String = if text.starts_with('"') {
         serde_json::from_str(text).map_err(|e| Error::invalid(field, e.to_string()))?
     } else if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
-        text.to_owned()
+        // A JSON number is read by its value, whatever its spelling (`8.330`, `833e-2`).
+        plain_decimal(text).ok_or_else(|| {
+            Error::invalid(
+                field,
+                format!("{text} is not an amount (write a decimal number like 8.33)"),
+            )
+        })?
     } else {
         return Err(Error::invalid(
             field,
@@ -590,16 +596,19 @@ fn decimal(currency: Currency, field: &str, raw: &RawValue) -> Result<Amount> {
 
 /// A quantity from its JSON text: a positive integer.
 fn quantity(field: &str, raw: &RawValue) -> Result<u32> {
-    let text = raw.get().trim();
+    let raw = raw.get().trim();
+    // A JSON number is read by its value: `2.0` and `2e0` are 2.
+    let plain = plain_decimal(raw);
+    let text = plain.as_deref().unwrap_or(raw);
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Error::invalid(
             field,
-            format!("{text} is not a positive integer"),
+            format!("{raw} is not a positive integer"),
         ));
     }
     let n: u32 = text
         .parse()
-        .map_err(|_| Error::invalid(field, format!("{text} is too large")))?;
+        .map_err(|_| Error::invalid(field, format!("{raw} is too large")))?;
     if n == 0 {
         return Err(Error::invalid(field, "must be at least 1"));
     }
