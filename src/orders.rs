@@ -847,6 +847,8 @@ impl Ledger {
             .order_terms(&payment.order_id, Some(payment.currency))
             .await?;
         let id = entry_id("payment", &payment.order_id, &payment.reference);
+        self.check_order_room(&payment.order_id, &id, EntryKind::Payment, payment.amount)
+            .await?;
         let doc = json!({
             "_id": id,
             "type": "payment",
@@ -873,6 +875,8 @@ impl Ledger {
             .order_terms(&refund.order_id, Some(refund.currency))
             .await?;
         let id = entry_id("refund", &refund.order_id, &refund.reference);
+        self.check_order_room(&refund.order_id, &id, EntryKind::Refund, refund.amount)
+            .await?;
         let doc = json!({
             "_id": id,
             "type": "refund",
@@ -898,6 +902,13 @@ impl Ledger {
             .order_terms(&adjustment.order_id, Some(adjustment.currency))
             .await?;
         let id = entry_id("adjustment", &adjustment.order_id, &adjustment.reference);
+        self.check_order_room(
+            &adjustment.order_id,
+            &id,
+            EntryKind::Adjustment,
+            adjustment.amount,
+        )
+        .await?;
         let doc = json!({
             "_id": id,
             "type": "adjustment",
@@ -1408,6 +1419,46 @@ impl Ledger {
             }
         }
         Ok(OrderTerms { account_id })
+    }
+
+    /// Refuses a money entry that would take one of the order's sums (its adjustments,
+    /// payments, refunds or balance) beyond ±(2^53 − 1) minor units, where the order could no
+    /// longer be read: an invalid amount, like any other. One view request. An entry already
+    /// written under `id` is left to `write_once` (the same content again is `Exists`). Entries
+    /// written at the same moment can pass it together; reading the order then reports the
+    /// overflow as the invariant it breaks.
+    async fn check_order_room(
+        &self,
+        order_id: &str,
+        id: &str,
+        kind: EntryKind,
+        amount: Amount,
+    ) -> Result<()> {
+        let order = self.order(order_id).await?;
+        if order.entries.iter().any(|e| e.id == id) {
+            return Ok(());
+        }
+        let (sum, name, to_balance) = match kind {
+            EntryKind::Payment => (order.paid, "payments", amount.neg()),
+            EntryKind::Refund => (order.refunded, "refunds", amount),
+            EntryKind::Adjustment => (order.adjusted, "adjustments", amount),
+            EntryKind::Purchase => unreachable!("a purchase is not added to an order"),
+        };
+        let beyond = |what: &str| {
+            Error::invalid(
+                "amount",
+                format!(
+                    "{} would take order {order_id:?}'s {what} beyond ±(2^53 − 1) minor units",
+                    amount.minor()
+                ),
+            )
+        };
+        sum.checked_add(amount).map_err(|_| beyond(name))?;
+        order
+            .balance
+            .checked_add(to_balance)
+            .map_err(|_| beyond("balance"))?;
+        Ok(())
     }
 
     /// Creates a write-once document: PUT without `_rev`; when it exists the stored document is
