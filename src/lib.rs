@@ -94,7 +94,7 @@ pub use observe::{Observer, RequestEvent};
 pub use orders::{
     Adjustment, BasketItem, CurrencyBalance, Delivered, Delivery, Entry, EntryKind, OrderBalance,
     OrderSummary, OutstandingPage, Payment, Purchase, RecordStatus, Recorded, Refund, Shipment,
-    Statement, ID_PART_LEN_MAX, OUTSTANDING_LIMIT_MAX,
+    Statement, BASKET_ITEMS_MAX, ID_PART_LEN_MAX, OUTSTANDING_LIMIT_MAX, TEXT_LEN_MAX,
 };
 pub use state::{transition, Event, State, TransitionError};
 pub use sweeper::{LedgerStatus, StateCounts, SweepOptions, SweepOutcome};

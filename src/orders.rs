@@ -24,9 +24,9 @@ pub const ID_PART_LEN_MAX: usize = crate::limits::ID_CHARS_MAX;
 pub const OUTSTANDING_LIMIT_MAX: usize = 1000;
 
 /// The longest free text (a method, reason, carrier, title…), in characters.
-const TEXT_LEN_MAX: usize = 1000;
+pub const TEXT_LEN_MAX: usize = 1000;
 /// The most items a basket may hold (a purchase is one document; keep it small).
-const BASKET_ITEMS_MAX: usize = 1000;
+pub const BASKET_ITEMS_MAX: usize = 1000;
 /// Rows asked for in one view or `_all_docs` request when paging.
 const VIEW_PAGE_ROWS: usize = 500;
 /// View requests one call of [`Ledger::outstanding_orders`] may send before it returns a cursor.
