@@ -12,7 +12,7 @@ use super::*;
 use crate::support::tools;
 
 /// The schemathesis run: a fixed seed, so that a run repeats; examples per operation, sized
-/// for about a minute on two cores. Longer runs with other seeds: tests/contract/hooks.py.
+/// for about a minute on two cores. A longer run by hand: tests/contract/schemathesis.toml.
 const SCHEMATHESIS_SEED: u64 = 20_250_101;
 const SCHEMATHESIS_EXAMPLES: u32 = 25;
 /// A tool still running after this long is stopped, and its test fails.
