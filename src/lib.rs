@@ -92,12 +92,12 @@ pub use ledger::{
     ConflictCounts, HotReport, InitReport, Ledger, PauseFn, PauseHook, Progress, ProgressFn,
     ProgressHook,
 };
-pub use money::{Amount, Currency, AMOUNT_ABS_MAX};
+pub use money::{plain_decimal, Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent};
 pub use orders::{
     Adjustment, BasketItem, CurrencyBalance, Delivered, Delivery, Entry, EntryKind, OrderBalance,
     OrderSummary, OutstandingPage, Payment, Purchase, RecordStatus, Recorded, Refund, Shipment,
-    Statement, ID_PART_LEN_MAX, OUTSTANDING_LIMIT_MAX,
+    Statement, BASKET_ITEMS_MAX, ID_PART_LEN_MAX, OUTSTANDING_LIMIT_MAX, TEXT_LEN_MAX,
 };
 pub use state::{transition, Event, State, TransitionError};
 pub use sweeper::{LedgerStatus, StateCounts, SweepOptions, SweepOutcome};

@@ -10,6 +10,93 @@ use crate::error::{Error, Result};
 /// which hold integers exactly only up to 2^53 − 1.
 pub const AMOUNT_ABS_MAX: i64 = (1 << 53) - 1;
 
+/// The most digits [`plain_decimal`] spells out: an amount needs at most 16, and a few more
+/// decimals; a JSON number such as `1e999999` is refused rather than written in full.
+const PLAIN_DIGITS_MAX: usize = 64;
+
+/// A JSON number's text (RFC 8259: `-12`, `66.0`, `1e3`, `8.33E-1`) spelled without an exponent
+/// and without the zeros that do not change its value (`-12`, `66`, `1000`, `0.833`; zero is
+/// `0`). JSON Schema reads a number by its value, so `66.0` is an integer there; callers that
+/// read JSON numbers exactly pass them through this first.
+///
+/// `None` for text that is not a JSON number, or whose plain spelling would need more than
+/// `PLAIN_DIGITS_MAX` (64) digits.
+///
+/// ```
+/// use couch_ledger::plain_decimal;
+/// assert_eq!(plain_decimal("66.0").as_deref(), Some("66"));
+/// assert_eq!(plain_decimal("8.33e1").as_deref(), Some("83.3"));
+/// assert_eq!(plain_decimal("-2.50E-2").as_deref(), Some("-0.025"));
+/// assert_eq!(plain_decimal("1e999999"), None);
+/// assert_eq!(plain_decimal("0x10"), None);
+/// ```
+pub fn plain_decimal(text: &str) -> Option<String> {
+    let all_digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match rest.split_once(['e', 'E']) {
+        Some((m, e)) => (m, Some(e)),
+        None => (rest, None),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    // JSON's grammar: no leading zero but in `0` itself, decimals after a point.
+    if !all_digits(whole) || (whole.len() > 1 && whole.starts_with('0')) {
+        return None;
+    }
+    if mantissa.contains('.') && !all_digits(fraction) {
+        return None;
+    }
+    let exponent: i64 = match exponent {
+        None => 0,
+        Some(e) => {
+            let (sign, digits) = match e.as_bytes().first() {
+                Some(b'-') => (-1, &e[1..]),
+                Some(b'+') => (1, &e[1..]),
+                _ => (1, e),
+            };
+            if !all_digits(digits) {
+                return None;
+            }
+            // Past 18 digits an exponent would overflow; no such number has a short spelling
+            // unless it is zero, which is told apart below without it.
+            let magnitude: i64 = if digits.len() <= 18 {
+                digits.parse().ok()?
+            } else {
+                i64::MAX / 4
+            };
+            sign * magnitude
+        }
+    };
+    let mut significant = format!("{whole}{fraction}");
+    let leading = significant.bytes().take_while(|&b| b == b'0').count();
+    if leading == significant.len() {
+        return Some("0".to_owned());
+    }
+    // The value is 0.<significant> × 10^point: the point sits `point` digits into it.
+    let mut point = whole.len() as i64 + exponent;
+    significant.drain(..leading);
+    point -= leading as i64;
+    let trailing = significant.bytes().rev().take_while(|&b| b == b'0').count();
+    significant.truncate(significant.len() - trailing);
+    let count = significant.len() as i64;
+    let spelled = point.max(count) + (-point).max(0);
+    if spelled > PLAIN_DIGITS_MAX as i64 {
+        return None;
+    }
+    let zeros = |n: i64| "0".repeat(usize::try_from(n).unwrap_or(0));
+    let plain = if point <= 0 {
+        format!("0.{}{significant}", zeros(-point))
+    } else if point >= count {
+        format!("{significant}{}", zeros(point - count))
+    } else {
+        let (before, after) = significant.split_at(point as usize);
+        format!("{before}.{after}")
+    };
+    Some(if negative { format!("-{plain}") } else { plain })
+}
+
 /// An amount in minor units (cents), `|amount| ≤ 2^53 − 1`. Arithmetic is checked: an overflow
 /// or a result out of range is an error, never a wrap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize)]
@@ -261,6 +348,55 @@ impl<'de> Deserialize<'de> for Currency {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plain_decimal_reads_a_json_number_by_its_value() {
+        for (text, plain) in [
+            ("0", "0"),
+            ("-0", "0"),
+            ("-0.000e7", "0"),
+            ("0e99999999999999999999", "0"),
+            ("12", "12"),
+            ("-12", "-12"),
+            ("66.0", "66"),
+            ("66.500", "66.5"),
+            ("1e3", "1000"),
+            ("1E+3", "1000"),
+            ("1.5e1", "15"),
+            ("8.33e0", "8.33"),
+            ("8.33e-1", "0.833"),
+            ("-2.50E-2", "-0.025"),
+            ("0.00100", "0.001"),
+            ("120e-1", "12"),
+            ("9007199254740991", "9007199254740991"),
+            ("9.007199254740991e15", "9007199254740991"),
+        ] {
+            assert_eq!(plain_decimal(text).as_deref(), Some(plain), "{text}");
+        }
+        for text in [
+            "",
+            "-",
+            "+1",
+            "01",
+            "1.",
+            ".5",
+            "1e",
+            "1e+",
+            "0x10",
+            "1_000",
+            " 1",
+            "1 ",
+            "\"1\"",
+            "NaN",
+            "1e64",
+            "1e-65",
+            "1e99999999999999999999",
+        ] {
+            assert_eq!(plain_decimal(text), None, "{text}");
+        }
+        assert_eq!(plain_decimal("1e63").map(|p| p.len()), Some(64));
+        assert_eq!(plain_decimal("1e-64").map(|p| p.len()), Some(66));
+    }
 
     fn gbp() -> Currency {
         Currency::from_code("GBP").unwrap()

@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use crate::couch::{ViewQuery, ViewRow};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
-use crate::money::{Amount, Currency};
+use crate::money::{plain_decimal, Amount, Currency};
 
 /// The longest order id, reference or account id, in characters.
 pub const ID_PART_LEN_MAX: usize = crate::limits::ID_CHARS_MAX;
@@ -24,9 +24,9 @@ pub const ID_PART_LEN_MAX: usize = crate::limits::ID_CHARS_MAX;
 pub const OUTSTANDING_LIMIT_MAX: usize = 1000;
 
 /// The longest free text (a method, reason, carrier, title…), in characters.
-const TEXT_LEN_MAX: usize = 1000;
+pub const TEXT_LEN_MAX: usize = 1000;
 /// The most items a basket may hold (a purchase is one document; keep it small).
-const BASKET_ITEMS_MAX: usize = 1000;
+pub const BASKET_ITEMS_MAX: usize = 1000;
 /// Rows asked for in one view or `_all_docs` request when paging.
 const VIEW_PAGE_ROWS: usize = 500;
 /// View requests one call of [`Ledger::outstanding_orders`] may send before it returns a cursor.
@@ -576,7 +576,13 @@ fn decimal(currency: Currency, field: &str, raw: &RawValue) -> Result<Amount> {
     let decimal: String = if text.starts_with('"') {
         serde_json::from_str(text).map_err(|e| Error::invalid(field, e.to_string()))?
     } else if text.starts_with(|c: char| c == '-' || c.is_ascii_digit()) {
-        text.to_owned()
+        // A JSON number is read by its value, whatever its spelling (`8.330`, `833e-2`).
+        plain_decimal(text).ok_or_else(|| {
+            Error::invalid(
+                field,
+                format!("{text} is not an amount (write a decimal number like 8.33)"),
+            )
+        })?
     } else {
         return Err(Error::invalid(
             field,
@@ -596,16 +602,19 @@ fn decimal(currency: Currency, field: &str, raw: &RawValue) -> Result<Amount> {
 
 /// A quantity from its JSON text: a positive integer.
 fn quantity(field: &str, raw: &RawValue) -> Result<u32> {
-    let text = raw.get().trim();
+    let raw = raw.get().trim();
+    // A JSON number is read by its value: `2.0` and `2e0` are 2.
+    let plain = plain_decimal(raw);
+    let text = plain.as_deref().unwrap_or(raw);
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
         return Err(Error::invalid(
             field,
-            format!("{text} is not a positive integer"),
+            format!("{raw} is not a positive integer"),
         ));
     }
     let n: u32 = text
         .parse()
-        .map_err(|_| Error::invalid(field, format!("{text} is too large")))?;
+        .map_err(|_| Error::invalid(field, format!("{raw} is too large")))?;
     if n == 0 {
         return Err(Error::invalid(field, "must be at least 1"));
     }
@@ -844,6 +853,8 @@ impl Ledger {
             .order_terms(&payment.order_id, Some(payment.currency))
             .await?;
         let id = entry_id("payment", &payment.order_id, &payment.reference);
+        self.check_order_room(&payment.order_id, &id, EntryKind::Payment, payment.amount)
+            .await?;
         let doc = json!({
             "_id": id,
             "type": "payment",
@@ -870,6 +881,8 @@ impl Ledger {
             .order_terms(&refund.order_id, Some(refund.currency))
             .await?;
         let id = entry_id("refund", &refund.order_id, &refund.reference);
+        self.check_order_room(&refund.order_id, &id, EntryKind::Refund, refund.amount)
+            .await?;
         let doc = json!({
             "_id": id,
             "type": "refund",
@@ -895,6 +908,13 @@ impl Ledger {
             .order_terms(&adjustment.order_id, Some(adjustment.currency))
             .await?;
         let id = entry_id("adjustment", &adjustment.order_id, &adjustment.reference);
+        self.check_order_room(
+            &adjustment.order_id,
+            &id,
+            EntryKind::Adjustment,
+            adjustment.amount,
+        )
+        .await?;
         let doc = json!({
             "_id": id,
             "type": "adjustment",
@@ -1405,6 +1425,46 @@ impl Ledger {
             }
         }
         Ok(OrderTerms { account_id })
+    }
+
+    /// Refuses a money entry that would take one of the order's sums (its adjustments,
+    /// payments, refunds or balance) beyond ±(2^53 − 1) minor units, where the order could no
+    /// longer be read: an invalid amount, like any other. One view request. An entry already
+    /// written under `id` is left to `write_once` (the same content again is `Exists`). Entries
+    /// written at the same moment can pass it together; reading the order then reports the
+    /// overflow as the invariant it breaks.
+    async fn check_order_room(
+        &self,
+        order_id: &str,
+        id: &str,
+        kind: EntryKind,
+        amount: Amount,
+    ) -> Result<()> {
+        let order = self.order(order_id).await?;
+        if order.entries.iter().any(|e| e.id == id) {
+            return Ok(());
+        }
+        let (sum, name, to_balance) = match kind {
+            EntryKind::Payment => (order.paid, "payments", amount.neg()),
+            EntryKind::Refund => (order.refunded, "refunds", amount),
+            EntryKind::Adjustment => (order.adjusted, "adjustments", amount),
+            EntryKind::Purchase => unreachable!("a purchase is not added to an order"),
+        };
+        let beyond = |what: &str| {
+            Error::invalid(
+                "amount",
+                format!(
+                    "{} would take order {order_id:?}'s {what} beyond ±(2^53 − 1) minor units",
+                    amount.minor()
+                ),
+            )
+        };
+        sum.checked_add(amount).map_err(|_| beyond(name))?;
+        order
+            .balance
+            .checked_add(to_balance)
+            .map_err(|_| beyond("balance"))?;
+        Ok(())
     }
 
     /// Creates a write-once document: PUT without `_rev`, with `w` = every copy of a cluster's

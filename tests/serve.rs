@@ -12,6 +12,9 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::support;
 
+// The contract as other programs read it: the OpenAPI document, schemathesis, a generated client.
+mod contract;
+
 const BIN: &str = env!("CARGO_BIN_EXE_couch-ledger");
 const CLOUDANT: &str = include_str!("../examples/cloudant-purchase.json");
 const ORDER: &str = "320afa89017426b994162ab004ce3383";

@@ -104,7 +104,7 @@ pub fn testserver_dir() -> Result<PathBuf> {
 
 /// `$XDG_CACHE_HOME/couch-ledger`, else `$HOME/.cache/couch-ledger`, else the temporary
 /// directory's `couch-ledger-cache`.
-fn cache_root() -> PathBuf {
+pub fn cache_root() -> PathBuf {
     let var = |name: &str| {
         std::env::var_os(name)
             .filter(|v| !v.is_empty())

@@ -8,21 +8,21 @@ use couch_ledger::AccountSpec;
 use super::api::{AccountBody, AccountList, CreateAccount, ErrorBody, RecordedBody};
 use super::error::ApiError;
 use super::extract::{IdPath, JsonBody};
+use super::schema::Id;
 use super::{amount, currency, record_status, AppState};
 
 /// Create an account. The same terms again answer 200 (`exists`); other terms, 409.
 #[utoipa::path(
     post,
     path = "/v1/accounts",
+    operation_id = "createAccount",
     tag = "accounts",
     request_body = CreateAccount,
     responses(
         (status = 201, description = "Created", body = RecordedBody),
         (status = 200, description = "Exists with the same currency, opening and minimum", body = RecordedBody),
-        (status = 400, description = "Invalid input; nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 409, description = "Exists with other terms (`field` names the first)", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable (see Retry-After)", body = ErrorBody),
+        (status = 400, description = "Invalid input (`invalid_json`, `invalid_input`; `field` names it); nothing written", body = ErrorBody),
+        (status = 409, description = "Exists with other terms (`mismatch`; `field` names the first)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -54,14 +54,13 @@ pub(crate) async fn create(
 #[utoipa::path(
     get,
     path = "/v1/accounts/{id}",
+    operation_id = "getAccount",
     tag = "accounts",
-    params(("id" = String, Path, description = "The account id")),
+    params(("id" = Id, Path, description = "The account id")),
     responses(
         (status = 200, description = "The account", body = AccountBody),
-        (status = 400, description = "A malformed id", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No such account", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "A malformed id (`invalid_input`)", body = ErrorBody),
+        (status = 404, description = "No such account (`not_found`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -81,11 +80,10 @@ pub(crate) async fn get(
 #[utoipa::path(
     get,
     path = "/v1/accounts",
+    operation_id = "listAccounts",
     tag = "accounts",
     responses(
         (status = 200, description = "The accounts", body = AccountList),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]

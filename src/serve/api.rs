@@ -1,22 +1,39 @@
 //! What goes over the wire: request bodies and responses, with their OpenAPI schemas. Fields
 //! and names are those of the CLI's `--json` output (SPEC §8.1); every amount is an integer in
 //! minor units. The library's types stay free of web concerns: these mirror them and are built
-//! from them with `From`.
+//! from them with `From` (the tests below check that each answers as the library's type
+//! serializes). Requests are parsed into the very types their schemas are made from, whose
+//! scalars (`schema.rs`) carry the library's limits.
+//!
+//! A field's default is said in words (`[default: 0]`), not with JSON Schema's `default`:
+//! client generators such as openapi-typescript read a `default` as "always present" and would
+//! make the field required in requests.
 
 use couch_ledger::{
-    AccountView, LedgerStatus, OrderBalance, OrderSummary, OutstandingPage, Recorded, Statement,
-    TransferOutcome, TransferView, VerifyReport,
+    AccountView, EntryKind, LedgerStatus, OrderBalance, OrderSummary, OutstandingPage,
+    RecordStatus, Recorded, State, Statement, TransferOutcome, TransferView, VerifyReport,
+    BASKET_ITEMS_MAX, OUTSTANDING_LIMIT_MAX,
 };
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
+
+use super::schema::{
+    AnyValue, CurrencyCode, CurrencyCodeAnyCase, Decimal, Id, MinorUnits, NonZeroMinorUnits,
+    OutstandingOnly, PositiveMinorUnits, ProductId, Quantity, Text,
+};
+
+// The attributes below must spell these limits as literals.
+const _: () = assert!(BASKET_ITEMS_MAX == 1000);
+const _: () = assert!(OUTSTANDING_LIMIT_MAX == 1000);
 
 // ---- errors ---------------------------------------------------------------------------------
 
 /// Every 4xx and 5xx answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct ErrorBody {
-    /// A stable code: `invalid_input`, `invalid_json`, `not_found`, `mismatch`,
-    /// `not_cancellable`, `not_reversible`, `invalid_state`, `unauthorized`,
+    /// A stable code: `invalid_input`, `invalid_json`, `not_found`, `method_not_allowed`,
+    /// `mismatch`, `not_cancellable`, `not_reversible`, `invalid_state`, `unauthorized`,
     /// `couchdb_unavailable`, `busy`, `not_ready`, `couchdb_refused`, `bad_gateway`,
     /// `internal`, `too_large`.
     #[schema(example = "invalid_input")]
@@ -25,10 +42,12 @@ pub(crate) struct ErrorBody {
     pub(crate) message: String,
     /// The field at fault, when one is.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub(crate) field: Option<String>,
     /// For transfers: the transfer's id, even when the call failed after its document may
     /// have been written (send the same id again to find out where it stands).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub(crate) id: Option<String>,
 }
 
@@ -40,19 +59,38 @@ pub(crate) struct RecordedBody {
     /// The document's id (`payment:o1:r1`).
     #[schema(example = "payment:320afa89017426b994162ab004ce3383:AB9977G244FF2F667")]
     pub(crate) id: String,
-    /// `created` or `exists`.
-    #[schema(example = "created")]
-    pub(crate) status: String,
+    pub(crate) status: RecordStatusBody,
     /// For accounts: the account id.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub(crate) account: Option<String>,
+}
+
+/// `created`: this call wrote it; `exists`: it was there with the same content; `uncertain`:
+/// written to some copies of a cluster's database and not yet every one (send it again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RecordStatusBody {
+    Created,
+    Exists,
+    Uncertain,
+}
+
+impl From<RecordStatus> for RecordStatusBody {
+    fn from(s: RecordStatus) -> RecordStatusBody {
+        match s {
+            RecordStatus::Created => RecordStatusBody::Created,
+            RecordStatus::Exists => RecordStatusBody::Exists,
+            RecordStatus::Uncertain => RecordStatusBody::Uncertain,
+        }
+    }
 }
 
 impl From<&Recorded> for RecordedBody {
     fn from(r: &Recorded) -> RecordedBody {
         RecordedBody {
             id: r.id.clone(),
-            status: r.status.as_str().to_owned(),
+            status: r.status.into(),
             account: None,
         }
     }
@@ -63,21 +101,24 @@ impl From<&Recorded> for RecordedBody {
 /// `POST /v1/accounts`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"account_id": "alice", "currency": "GBP", "opening": 100000, "min_balance": 0}))]
 pub(crate) struct CreateAccount {
-    /// The account id (no `:`, not beginning with `_`).
-    #[schema(example = "alice")]
+    /// The account id.
+    #[schema(value_type = Id)]
     pub(crate) account_id: String,
-    /// ISO-4217 code; never changes.
-    #[schema(example = "GBP")]
+    /// Never changes.
+    #[schema(value_type = CurrencyCodeAnyCase)]
     pub(crate) currency: String,
-    /// Opening balance, minor units [default: 0].
-    #[serde(default)]
-    #[schema(example = 100000)]
+    /// Opening balance, minor units; not below `min_balance` (when that is a number)
+    /// [default: 0].
+    #[serde(default, deserialize_with = "minor_units")]
+    #[schema(value_type = MinorUnits)]
     pub(crate) opening: i64,
-    /// The lowest balance a debit may leave, minor units; `null` = unlimited (an issuer or
-    /// external account) [default when absent: 0].
+    /// The lowest balance a debit may leave, minor units, at most `opening`; `null` =
+    /// unlimited (an issuer or external account); absent = 0 (so that forgetting it never
+    /// means an unlimited overdraft).
     #[serde(default = "zero_min", deserialize_with = "nullable")]
-    #[schema(example = 0, nullable)]
+    #[schema(value_type = Option<MinorUnits>)]
     pub(crate) min_balance: Option<i64>,
 }
 
@@ -88,7 +129,28 @@ fn zero_min() -> Option<i64> {
 /// `null` is `None`; a missing field takes the `default` instead (so that forgetting
 /// `min_balance` never means an unlimited overdraft).
 fn nullable<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
-    Option::<i64>::deserialize(d)
+    Option::<Box<RawValue>>::deserialize(d)?
+        .map(|raw| whole_minor_units(raw.get()))
+        .transpose()
+        .map_err(serde::de::Error::custom)
+}
+
+/// Minor units from a JSON number read by its value, as JSON Schema's `integer` is: `646`,
+/// `646.0` and `6.46e2` are all 646; `6.46` is refused. The range is the handler's to check.
+fn minor_units<'de, D: Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    let raw = Box::<RawValue>::deserialize(d)?;
+    whole_minor_units(raw.get()).map_err(serde::de::Error::custom)
+}
+
+fn whole_minor_units(text: &str) -> Result<i64, String> {
+    let plain = couch_ledger::plain_decimal(text)
+        .ok_or_else(|| format!("{text} is not a number of minor units"))?;
+    if plain.contains('.') {
+        return Err(format!("{text} is not a whole number of minor units"));
+    }
+    plain
+        .parse()
+        .map_err(|_| format!("{text} is beyond ±(2^53 − 1) minor units"))
 }
 
 /// A transfer applied to an account and not yet settled.
@@ -97,6 +159,7 @@ pub(crate) struct PendingBody {
     /// Transfer id.
     pub(crate) txn: String,
     /// The signed change it made to `balance`, minor units.
+    #[schema(value_type = MinorUnits)]
     pub(crate) delta: i64,
 }
 
@@ -105,17 +168,22 @@ pub(crate) struct PendingBody {
 pub(crate) struct AccountBody {
     /// Account id.
     pub(crate) account: String,
-    /// ISO-4217 code.
+    /// ISO-4217 code, as the account's document holds it.
     pub(crate) currency: String,
     /// Opening balance.
+    #[schema(value_type = MinorUnits)]
     pub(crate) opening: i64,
     /// What the document stores: every applied delta, settled or not.
+    #[schema(value_type = MinorUnits)]
     pub(crate) balance: i64,
     /// `balance` minus credits not yet settled: what may be spent.
+    #[schema(value_type = MinorUnits)]
     pub(crate) available: i64,
     /// `balance` minus every pending delta: settled transfers only.
+    #[schema(value_type = MinorUnits)]
     pub(crate) posted: i64,
     /// `null` = unlimited.
+    #[schema(value_type = Option<MinorUnits>, required = true)]
     pub(crate) min_balance: Option<i64>,
     /// Transfers applied and not yet settled.
     pub(crate) pending: Vec<PendingBody>,
@@ -154,23 +222,24 @@ pub(crate) struct AccountList {
 /// `POST /v1/transfers`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"from": "alice", "to": "shop", "amount": 10000, "currency": "GBP"}))]
 pub(crate) struct CreateTransfer {
     /// The idempotency key, the transfer's id (or give it as the `Idempotency-Key` header;
-    /// if both are given they must agree) [default: a new UUID v7].
-    #[schema(example = "order-42")]
+    /// when both are given they must be equal, else 400) [default: a new UUID v7].
+    #[schema(value_type = Option<Id>)]
     pub(crate) id: Option<String>,
     /// The account debited.
-    #[schema(example = "alice")]
+    #[schema(value_type = Id)]
     pub(crate) from: String,
-    /// The account credited; not `from`.
-    #[schema(example = "shop")]
+    /// The account credited; not `from` (else 400).
+    #[schema(value_type = Id)]
     pub(crate) to: String,
     /// Minor units, greater than zero.
-    #[schema(example = 10000)]
+    #[serde(deserialize_with = "minor_units")]
+    #[schema(value_type = PositiveMinorUnits)]
     pub(crate) amount: i64,
-    /// ISO-4217 code; both accounts must hold it (else the transfer ends `cancelled`,
-    /// `currency_mismatch`).
-    #[schema(example = "GBP")]
+    /// Both accounts must hold it (else the transfer ends `cancelled`, `currency_mismatch`).
+    #[schema(value_type = CurrencyCodeAnyCase)]
     pub(crate) currency: String,
     /// Drive the transfer to its end before answering [default: true]; `false` writes it
     /// `initial` for the sweeper.
@@ -183,27 +252,52 @@ pub(crate) struct OutcomeBody {
     /// Transfer id.
     #[schema(example = "order-42")]
     pub(crate) id: String,
-    /// `initial`, `pending`, `committed`, `done`, `canceling` or `cancelled`.
-    #[schema(example = "done")]
-    pub(crate) state: String,
+    pub(crate) state: StateBody,
     /// Why it was cancelled (`insufficient_funds`, `unknown_account`, `currency_mismatch`,
-    /// `cancelled_by_user`); `null` unless cancelled.
+    /// `cancelled_by_user`, `balance_overflow`, `unreadable_account`, `conflicting_terms`);
+    /// `null` unless cancelled.
+    #[schema(required = true)]
     pub(crate) reason: Option<String>,
     /// `created` (this call made it) or `exists` (sent before with the same terms).
-    #[schema(example = "created")]
-    pub(crate) status: String,
+    pub(crate) status: RecordStatusBody,
     /// For a reversal: the transfer it reverses.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub(crate) reverses: Option<String>,
+}
+
+/// Where a transfer is: `initial → pending → committed → done`, or `→ canceling → cancelled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum StateBody {
+    Initial,
+    Pending,
+    Committed,
+    Done,
+    Canceling,
+    Cancelled,
+}
+
+impl From<State> for StateBody {
+    fn from(s: State) -> StateBody {
+        match s {
+            State::Initial => StateBody::Initial,
+            State::Pending => StateBody::Pending,
+            State::Committed => StateBody::Committed,
+            State::Done => StateBody::Done,
+            State::Canceling => StateBody::Canceling,
+            State::Cancelled => StateBody::Cancelled,
+        }
+    }
 }
 
 impl From<&TransferOutcome> for OutcomeBody {
     fn from(o: &TransferOutcome) -> OutcomeBody {
         OutcomeBody {
             id: o.id.clone(),
-            state: o.state.as_str().to_owned(),
+            state: o.state.into(),
             reason: o.reason.clone(),
-            status: o.status.as_str().to_owned(),
+            status: o.status.into(),
             reverses: None,
         }
     }
@@ -227,13 +321,19 @@ pub(crate) struct TransferBody {
     /// Account credited.
     pub(crate) destination: String,
     /// Minor units.
+    #[schema(value_type = MinorUnits)]
     pub(crate) amount: i64,
+    /// ISO-4217 code, as the transfer's document holds it.
     pub(crate) currency: String,
-    /// `initial`, `pending`, `committed`, `done`, `canceling` or `cancelled`.
-    pub(crate) state: String,
+    pub(crate) state: StateBody,
+    /// Why it was cancelled; `null` unless cancelled.
+    #[schema(required = true)]
     pub(crate) reason: Option<String>,
     /// For a reversal, the transfer it reverses.
+    #[schema(required = true)]
     pub(crate) reverses: Option<String>,
+    /// The worker holding it, while one does.
+    #[schema(required = true)]
     pub(crate) claim: Option<ClaimBody>,
     /// ms since the epoch.
     pub(crate) created_at: i64,
@@ -249,7 +349,7 @@ impl From<&TransferView> for TransferBody {
             destination: t.destination.clone(),
             amount: t.amount.minor(),
             currency: t.currency.clone(),
-            state: t.state.as_str().to_owned(),
+            state: t.state.into(),
             reason: t.reason.clone(),
             reverses: t.reverses.clone(),
             claim: t.claim.as_ref().map(|c| ClaimBody {
@@ -264,58 +364,113 @@ impl From<&TransferView> for TransferBody {
 
 // ---- orders ---------------------------------------------------------------------------------
 
-/// A purchase in Cloudant's shape, amounts as **decimals** in the currency's units (`8.33` or
-/// `"8.33"`), parsed exactly (as `purchase --file`). `order_id` may be left out (the path names
-/// the order); when given it must be the path's.
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)] // documentation only: the library parses the body (Purchase::from_json)
+/// `PUT /v1/orders/{order_id}/purchase`: a purchase in Cloudant's shape, amounts as
+/// **decimals** in the currency's units (`8.33` or `"8.33"`), parsed exactly (as `purchase
+/// --file`). `order_id` may be left out (the path names the order); when given it must be the
+/// path's. The amounts are carried as their JSON text to the library, which reads them; this
+/// type decides which fields there are.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "account_id": "985522332",
+    "currency": "GBP",
+    "basket": [
+        {"product_id": "A56", "title": "Adele - 25", "category": "Music", "price": 8.33,
+         "tax": 0.0, "quantity": 2},
+        {"product_id": "B32", "title": "The Lady in the Van", "category": "Movies",
+         "price": 6.81, "tax": 0.0, "quantity": 1}
+    ],
+    "delivery": {"option": "Next Day", "price": 2.99,
+                 "address": {"street": "17 Front Street", "town": "Middlemarch"}},
+    "pretax": 23.47,
+    "tax": 0.0,
+    "total": 26.46
+}))]
+#[schema(
+    description = "A purchase in Cloudant's shape, amounts as decimals in the currency's \
+    units, parsed exactly. Rules no schema can state: `total` must equal `pretax + tax + \
+    delivery.price`; every amount may have at most as many decimals as the currency's minor \
+    unit; a `currency` here and one in the query must be the same; `order_id`, when given, \
+    must be the path's; sums must stay within 2^53 − 1 minor units. Each broken one is a 400 \
+    naming the field."
+)]
 pub(crate) struct PurchaseBody {
-    #[schema(example = "320afa89017426b994162ab004ce3383")]
-    order_id: Option<String>,
-    /// The customer.
-    #[schema(example = "985522332")]
-    account_id: String,
-    /// ISO-4217 code, or give `?currency=`.
-    #[schema(example = "GBP")]
-    currency: Option<String>,
-    basket: Vec<BasketItemBody>,
-    delivery: DeliveryBody,
-    /// Decimal.
-    #[schema(value_type = f64, example = 23.47)]
-    pretax: String,
-    /// Decimal.
-    #[schema(value_type = f64, example = 0.0)]
-    tax: String,
-    /// Decimal; must equal pretax + tax + delivery.price.
-    #[schema(value_type = f64, example = 26.46)]
-    total: String,
+    /// A CouchDB id the purchase may carry from elsewhere: ignored (the ledger's is
+    /// `purchase:{order_id}`).
+    #[serde(rename = "_id", default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = AnyValue)]
+    pub(crate) _id: Option<Box<RawValue>>,
+    /// The document type, `purchase` when given.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) kind: Option<PurchaseKind>,
+    /// The order: the path's, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Id>)]
+    pub(crate) order_id: Option<String>,
+    /// The customer (their statement's key).
+    #[schema(value_type = Id)]
+    pub(crate) account_id: String,
+    /// The currency of every amount, or give `?currency=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<CurrencyCodeAnyCase>)]
+    pub(crate) currency: Option<String>,
+    /// What was bought.
+    #[schema(min_items = 1, max_items = 1000)]
+    pub(crate) basket: Vec<BasketItemBody>,
+    pub(crate) delivery: DeliveryBody,
+    /// The basket's price before tax.
+    #[schema(value_type = Decimal)]
+    pub(crate) pretax: Box<RawValue>,
+    /// The tax on it.
+    #[schema(value_type = Decimal)]
+    pub(crate) tax: Box<RawValue>,
+    /// `pretax + tax + delivery.price`.
+    #[schema(value_type = Decimal)]
+    pub(crate) total: Box<RawValue>,
 }
 
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
+/// A purchase document's `type`.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum PurchaseKind {
+    Purchase,
+}
+
+/// One line of the basket.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct BasketItemBody {
-    product_id: String,
-    title: Option<String>,
-    category: Option<String>,
-    /// Decimal.
-    #[schema(value_type = f64, example = 8.33)]
-    price: String,
-    /// Decimal.
-    #[schema(value_type = f64, example = 0.0)]
-    tax: String,
-    quantity: u32,
+    #[schema(value_type = ProductId)]
+    pub(crate) product_id: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Text>)]
+    pub(crate) title: Option<String>,
+    #[serde(default)]
+    #[schema(value_type = Option<Text>)]
+    pub(crate) category: Option<String>,
+    /// The price of one.
+    #[schema(value_type = Decimal)]
+    pub(crate) price: Box<RawValue>,
+    /// The tax on one.
+    #[schema(value_type = Decimal)]
+    pub(crate) tax: Box<RawValue>,
+    #[schema(value_type = Quantity)]
+    pub(crate) quantity: Box<RawValue>,
 }
 
-#[derive(Debug, ToSchema)]
-#[allow(dead_code)]
+/// How the order is delivered.
+#[derive(Debug, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct DeliveryBody {
-    option: Option<String>,
-    /// Decimal.
-    #[schema(value_type = f64, example = 2.99)]
-    price: String,
-    /// Free form.
-    #[schema(value_type = Object)]
-    address: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Text>)]
+    pub(crate) option: Option<String>,
+    /// What delivery costs.
+    #[schema(value_type = Decimal)]
+    pub(crate) price: Box<RawValue>,
+    /// Where to: any JSON value, kept as given (an object in Cloudant's example).
+    #[schema(value_type = AnyValue)]
+    pub(crate) address: serde_json::Value,
 }
 
 /// `PUT /v1/orders/{order_id}/purchase?currency=`.
@@ -324,73 +479,98 @@ pub(crate) struct DeliveryBody {
 #[into_params(parameter_in = Query)]
 pub(crate) struct PurchaseQuery {
     /// The currency of the amounts when the body has no `currency` (if both are given they
-    /// must agree).
+    /// must be the same).
+    #[param(value_type = Option<CurrencyCodeAnyCase>)]
     pub(crate) currency: Option<String>,
 }
 
 /// `POST /v1/orders/{order_id}/payments`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"ref": "AB9977G244FF2F667", "amount": 646, "currency": "GBP", "method": "credit card"}))]
 pub(crate) struct PaymentRequest {
     /// The payment's reference (the provider's id): a re-sent payment is recognised by it.
     #[serde(rename = "ref")]
-    #[schema(example = "AB9977G244FF2F667")]
+    #[schema(value_type = Id)]
     pub(crate) reference: String,
     /// Minor units, greater than zero.
-    #[schema(example = 646)]
+    #[serde(deserialize_with = "minor_units")]
+    #[schema(value_type = PositiveMinorUnits)]
     pub(crate) amount: i64,
-    /// The order's currency.
-    #[schema(example = "GBP")]
+    /// The order's currency (another is a 400).
+    #[schema(value_type = CurrencyCodeAnyCase)]
     pub(crate) currency: String,
     /// How it was paid.
-    #[schema(example = "credit card")]
+    #[serde(default)]
+    #[schema(value_type = Option<Text>)]
     pub(crate) method: Option<String>,
 }
 
 /// `POST /v1/orders/{order_id}/refunds`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"ref": "rf1", "amount": 150, "currency": "GBP", "reason": "damaged"}))]
 pub(crate) struct RefundRequest {
     /// The refund's reference.
     #[serde(rename = "ref")]
+    #[schema(value_type = Id)]
     pub(crate) reference: String,
     /// Minor units, greater than zero.
+    #[serde(deserialize_with = "minor_units")]
+    #[schema(value_type = PositiveMinorUnits)]
     pub(crate) amount: i64,
+    /// The order's currency (another is a 400).
+    #[schema(value_type = CurrencyCodeAnyCase)]
     pub(crate) currency: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Text>)]
     pub(crate) reason: Option<String>,
 }
 
 /// `POST /v1/orders/{order_id}/adjustments`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"ref": "goodwill", "amount": -250, "currency": "GBP", "reason": "late"}))]
 pub(crate) struct AdjustmentRequest {
     /// The adjustment's reference.
     #[serde(rename = "ref")]
+    #[schema(value_type = Id)]
     pub(crate) reference: String,
     /// Signed minor units, not zero: positive adds to what the customer owes, negative takes
     /// away.
-    #[schema(example = -250)]
+    #[serde(deserialize_with = "minor_units")]
+    #[schema(value_type = NonZeroMinorUnits)]
     pub(crate) amount: i64,
+    /// The order's currency (another is a 400).
+    #[schema(value_type = CurrencyCodeAnyCase)]
     pub(crate) currency: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Text>)]
     pub(crate) reason: Option<String>,
 }
 
 /// `POST /v1/orders/{order_id}/shipments`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"ref": "trk-1", "carrier": "Royal Mail"}))]
 pub(crate) struct ShipmentRequest {
     /// The shipment's reference (a tracking number).
     #[serde(rename = "ref")]
+    #[schema(value_type = Id)]
     pub(crate) reference: String,
+    #[serde(default)]
+    #[schema(value_type = Option<Text>)]
     pub(crate) carrier: Option<String>,
 }
 
 /// `POST /v1/orders/{order_id}/deliveries`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"ref": "trk-1"}))]
 pub(crate) struct DeliveryRequest {
     /// The delivery's reference.
     #[serde(rename = "ref")]
+    #[schema(value_type = Id)]
     pub(crate) reference: String,
 }
 
@@ -399,28 +579,55 @@ pub(crate) struct DeliveryRequest {
 pub(crate) struct EntryBody {
     /// The document's id.
     pub(crate) id: String,
-    /// `purchase`, `payment`, `refund` or `adjustment`.
     #[serde(rename = "type")]
-    pub(crate) kind: String,
+    pub(crate) kind: EntryKindBody,
     /// What it adds to the balance (a payment is negative), minor units.
+    #[schema(value_type = MinorUnits)]
     pub(crate) amount: i64,
+}
+
+/// What a money entry of an order is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum EntryKindBody {
+    Purchase,
+    Payment,
+    Refund,
+    Adjustment,
+}
+
+impl From<EntryKind> for EntryKindBody {
+    fn from(k: EntryKind) -> EntryKindBody {
+        match k {
+            EntryKind::Purchase => EntryKindBody::Purchase,
+            EntryKind::Payment => EntryKindBody::Payment,
+            EntryKind::Refund => EntryKindBody::Refund,
+            EntryKind::Adjustment => EntryKindBody::Adjustment,
+        }
+    }
 }
 
 /// An order's money (as `order show --json`).
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct OrderBody {
     pub(crate) order_id: String,
+    #[schema(value_type = CurrencyCode)]
     pub(crate) currency: String,
     /// The purchase total.
+    #[schema(value_type = MinorUnits)]
     pub(crate) total: i64,
     /// Sum of the adjustments (signed).
+    #[schema(value_type = MinorUnits)]
     pub(crate) adjusted: i64,
     /// Sum of the payments.
+    #[schema(value_type = MinorUnits)]
     pub(crate) paid: i64,
     /// Sum of the refunds.
+    #[schema(value_type = MinorUnits)]
     pub(crate) refunded: i64,
     /// `total + adjusted − paid + refunded`: positive, the customer owes; negative, the
     /// merchant owes.
+    #[schema(value_type = MinorUnits)]
     pub(crate) balance: i64,
     pub(crate) entries: Vec<EntryBody>,
 }
@@ -440,7 +647,7 @@ impl From<&OrderSummary> for OrderBody {
                 .iter()
                 .map(|e| EntryBody {
                     id: e.id.clone(),
-                    kind: e.kind.as_str().to_owned(),
+                    kind: e.kind.into(),
                     amount: e.amount.minor(),
                 })
                 .collect(),
@@ -453,7 +660,9 @@ impl From<&OrderSummary> for OrderBody {
 pub(crate) struct OrderBalanceBody {
     pub(crate) order_id: String,
     /// `null` only for entries without a purchase (documents written around the ledger).
+    #[schema(value_type = Option<CurrencyCode>, required = true)]
     pub(crate) currency: Option<String>,
+    #[schema(value_type = MinorUnits)]
     pub(crate) balance: i64,
 }
 
@@ -474,10 +683,13 @@ fn balances(orders: &[OrderBalance]) -> Vec<OrderBalanceBody> {
 #[into_params(parameter_in = Query)]
 pub(crate) struct OrdersQuery {
     /// Must be `true`: the orders whose balance is not zero (the only listing there is).
+    #[param(required = true, value_type = OutstandingOnly)]
     pub(crate) outstanding: Option<bool>,
-    /// At most this many orders, 1 to 1000 [default: 100].
+    /// At most this many orders [default: 100].
+    #[param(minimum = 1, maximum = 1000, value_type = Option<u64>)]
     pub(crate) limit: Option<usize>,
     /// Start after this order id (the `next` of the previous page).
+    #[param(value_type = Option<Id>)]
     pub(crate) after: Option<String>,
 }
 
@@ -486,6 +698,7 @@ pub(crate) struct OrdersQuery {
 pub(crate) struct OutstandingBody {
     pub(crate) orders: Vec<OrderBalanceBody>,
     /// Pass as `after` for the next page; `null` at the end.
+    #[schema(required = true)]
     pub(crate) next: Option<String>,
 }
 
@@ -501,7 +714,9 @@ impl From<&OutstandingPage> for OutstandingBody {
 /// A total in one currency.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct CurrencyTotal {
+    #[schema(value_type = CurrencyCode)]
     pub(crate) currency: String,
+    #[schema(value_type = MinorUnits)]
     pub(crate) balance: i64,
 }
 
@@ -548,6 +763,7 @@ pub(crate) struct StatesBody {
 pub(crate) struct StatusBody {
     pub(crate) states: StatesBody,
     /// Seconds since the oldest open transfer was last written; `null` when none is open.
+    #[schema(required = true)]
     pub(crate) oldest_open_age_s: Option<u64>,
     /// Money in pending transfers, minor units (over all currencies).
     pub(crate) in_flight: i64,
@@ -645,4 +861,221 @@ pub(crate) struct ReadyBody {
     pub(crate) ready: bool,
     /// The database.
     pub(crate) database: String,
+}
+
+#[cfg(test)]
+mod tests {
+    //! The mirrors answer as the library's types serialize (the CLI's `--json`), field for
+    //! field; the purchase's fields are the library's own.
+
+    use std::collections::BTreeSet;
+
+    use couch_ledger::{
+        Amount, Check, Claim, Currency, CurrencyBalance, Entry, PendingEntry, Purchase, StateCounts,
+    };
+    use serde_json::json;
+    use utoipa::PartialSchema as _;
+
+    use super::*;
+
+    fn same<L: Serialize, B: Serialize>(library: &L, body: &B) {
+        let (l, b) = (
+            serde_json::to_value(library).unwrap(),
+            serde_json::to_value(body).unwrap(),
+        );
+        assert_eq!(b, l, "the service's body differs from the library's JSON");
+    }
+
+    fn minor(n: i64) -> Amount {
+        Amount::new(n).unwrap()
+    }
+
+    fn gbp() -> Currency {
+        Currency::from_code("GBP").unwrap()
+    }
+
+    #[test]
+    fn every_body_answers_as_the_library_serializes() {
+        let account = AccountView {
+            account: "alice".into(),
+            currency: "GBP".into(),
+            opening: minor(100),
+            balance: minor(90),
+            available: minor(80),
+            posted: minor(70),
+            min_balance: None,
+            pending: vec![PendingEntry {
+                txn: "t1".into(),
+                delta: minor(-10),
+            }],
+        };
+        same(&account, &AccountBody::from(&account));
+        let transfer = TransferView {
+            id: "t1".into(),
+            source: "alice".into(),
+            destination: "shop".into(),
+            amount: minor(10),
+            currency: "GBP".into(),
+            state: State::Pending,
+            reason: None,
+            reverses: Some("t0".into()),
+            claim: Some(Claim {
+                owner: "w1".into(),
+                expires_at: 1_700_000_000_000,
+            }),
+            created_at: 1_700_000_000_000,
+            last_modified: 1_700_000_000_001,
+        };
+        same(&transfer, &TransferBody::from(&transfer));
+        for state in [State::Done, State::Cancelled] {
+            let outcome = TransferOutcome {
+                id: "t1".into(),
+                state,
+                reason: (state == State::Cancelled).then(|| "insufficient_funds".into()),
+                status: RecordStatus::Created,
+            };
+            same(&outcome, &OutcomeBody::from(&outcome));
+        }
+        let recorded = Recorded {
+            id: "payment:o1:r1".into(),
+            status: RecordStatus::Exists,
+        };
+        same(&recorded, &RecordedBody::from(&recorded));
+        let order = OrderSummary {
+            order_id: "o1".into(),
+            currency: gbp(),
+            total: minor(2646),
+            adjusted: minor(-150),
+            paid: minor(2646),
+            refunded: minor(150),
+            balance: minor(0),
+            entries: [
+                (EntryKind::Purchase, 2646),
+                (EntryKind::Payment, -2646),
+                (EntryKind::Refund, 150),
+                (EntryKind::Adjustment, -150),
+            ]
+            .into_iter()
+            .map(|(kind, n)| Entry {
+                id: format!("{}:o1:r", kind.as_str()),
+                kind,
+                amount: minor(n),
+            })
+            .collect(),
+        };
+        same(&order, &OrderBody::from(&order));
+        let orders = vec![
+            OrderBalance {
+                order_id: "o1".into(),
+                currency: Some(gbp()),
+                balance: minor(5),
+            },
+            OrderBalance {
+                order_id: "o2".into(),
+                currency: None,
+                balance: minor(-5),
+            },
+        ];
+        let page = OutstandingPage {
+            orders: orders.clone(),
+            next: Some("o2".into()),
+        };
+        same(&page, &OutstandingBody::from(&page));
+        let statement = Statement {
+            account_id: "c1".into(),
+            orders,
+            totals: vec![CurrencyBalance {
+                currency: gbp(),
+                balance: minor(5),
+            }],
+        };
+        same(&statement, &StatementBody::from(&statement));
+        let status = LedgerStatus {
+            states: StateCounts {
+                initial: 1,
+                pending: 2,
+                committed: 3,
+                done: 4,
+                canceling: 5,
+                cancelled: 6,
+            },
+            oldest_open_age_s: Some(7),
+            in_flight: minor(8),
+            in_flight_by_currency: [("GBP".to_owned(), minor(8))].into(),
+            pending_markers: 9,
+            conflicts: 0,
+            overdrawn: 0,
+        };
+        same(&status, &StatusBody::from(&status));
+        let report = VerifyReport {
+            ok: false,
+            checks: vec![Check {
+                name: "conservation".into(),
+                ok: false,
+                detail: "off by 1".into(),
+                documents: vec!["account:a".into()],
+            }],
+        };
+        same(&report, &VerifyBody::from(&report));
+    }
+
+    /// The fields serde expects where `text` has an unknown one (its "expected one of …").
+    fn expected_fields(error: &str) -> BTreeSet<String> {
+        let list = error
+            .split_once("expected one of ")
+            .unwrap_or_else(|| panic!("no field list in {error:?}"))
+            .1;
+        list.split(", ")
+            .map(|f| f.trim_matches(|c: char| c == '`' || !c.is_ascii_graphic()))
+            .map(|f| f.split('`').next().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_purchase_body_has_the_librarys_fields() {
+        let full = json!({
+            "_id": "purchase:o1", "type": "purchase", "order_id": "o1", "account_id": "c1",
+            "currency": "GBP",
+            "basket": [{"product_id": "A56", "title": "Adele - 25", "category": "Audio CD",
+                        "price": "8.33", "tax": 0.2, "quantity": 2}],
+            "delivery": {"option": "Next Day", "price": 2.99, "address": {"town": "Middlemarch"}},
+            "pretax": 16.66, "tax": 0.4, "total": 20.05
+        });
+        // Each of the three objects, with a field neither knows: both list the same fields.
+        for at in ["/", "/basket/0", "/delivery"] {
+            let mut text = full.clone();
+            let object = if at == "/" {
+                &mut text
+            } else {
+                text.pointer_mut(at).unwrap()
+            };
+            object["zzz"] = json!(1);
+            let library = Purchase::from_json(&text.to_string(), None).unwrap_err();
+            let ours = serde_json::from_str::<PurchaseBody>(&text.to_string()).unwrap_err();
+            assert_eq!(
+                expected_fields(&ours.to_string()),
+                expected_fields(&library.to_string()),
+                "{at}"
+            );
+        }
+        // A purchase with every field goes through ours to the library unchanged.
+        let body: PurchaseBody = serde_json::from_str(&full.to_string()).unwrap();
+        let through = serde_json::to_string(&body).unwrap();
+        assert_eq!(
+            Purchase::from_json(&through, None).unwrap(),
+            Purchase::from_json(&full.to_string(), None).unwrap()
+        );
+        // The document describes the same fields.
+        let schema = serde_json::to_value(PurchaseBody::schema()).unwrap();
+        let described: BTreeSet<String> = schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        let mut text = full;
+        text["zzz"] = json!(1);
+        let ours = serde_json::from_str::<PurchaseBody>(&text.to_string()).unwrap_err();
+        assert_eq!(described, expected_fields(&ours.to_string()));
+    }
 }

@@ -68,6 +68,17 @@ impl ApiError {
         self.status
     }
 
+    pub(crate) fn field(&self) -> Option<&str> {
+        self.field.as_deref()
+    }
+
+    /// The same answer under another status and code; the message and field are kept.
+    pub(crate) fn recoded(mut self, status: StatusCode, code: &'static str) -> Self {
+        self.status = status;
+        self.code = code;
+        self
+    }
+
     /// The library's error as an answer. `missing` is said for a 404 of the document itself.
     pub(crate) fn from_ledger(e: &couch_ledger::Error, missing: impl FnOnce() -> String) -> Self {
         let message = e.to_string();

@@ -7,6 +7,7 @@
 //! |---|---|
 //! | `mod.rs` | settings, the router and its OpenAPI document, start and graceful stop |
 //! | `api.rs` | request and response bodies and their schemas |
+//! | `schema.rs` | the document's shared parts: constrained scalars, shared error answers |
 //! | `accounts.rs`, `transfers.rs`, `orders.rs`, `ops.rs` | the handlers |
 //! | `error.rs`, `extract.rs` | errors as answers; extractors that refuse the same way |
 //! | `auth.rs`, `access.rs`, `metrics.rs` | API keys; the request log line; Prometheus metrics |
@@ -50,11 +51,13 @@ mod extract;
 mod metrics;
 mod ops;
 mod orders;
+mod schema;
 mod transfers;
 
 use auth::ApiKeys;
 use error::ApiError;
 use metrics::Metrics;
+use schema::{Links, SharedAnswers};
 
 /// After SIGINT / SIGTERM, requests in flight get this long to finish (a transfer is bounded
 /// by its lease, 30 s); past it the process exits 1 rather than hang.
@@ -259,11 +262,13 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
         description = "A money ledger on CouchDB as an HTTP service: accounts and multi-phase \
             transfers, the order ledger, and the operator's endpoints. JSON in and out; every \
             amount is an integer in minor units (646 = 6.46 GBP), except in a purchase, which \
-            keeps Cloudant's decimal shape. Errors are a 4xx/5xx status with \
-            `{\"error\": code, \"message\": text}`; with API keys configured, every /v1 request \
-            needs `Authorization: Bearer <key>`."
+            keeps Cloudant's decimal shape. Every answer that is not a success is a 4xx/5xx \
+            status with an `ErrorBody`, `{\"error\": code, \"message\": text}` (and `field`, \
+            `id` when they apply): an unknown path too (404 `not_found`), and a method a path \
+            does not take (405 `method_not_allowed`, with `Allow`). With API keys configured, \
+            every /v1 request needs `Authorization: Bearer <key>`."
     ),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &Scalars),
     tags(
         (name = "accounts", description = "Accounts that transfers move money between"),
         (name = "transfers", description = "Two-phase transfers: idempotent by id"),
@@ -272,6 +277,16 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
     )
 )]
 struct ApiDoc;
+
+/// The scalars of `schema.rs`, some named only by parameters or by each other.
+struct Scalars;
+
+impl Modify for Scalars {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.schemas.extend(schema::components());
+    }
+}
 
 /// The `api_key` security scheme the `/v1` paths name.
 struct BearerAuth;
@@ -308,22 +323,24 @@ fn routes(keys: Arc<ApiKeys>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(ops::status))
         .routes(routes!(ops::verify))
         .route_layer(from_fn_with_state(keys, auth::require_key));
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let (router, mut doc) = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .merge(v1)
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::openapi))
-        .split_for_parts()
+        .split_for_parts();
+    // After the routes are in: these add to their operations.
+    SharedAnswers.modify(&mut doc);
+    Links.modify(&mut doc);
+    (router, doc)
 }
 
 /// The service: the routes, API keys in front of `/v1`, the request log and metrics around
 /// everything, JSON 404s.
 fn router(ledger: Ledger, metrics: Arc<Metrics>, keys: Arc<ApiKeys>) -> Router {
     let (routes, doc) = routes(keys);
-    let openapi = doc
-        .to_pretty_json()
-        .expect("the OpenAPI document serializes");
+    let openapi = schema::document_json(&doc);
     let state = AppState {
         ledger,
         metrics,
@@ -331,6 +348,7 @@ fn router(ledger: Ledger, metrics: Arc<Metrics>, keys: Arc<ApiKeys>) -> Router {
     };
     routes
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(extract::BODY_BYTES_MAX))
         .layer(from_fn_with_state(state.clone(), access::observe))
         .with_state(state)
@@ -338,6 +356,15 @@ fn router(ledger: Ledger, metrics: Arc<Metrics>, keys: Arc<ApiKeys>) -> Router {
 
 async fn not_found() -> impl IntoResponse {
     ApiError::not_found("no such endpoint (GET /openapi.json lists them)")
+}
+
+/// A path this service has, with a method it does not take; axum adds `Allow`.
+async fn method_not_allowed(method: axum::http::Method) -> impl IntoResponse {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("this path does not take {method} (`Allow` lists what it takes)"),
+    )
 }
 
 // ---- shared by the handlers -----------------------------------------------------------------

@@ -25,6 +25,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(5);
 #[utoipa::path(
     get,
     path = "/healthz",
+    operation_id = "getHealth",
     tag = "operations",
     responses((status = 200, description = "Up", body = HealthBody))
 )]
@@ -39,10 +40,12 @@ pub(crate) async fn healthz() -> Json<HealthBody> {
 #[utoipa::path(
     get,
     path = "/readyz",
+    operation_id = "getReadiness",
     tag = "operations",
     responses(
         (status = 200, description = "Ready", body = ReadyBody),
-        (status = 503, description = "CouchDB unreachable, the database missing, or design documents missing or changed (run init)", body = ErrorBody),
+        (status = 503, description = "CouchDB unreachable, the database missing, or design documents missing or changed (`not_ready`: run init)", body = ErrorBody,
+            headers(("Retry-After" = u32, description = "Seconds to wait before asking again"))),
     )
 )]
 pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
@@ -76,6 +79,7 @@ pub(crate) async fn readyz(State(state): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/metrics",
+    operation_id = "getMetrics",
     tag = "operations",
     responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String))
 )]
@@ -102,6 +106,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/openapi.json",
+    operation_id = "getOpenApi",
     tag = "operations",
     responses((status = 200, description = "The OpenAPI document", content_type = "application/json", body = Object))
 )]
@@ -117,11 +122,10 @@ pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
 #[utoipa::path(
     get,
     path = "/v1/status",
+    operation_id = "getStatus",
     tag = "operations",
     responses(
         (status = 200, description = "The status", body = StatusBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -139,12 +143,12 @@ pub(crate) async fn status(State(state): State<AppState>) -> Result<Json<StatusB
 #[utoipa::path(
     get,
     path = "/v1/verify",
+    operation_id = "verifyLedger",
     tag = "operations",
     params(VerifyQuery),
     responses(
         (status = 200, description = "The verdicts", body = VerifyBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "A malformed or unknown query parameter (`invalid_input`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]

@@ -1,16 +1,12 @@
 //! `/v1/orders`: the order ledger — purchase, payments, refunds, adjustments, shipments,
 //! deliveries; an order's balance and entries; outstanding orders; a customer's statement.
 
-use std::collections::BTreeMap;
-
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use couch_ledger::{
     Adjustment, Delivered, Payment, Purchase, Recorded, Refund, Shipment, OUTSTANDING_LIMIT_MAX,
 };
-use serde::Deserialize;
-use serde_json::value::RawValue;
 
 use super::api::{
     AdjustmentRequest, DeliveryRequest, ErrorBody, OrderBody, OrdersQuery, OutstandingBody,
@@ -19,6 +15,7 @@ use super::api::{
 };
 use super::error::ApiError;
 use super::extract::{IdPath, JsonBody, QueryParams, RawBody};
+use super::schema::Id;
 use super::{amount, currency, record_status, AppState};
 
 /// `GET /v1/orders` without `limit`.
@@ -36,16 +33,16 @@ fn written(r: couch_ledger::Result<Recorded>) -> Written {
 #[utoipa::path(
     put,
     path = "/v1/orders/{order_id}/purchase",
+    operation_id = "putPurchase",
     tag = "orders",
-    params(("order_id" = String, Path, description = "The order"), PurchaseQuery),
+    params(("order_id" = Id, Path, description = "The order"), PurchaseQuery),
     request_body(content = PurchaseBody, description = "Cloudant's purchase shape, decimal amounts"),
     responses(
         (status = 201, description = "Recorded", body = RecordedBody),
         (status = 200, description = "Recorded before with the same content", body = RecordedBody),
-        (status = 400, description = "Invalid (`field` names what); nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 409, description = "The order has a purchase with other content", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 202, description = "Written to some copies of a cluster's database, not yet every one (`status: uncertain`): send it again later to confirm", body = RecordedBody),
+        (status = 400, description = "Invalid (`invalid_input`; `field` names what, see the body's rules); nothing written", body = ErrorBody),
+        (status = 409, description = "The order has a purchase with other content (`mismatch`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -56,41 +53,23 @@ pub(crate) async fn purchase(
     RawBody(body): RawBody,
 ) -> Written {
     let given = query.currency.as_deref().map(currency).transpose()?;
-    let text = std::str::from_utf8(&body)
-        .map_err(|_| ApiError::invalid(None, "the purchase is not UTF-8 text"))?;
-    let text = with_order_id(text, &order_id)?;
+    let mut p: PurchaseBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(None, format!("purchase JSON: {e}")))?;
+    match &p.order_id {
+        Some(o) if *o != order_id => {
+            return Err(ApiError::invalid(
+                Some("order_id"),
+                format!("the body's order_id {o:?} is not the path's {order_id:?}"),
+            ))
+        }
+        _ => p.order_id = Some(order_id),
+    }
+    // A code in any case, as everywhere else; the library reads upper case.
+    p.currency = p.currency.map(|c| c.to_ascii_uppercase());
+    let text = serde_json::to_string(&p).expect("a parsed purchase serializes");
     let p =
         Purchase::from_json(&text, given).map_err(|e| ApiError::from_ledger(&e, String::new))?;
     written(state.ledger.record_purchase(&p).await)
-}
-
-/// The purchase's JSON text with `order_id` set to the path's: left as is when it names the
-/// same order, added when missing. Amounts are never parsed here (the library reads them as
-/// exact decimals), so the other fields are carried as raw JSON text.
-fn with_order_id(text: &str, order_id: &str) -> Result<String, ApiError> {
-    #[derive(Deserialize)]
-    struct OrderIdOnly {
-        order_id: Option<String>,
-    }
-    let bad = |e: serde_json::Error| ApiError::invalid(None, format!("purchase JSON: {e}"));
-    let named: OrderIdOnly = serde_json::from_str(text).map_err(bad)?;
-    match named.order_id {
-        Some(o) if o == order_id => Ok(text.to_owned()),
-        Some(o) => Err(ApiError::invalid(
-            Some("order_id"),
-            format!("the body's order_id {o:?} is not the path's {order_id:?}"),
-        )),
-        None => {
-            let mut fields: BTreeMap<String, Box<RawValue>> =
-                serde_json::from_str(text).map_err(bad)?;
-            let id = serde_json::to_string(order_id).expect("a string serializes");
-            fields.insert(
-                "order_id".to_owned(),
-                RawValue::from_string(id).expect("a JSON string"),
-            );
-            Ok(serde_json::to_string(&fields).expect("raw values serialize"))
-        }
-    }
 }
 
 /// Record a payment; it takes the balance down. The same payment again (same `ref`) answers
@@ -98,17 +77,17 @@ fn with_order_id(text: &str, order_id: &str) -> Result<String, ApiError> {
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/payments",
+    operation_id = "recordPayment",
     tag = "orders",
-    params(("order_id" = String, Path, description = "The order")),
+    params(("order_id" = Id, Path, description = "The order")),
     request_body = PaymentRequest,
     responses(
         (status = 201, description = "Recorded", body = RecordedBody),
         (status = 200, description = "Recorded before with the same content", body = RecordedBody),
-        (status = 400, description = "Invalid (amount not positive, other currency…); nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No purchase recorded for the order", body = ErrorBody),
-        (status = 409, description = "This ref recorded with other content", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 202, description = "Written to some copies of a cluster's database, not yet every one (`status: uncertain`): send it again later to confirm", body = RecordedBody),
+        (status = 400, description = "Invalid (`invalid_json`, `invalid_input`: a currency not the order's, an amount that would take one of the order's sums beyond 2^53 − 1 minor units…); nothing written", body = ErrorBody),
+        (status = 404, description = "No purchase recorded for the order (`not_found`)", body = ErrorBody),
+        (status = 409, description = "This ref recorded with other content (`mismatch`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -131,17 +110,17 @@ pub(crate) async fn payment(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/refunds",
+    operation_id = "recordRefund",
     tag = "orders",
-    params(("order_id" = String, Path, description = "The order")),
+    params(("order_id" = Id, Path, description = "The order")),
     request_body = RefundRequest,
     responses(
         (status = 201, description = "Recorded", body = RecordedBody),
         (status = 200, description = "Recorded before with the same content", body = RecordedBody),
-        (status = 400, description = "Invalid; nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No purchase recorded for the order", body = ErrorBody),
-        (status = 409, description = "This ref recorded with other content", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 202, description = "Written to some copies of a cluster's database, not yet every one (`status: uncertain`): send it again later to confirm", body = RecordedBody),
+        (status = 400, description = "Invalid (`invalid_json`, `invalid_input`: a currency not the order's, an amount that would take one of the order's sums beyond 2^53 − 1 minor units…); nothing written", body = ErrorBody),
+        (status = 404, description = "No purchase recorded for the order (`not_found`)", body = ErrorBody),
+        (status = 409, description = "This ref recorded with other content (`mismatch`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -164,17 +143,17 @@ pub(crate) async fn refund(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/adjustments",
+    operation_id = "recordAdjustment",
     tag = "orders",
-    params(("order_id" = String, Path, description = "The order")),
+    params(("order_id" = Id, Path, description = "The order")),
     request_body = AdjustmentRequest,
     responses(
         (status = 201, description = "Recorded", body = RecordedBody),
         (status = 200, description = "Recorded before with the same content", body = RecordedBody),
-        (status = 400, description = "Invalid (a zero amount…); nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No purchase recorded for the order", body = ErrorBody),
-        (status = 409, description = "This ref recorded with other content", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 202, description = "Written to some copies of a cluster's database, not yet every one (`status: uncertain`): send it again later to confirm", body = RecordedBody),
+        (status = 400, description = "Invalid (`invalid_json`, `invalid_input`: a currency not the order's, an amount that would take one of the order's sums beyond 2^53 − 1 minor units…); nothing written", body = ErrorBody),
+        (status = 404, description = "No purchase recorded for the order (`not_found`)", body = ErrorBody),
+        (status = 409, description = "This ref recorded with other content (`mismatch`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -197,16 +176,17 @@ pub(crate) async fn adjustment(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/shipments",
+    operation_id = "recordShipment",
     tag = "orders",
-    params(("order_id" = String, Path, description = "The order")),
+    params(("order_id" = Id, Path, description = "The order")),
     request_body = ShipmentRequest,
     responses(
         (status = 201, description = "Recorded", body = RecordedBody),
         (status = 200, description = "Recorded before with the same content", body = RecordedBody),
-        (status = 400, description = "Invalid; nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 409, description = "This ref recorded with other content", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 202, description = "Written to some copies of a cluster's database, not yet every one (`status: uncertain`): send it again later to confirm", body = RecordedBody),
+        (status = 400, description = "Invalid (`invalid_json`, `invalid_input`; `field` names it); nothing written", body = ErrorBody),
+        (status = 404, description = "No purchase recorded for the order (`not_found`)", body = ErrorBody),
+        (status = 409, description = "This ref recorded with other content (`mismatch`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -229,16 +209,17 @@ pub(crate) async fn shipment(
 #[utoipa::path(
     post,
     path = "/v1/orders/{order_id}/deliveries",
+    operation_id = "recordDelivery",
     tag = "orders",
-    params(("order_id" = String, Path, description = "The order")),
+    params(("order_id" = Id, Path, description = "The order")),
     request_body = DeliveryRequest,
     responses(
         (status = 201, description = "Recorded", body = RecordedBody),
         (status = 200, description = "Recorded before with the same content", body = RecordedBody),
-        (status = 400, description = "Invalid; nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 409, description = "This ref recorded with other content", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 202, description = "Written to some copies of a cluster's database, not yet every one (`status: uncertain`): send it again later to confirm", body = RecordedBody),
+        (status = 400, description = "Invalid (`invalid_json`, `invalid_input`; `field` names it); nothing written", body = ErrorBody),
+        (status = 404, description = "No purchase recorded for the order (`not_found`)", body = ErrorBody),
+        (status = 409, description = "This ref recorded with other content (`mismatch`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -261,14 +242,13 @@ pub(crate) async fn delivery(
 #[utoipa::path(
     get,
     path = "/v1/orders/{order_id}",
+    operation_id = "getOrder",
     tag = "orders",
-    params(("order_id" = String, Path, description = "The order")),
+    params(("order_id" = Id, Path, description = "The order")),
     responses(
         (status = 200, description = "The order", body = OrderBody),
-        (status = 400, description = "A malformed id", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No purchase recorded for the order", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "A malformed id (`invalid_input`)", body = ErrorBody),
+        (status = 404, description = "No purchase recorded for the order (`not_found`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -289,13 +269,12 @@ pub(crate) async fn get(
 #[utoipa::path(
     get,
     path = "/v1/orders",
+    operation_id = "listOutstandingOrders",
     tag = "orders",
     params(OrdersQuery),
     responses(
         (status = 200, description = "A page of outstanding orders", body = OutstandingBody),
-        (status = 400, description = "Without outstanding=true, or a bad limit", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "Without outstanding=true, a bad limit or after, an unknown parameter (`invalid_input`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -329,13 +308,12 @@ pub(crate) async fn list(
 #[utoipa::path(
     get,
     path = "/v1/customers/{account_id}/statement",
+    operation_id = "getCustomerStatement",
     tag = "orders",
-    params(("account_id" = String, Path, description = "The customer (a purchase's account_id)")),
+    params(("account_id" = Id, Path, description = "The customer (a purchase's account_id)")),
     responses(
         (status = 200, description = "The statement", body = StatementBody),
-        (status = 400, description = "A malformed id", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "A malformed id (`invalid_input`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]

@@ -9,6 +9,7 @@ use couch_ledger::{State as TxnState, TransferOutcome, TransferRequest};
 use super::api::{CreateTransfer, ErrorBody, OutcomeBody, TransferBody};
 use super::error::ApiError;
 use super::extract::{IdPath, RawBody};
+use super::schema::{Id, IdempotencyKey};
 use super::{amount, currency, parse_json, record_status, AppState, TransferId};
 
 /// The header that carries a transfer's idempotency key (its id).
@@ -22,18 +23,17 @@ pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
 #[utoipa::path(
     post,
     path = "/v1/transfers",
+    operation_id = "createTransfer",
     tag = "transfers",
     request_body = CreateTransfer,
     params(
-        ("Idempotency-Key" = Option<String>, Header, description = "The transfer's id (instead of `id` in the body)")
+        ("Idempotency-Key" = Option<IdempotencyKey>, Header, nullable = false, description = "The transfer's id, instead of `id` in the body; when both are given they must be equal (else 400)")
     ),
     responses(
-        (status = 201, description = "Created: `done`, or `cancelled` with its `reason`", body = OutcomeBody),
+        (status = 201, description = "Created: `done`, or `cancelled` with its `reason` (or `initial` with `wait: false`)", body = OutcomeBody),
         (status = 200, description = "Exists: sent before with the same terms", body = OutcomeBody),
-        (status = 400, description = "Invalid input; nothing written", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 409, description = "The id exists with other terms", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable: send the same id again later", body = ErrorBody),
+        (status = 400, description = "Invalid input (`invalid_json`, `invalid_input`; `field` names it; `from` = `to`; the header and the body's id differ); nothing written", body = ErrorBody),
+        (status = 409, description = "The id exists with other terms (`mismatch`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -138,14 +138,13 @@ fn answer(
 #[utoipa::path(
     get,
     path = "/v1/transfers/{id}",
+    operation_id = "getTransfer",
     tag = "transfers",
-    params(("id" = String, Path, description = "The transfer id")),
+    params(("id" = Id, Path, description = "The transfer id")),
     responses(
         (status = 200, description = "The transfer", body = TransferBody),
-        (status = 400, description = "A malformed id", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No such transfer", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "A malformed id (`invalid_input`)", body = ErrorBody),
+        (status = 404, description = "No such transfer (`not_found`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -167,15 +166,14 @@ pub(crate) async fn get(State(state): State<AppState>, IdPath(id): IdPath) -> Re
 #[utoipa::path(
     post,
     path = "/v1/transfers/{id}/cancel",
+    operation_id = "cancelTransfer",
     tag = "transfers",
-    params(("id" = String, Path, description = "The transfer id")),
+    params(("id" = Id, Path, description = "The transfer id")),
     responses(
         (status = 200, description = "Cancelled (now or before)", body = OutcomeBody),
-        (status = 400, description = "A malformed id", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No such transfer", body = ErrorBody),
-        (status = 409, description = "Committed or done: reverse it instead (`not_cancellable`)", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "A malformed id (`invalid_input`)", body = ErrorBody),
+        (status = 404, description = "No such transfer (`not_found`)", body = ErrorBody),
+        (status = 409, description = "Committed or done: reverse it instead (`not_cancellable`); or in a state no cancel applies to (`invalid_state`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -205,16 +203,15 @@ pub(crate) async fn cancel(State(state): State<AppState>, IdPath(id): IdPath) ->
 #[utoipa::path(
     post,
     path = "/v1/transfers/{id}/reverse",
+    operation_id = "reverseTransfer",
     tag = "transfers",
-    params(("id" = String, Path, description = "The transfer to reverse")),
+    params(("id" = Id, Path, description = "The transfer to reverse")),
     responses(
         (status = 201, description = "The reversal (its own id, `reverses`)", body = OutcomeBody),
         (status = 200, description = "Reversed before: the first reversal", body = OutcomeBody),
-        (status = 400, description = "A malformed id", body = ErrorBody),
-        (status = 401, description = "No or a wrong API key", body = ErrorBody),
-        (status = 404, description = "No such transfer", body = ErrorBody),
-        (status = 409, description = "Not committed or done (`not_reversible`)", body = ErrorBody),
-        (status = 503, description = "CouchDB unreachable", body = ErrorBody),
+        (status = 400, description = "A malformed id (`invalid_input`)", body = ErrorBody),
+        (status = 404, description = "No such transfer (`not_found`)", body = ErrorBody),
+        (status = 409, description = "Not committed or done, or it cannot be reversed again (`not_reversible`)", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -236,7 +233,18 @@ pub(crate) async fn reverse(State(state): State<AppState>, IdPath(id): IdPath) -
             ));
         }
         let (ledger, txn) = (state.ledger.clone(), id.clone());
-        to_the_end(async move { ledger.reverse(&txn).await }).await
+        to_the_end(async move { ledger.reverse(&txn).await })
+            .await
+            .map_err(|e| {
+                // The id was read above, so what the library refuses now is the transfer's
+                // state, not the request: still settling, every attempt cancelled, or a
+                // reversal id that would be too long.
+                if e.status() == StatusCode::BAD_REQUEST && e.field() == Some("id") {
+                    e.recoded(StatusCode::CONFLICT, "not_reversible")
+                } else {
+                    e
+                }
+            })
     }
     .await;
     answer(&state, &id, result, Some(&id))

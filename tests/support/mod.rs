@@ -10,6 +10,7 @@
 #[path = "../../src/cli/devserver.rs"]
 pub mod devserver;
 pub mod proxy;
+pub mod tools;
 pub mod trio;
 
 use std::sync::{Mutex, OnceLock};
