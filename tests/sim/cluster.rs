@@ -81,8 +81,11 @@ pub struct Copy {
     pub seq: u64,
     /// Per view (`ddoc/view`), per document: the rows its map emitted for the document as it
     /// was at that sequence (an index, brought up to date at each query).
-    pub index: BTreeMap<String, BTreeMap<String, (u64, Vec<(Value, Value)>)>>,
+    pub index: BTreeMap<String, ViewIndex>,
 }
+
+/// One view's index on one copy: per document, the sequence it was mapped at and its rows.
+pub type ViewIndex = BTreeMap<String, (u64, Vec<(Value, Value)>)>;
 
 /// A view's rows as one query sees them: key, document id, value, and the document when asked.
 pub type Row = (Value, String, Value, Option<Value>);

@@ -752,7 +752,7 @@ async fn changes(
                 rows.push((shard, e.seq, id.to_owned(), e.clone()));
             }
         });
-        rows.sort_by(|a, b| (a.1, a.0).cmp(&(b.1, b.0)));
+        rows.sort_by_key(|a| (a.1, a.0));
         let mut last: BTreeMap<u64, (usize, u64)> = since.clone();
         for (shard, node) in &shards {
             last.entry(*shard).or_insert((*node, 0));

@@ -32,7 +32,7 @@ pub fn main() -> i32 {
         if !out.violations.is_empty() {
             print_failure(&out, long);
         }
-        report(&[out.clone()], started, 1);
+        report(std::slice::from_ref(&out), started, 1);
         println!("scenario: {}", out.scenario);
         println!("trace digest: {:016x}", out.trace);
         return i32::from(!out.violations.is_empty());
