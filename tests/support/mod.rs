@@ -353,6 +353,16 @@ pub async fn live_leaves(db: &str, id: &str) -> Vec<serde_json::Value> {
 /// that makes a ledger treat its database as a single node's) skips there: on a cluster that
 /// premise is false, and the copies' lag shows in it as flakiness, not as a finding.
 pub async fn keeps_several_copies(db: &str) -> bool {
+    let several = copies(db).await > 1;
+    if several {
+        eprintln!("SKIPPED: {db} keeps several copies; a one-copy test does not apply");
+    }
+    several
+}
+
+/// The copies database `db` states it keeps of each document (`cluster.n`; 1 where the server
+/// states none, as pouchdb-server).
+pub async fn copies(db: &str) -> u64 {
     let info: serde_json::Value = auth(raw().get(raw_url(db)))
         .send()
         .await
@@ -360,11 +370,7 @@ pub async fn keeps_several_copies(db: &str) -> bool {
         .json()
         .await
         .unwrap();
-    let several = info["cluster"]["n"].as_u64().is_some_and(|n| n > 1);
-    if several {
-        eprintln!("SKIPPED: {db} keeps several copies; a one-copy test does not apply");
-    }
-    several
+    info["cluster"]["n"].as_u64().unwrap_or(1)
 }
 
 /// Plants a sibling of document `id`'s current revision in database `db`, as a cluster's
