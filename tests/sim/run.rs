@@ -92,6 +92,8 @@ thread_local! {
 /// The shape of one run, drawn from its seed.
 #[derive(Debug, Clone)]
 struct Plan {
+    /// The shape of the measured node loss (docs/CLUSTER.md, "The node that came back").
+    forensics: bool,
     split: bool,
     slots: Vec<ProcessPlan>,
     accounts: Vec<(String, i64, Option<i64>)>,
@@ -213,7 +215,8 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
             crashes.push((0, rng.u64(1..duration_s)));
         }
     }
-    let plan = Plan {
+    let mut plan = Plan {
+        forensics: false,
         split: rng.bool(),
         slots,
         accounts,
@@ -228,7 +231,38 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
         crashes,
         sweep_every_s: rng.u64(1..6),
     };
+    if long && rng.u32(..3) == 0 {
+        forensics(rng, &mut plan, &mut config);
+    }
     (plan, config)
+}
+
+/// The load of the measured node loss: two service processes through the balancer, six busy
+/// accounts of 50,000, a fifth of the transfers sent twice at once, and one node stopped ten
+/// seconds in for 150 seconds while the load goes on (CouchDB's default `_revs_limit` is
+/// exceeded on its stale copies many times over).
+fn forensics(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
+    let process = ProcessPlan {
+        route: Route::RoundRobin,
+        admin: true,
+        stepwise: false,
+        background: false,
+        server_default: false,
+    };
+    config.default_w = 2;
+    plan.forensics = true;
+    plan.split = false;
+    plan.slots = vec![process; 2];
+    plan.accounts = (0..6).map(|i| (format!("s{i}"), 50_000, Some(0))).collect();
+    plan.duration_s = 180;
+    plan.transfers = rng.usize(450..650);
+    plan.same_id_permille = 200;
+    plan.other_terms_permille = 0;
+    plan.no_wait_permille = 0;
+    plan.reverse_permille = 0;
+    plan.payments = 0;
+    plan.outages = vec![(config.nodes - 1, 10, 150)];
+    plan.crashes.clear();
 }
 
 impl Run {
@@ -287,7 +321,13 @@ impl Run {
     fn scenario(&self) -> String {
         format!(
             "{}{} layout, q={}, w={}, {} processes ({}), {} accounts, {} transfers over {} s, outages {:?}, crashes {:?}, lost replies {}‰, 503s {}‰",
-            if self.long { "long, " } else { "" },
+            if self.plan.forensics {
+                "forensics, "
+            } else if self.long {
+                "long, "
+            } else {
+                ""
+            },
             if self.plan.split { "split" } else { "single" },
             self.config.q,
             self.config.default_w,
