@@ -316,8 +316,9 @@ impl ClientBuilder {
     }
 }
 
-/// The URL as text with any password replaced by `_`, for `Debug` output of configuration.
-pub(crate) fn redact_url(url: &str) -> String {
+/// The URL as text with any password replaced by `_` (`<invalid URL>` when it is not one), for
+/// logs, `Debug` output and messages.
+pub fn redact_url(url: &str) -> String {
     match url::Url::parse(url) {
         Ok(mut u) => {
             if u.password().is_some() {
@@ -349,6 +350,14 @@ pub(crate) fn validate_database_name(name: &str) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(redact_url("http://u:secret@h:1/"), "http://u:_@h:1/");
+        assert_eq!(redact_url("http://h:1"), "http://h:1/");
+        assert_eq!(redact_url("not a url"), "<invalid URL>");
+    }
+
     use super::*;
 
     #[test]

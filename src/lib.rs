@@ -80,7 +80,7 @@ mod wire;
 pub use accounts::{AccountSpec, AccountView, PendingEntry};
 pub use audit::{Check, VerifyOptions, VerifyReport};
 pub use config::{
-    ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_IAM_TOKEN_URL, DEFAULT_URL,
+    redact_url, ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_IAM_TOKEN_URL, DEFAULT_URL,
 };
 pub use couch::{
     take_conflicts, AllDocsRow, BulkResult, ChangeRow, ChangesQuery, ChangesResponse,

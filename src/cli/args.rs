@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use couch_ledger::{Amount, Client, Currency, Ledger, DEFAULT_DATABASE, DEFAULT_URL};
+use couch_ledger::{redact_url, Client, Ledger, DEFAULT_DATABASE, DEFAULT_URL};
 use secrecy::{ExposeSecret, SecretString};
 
+use super::parse::parse_duration;
 use super::UsageError;
 
 /// A money ledger on CouchDB: an immutable order ledger (purchases, payments, refunds,
@@ -20,7 +21,7 @@ use super::UsageError;
 /// Amounts on the command line are decimals in the currency's units (6.46); with --json every
 /// amount is an integer in minor units (646). Exit codes: 0 success, 1 operational error
 /// (server, network, unresolved conflict), 2 usage or invalid input, 3 a transfer cancelled by
-/// a business rule.
+/// a business rule, 4 written but not yet on every copy of a cluster's database (send it again).
 #[derive(Parser)]
 #[command(name = "couch-ledger", version, max_term_width = 100)]
 pub(crate) struct LowArgs {
@@ -413,81 +414,9 @@ impl HiArgs {
     }
 }
 
-/// `URL` with any password replaced by `_`.
-pub(crate) fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                let _ = u.set_password(Some("_"));
-            }
-            u.to_string()
-        }
-        Err(_) => "<invalid URL>".to_owned(),
-    }
-}
-
-/// A duration in `humantime`'s syntax: numbers with units, run together or spaced (`0s`,
-/// `500ms`, `30s`, `5m`, `1h30m`, `2h 15m`; units from `ns` to `y`).
-///
-/// # Errors
-///
-/// Anything else: no unit (`5`), a negative or unknown one, a value too large.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{text:?} is not a duration ({e}); write e.g. 500ms, 30s, 1h30m"))
-}
-
-/// A currency code from the command line, in either case (`gbp` is `GBP`).
-///
-/// # Errors
-///
-/// An unknown code (invalid input).
-pub(crate) fn currency(code: &str) -> couch_ledger::Result<Currency> {
-    Currency::from_code(&code.to_ascii_uppercase())
-}
-
-/// A decimal amount from the command line, exactly (`6.46` → 646 in GBP).
-///
-/// # Errors
-///
-/// Not an exact decimal in the currency (invalid input).
-pub(crate) fn amount(currency: Currency, text: &str) -> couch_ledger::Result<Amount> {
-    currency.parse(text)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        // Every form the README documents, and humantime's compound forms.
-        for (text, want) in [
-            ("0s", Duration::ZERO),
-            ("500ms", Duration::from_millis(500)),
-            ("30s", Duration::from_secs(30)),
-            ("5m", Duration::from_secs(300)),
-            ("1h", Duration::from_secs(3600)),
-            ("1h30m", Duration::from_secs(5400)),
-            ("1h 30m", Duration::from_secs(5400)),
-            ("250ms", Duration::from_millis(250)),
-        ] {
-            assert_eq!(parse_duration(text), Ok(want), "{text:?}");
-        }
-        for bad in [
-            "",
-            "5",
-            "s",
-            "-1s",
-            "5x",
-            "1h30",
-            "ms5",
-            "99999999999999999999999s",
-        ] {
-            let e = parse_duration(bad).unwrap_err();
-            assert!(e.contains("is not a duration"), "{bad:?}: {e}");
-        }
-    }
 
     #[test]
     fn the_command_line_is_well_formed() {
@@ -529,11 +458,5 @@ mod tests {
         let e = read_config(&path).unwrap_err().to_string();
         assert!(e.contains("timeout"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn urls_are_redacted() {
-        assert_eq!(redact_url("http://u:secret@h:1/"), "http://u:_@h:1/");
-        assert_eq!(redact_url("http://h:1"), "http://h:1/");
     }
 }

@@ -19,9 +19,9 @@ use couch_ledger::{
 };
 use serde_json::{json, Value};
 
-use super::args::redact_url;
 use super::output::{install_status, money};
 use super::{Context, Exit, Out, UsageError};
+use couch_ledger::redact_url;
 
 /// The Cloudant example order (examples/cloudant-purchase.json), embedded so the demo runs
 /// from any directory.

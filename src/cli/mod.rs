@@ -18,6 +18,7 @@ pub(crate) mod demo;
 pub(crate) mod devserver;
 pub(crate) mod orders;
 pub(crate) mod output;
+pub(crate) mod parse;
 pub(crate) mod progress;
 #[cfg(feature = "serve")]
 pub(crate) mod serve;

@@ -11,8 +11,8 @@ use couch_ledger::{
 };
 use serde_json::{json, Value};
 
-use super::args::{amount, currency};
 use super::output::{balance_words, money, money_opt};
+use super::parse::{amount, currency};
 use super::{Context, Exit, UsageError};
 
 #[derive(Subcommand)]

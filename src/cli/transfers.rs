@@ -14,8 +14,8 @@ use couch_ledger::{
 };
 use serde_json::{json, Value};
 
-use super::args::{amount, currency, parse_duration};
 use super::output::money;
+use super::parse::{amount, currency, parse_duration};
 use super::{Context, Exit, UsageError};
 
 // `sweep` shows the default as whole seconds ("30s").

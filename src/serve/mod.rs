@@ -38,7 +38,8 @@ use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::cli::args::{parse_duration, HiArgs};
+use crate::cli::args::HiArgs;
+use crate::cli::parse::parse_duration;
 use crate::cli::serve::{ServeArgs, API_KEYS_ENV};
 use crate::cli::{Exit, UsageError};
 
