@@ -90,8 +90,13 @@ impl Ledger {
             });
         }
         // Another create with other terms that got here first owns the record: a mismatch.
-        self.write_opening_record(&OpeningRecord::of_spec(&spec))
-            .await?;
+        self.write_opening_record(&OpeningRecord::new(
+            &spec.account_id,
+            spec.currency.code(),
+            spec.opening,
+            spec.min_balance,
+        ))
+        .await?;
         match client.put(&id, &doc).await {
             Ok(_) => {
                 return Ok(Recorded {

@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::account_doc::{account_doc_id, AccountDoc, AccountView};
-use crate::couch::{ChangesQuery, Client, ViewQuery, ViewRow};
+use crate::couch::{ChangesQuery, Client, ViewQuery};
 use crate::engine::now_ms;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
@@ -153,41 +153,6 @@ fn named(list: &[String]) -> String {
     s
 }
 
-/// Every row of `ddoc/view` under `base`, in key order, passed to `visit`: pages of
-/// [`PAGE_ROWS_MAX`] rows, each starting after the last key of the page before (so the keys must
-/// be unique: grouped rows, or map rows with one row per document), at most [`PAGES_MAX`] pages.
-/// `base`'s `start_key`, `skip` and `limit` are set here.
-pub(crate) async fn view_in_pages(
-    client: &Client,
-    ddoc: &str,
-    view: &str,
-    base: ViewQuery,
-    mut visit: impl FnMut(ViewRow) -> Result<()>,
-) -> Result<()> {
-    let mut after: Option<Value> = None;
-    for _ in 0..PAGES_MAX {
-        let q = ViewQuery {
-            start_key: after.clone(),
-            skip: after.as_ref().map(|_| 1),
-            limit: Some(PAGE_ROWS_MAX),
-            ..base.clone()
-        };
-        let rows = client.view(ddoc, view, &q).await?.rows;
-        let n = rows.len() as u64;
-        for row in rows {
-            after = Some(row.key.clone());
-            visit(row)?;
-        }
-        if n < PAGE_ROWS_MAX {
-            return Ok(());
-        }
-    }
-    Err(Error::invariant(format!(
-        "{ddoc}/{view}: more than {} rows, not read to the end",
-        PAGES_MAX * PAGE_ROWS_MAX
-    )))
-}
-
 impl Ledger {
     /// Every account, read in pages from the `transactions/account_balances` view.
     ///
@@ -212,12 +177,9 @@ impl Ledger {
             include_docs: Some(true),
             ..ViewQuery::default()
         };
-        view_in_pages(
-            &self.inner.hot,
-            "transactions",
-            "account_balances",
-            q,
-            |row| {
+        self.inner
+            .hot
+            .view_in_pages("transactions", "account_balances", q, |row| {
                 let id = row.id.clone().unwrap_or_else(|| row.key.to_string());
                 match row.doc {
                     Some(doc) => match AccountDoc::from_value(doc) {
@@ -227,9 +189,8 @@ impl Ledger {
                     None => bad.push((id.clone(), format!("{id}: no document"))),
                 }
                 Ok(())
-            },
-        )
-        .await?;
+            })
+            .await?;
         Ok((docs, bad))
     }
 
@@ -240,18 +201,20 @@ impl Ledger {
             group: Some(true),
             ..ViewQuery::default()
         };
-        view_in_pages(&self.inner.hot, "transactions", "by_account", q, |row| {
-            let account = row.key.as_str().unwrap_or_default().to_owned();
-            let sum = row.value.as_i64().ok_or_else(|| {
-                Error::decode(format!(
-                    "transactions/by_account sum for {account} is {}, not an integer",
-                    row.value
-                ))
-            })?;
-            sums.insert(account, i128::from(sum));
-            Ok(())
-        })
-        .await?;
+        self.inner
+            .hot
+            .view_in_pages("transactions", "by_account", q, |row| {
+                let account = row.key.as_str().unwrap_or_default().to_owned();
+                let sum = row.value.as_i64().ok_or_else(|| {
+                    Error::decode(format!(
+                        "transactions/by_account sum for {account} is {}, not an integer",
+                        row.value
+                    ))
+                })?;
+                sums.insert(account, i128::from(sum));
+                Ok(())
+            })
+            .await?;
         Ok(sums)
     }
 
@@ -317,20 +280,22 @@ impl Ledger {
             group: Some(true),
             ..ViewQuery::default()
         };
-        view_in_pages(&self.inner.client, "orders", "ledger", q, |row| {
-            let order = match row.key.as_str() {
-                Some(k) => k.to_owned(),
-                None => row.key.to_string(),
-            };
-            let sum = row
-                .value
-                .as_i64()
-                .map(i128::from)
-                .ok_or_else(|| format!("{} is not an integer", row.value));
-            sums.insert(order, sum);
-            Ok(())
-        })
-        .await?;
+        self.inner
+            .client
+            .view_in_pages("orders", "ledger", q, |row| {
+                let order = match row.key.as_str() {
+                    Some(k) => k.to_owned(),
+                    None => row.key.to_string(),
+                };
+                let sum = row
+                    .value
+                    .as_i64()
+                    .map(i128::from)
+                    .ok_or_else(|| format!("{} is not an integer", row.value));
+                sums.insert(order, sum);
+                Ok(())
+            })
+            .await?;
         Ok(sums)
     }
 

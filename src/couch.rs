@@ -1399,6 +1399,41 @@ pub struct Leaves {
 }
 
 impl Client {
+    /// Every row of `ddoc/view` under `base`, in key order, passed to `visit`: pages of
+    /// `PAGE_ROWS_MAX` rows, each starting after the last key of the page before (so the keys
+    /// must be unique: grouped rows, or map rows with one row per document), at most
+    /// `PAGES_MAX` pages (src/limits.rs). `base`'s `start_key`, `skip` and `limit` are set here.
+    pub(crate) async fn view_in_pages(
+        &self,
+        ddoc: &str,
+        view: &str,
+        base: ViewQuery,
+        mut visit: impl FnMut(ViewRow) -> Result<()>,
+    ) -> Result<()> {
+        let mut after: Option<Value> = None;
+        for _ in 0..crate::limits::PAGES_MAX {
+            let q = ViewQuery {
+                start_key: after.clone(),
+                skip: after.as_ref().map(|_| 1),
+                limit: Some(crate::limits::PAGE_ROWS_MAX),
+                ..base.clone()
+            };
+            let rows = self.view(ddoc, view, &q).await?.rows;
+            let n = rows.len() as u64;
+            for row in rows {
+                after = Some(row.key.clone());
+                visit(row)?;
+            }
+            if n < crate::limits::PAGE_ROWS_MAX {
+                return Ok(());
+            }
+        }
+        Err(Error::invariant(format!(
+            "{ddoc}/{view}: more than {} rows, not read to the end",
+            crate::limits::PAGES_MAX * crate::limits::PAGE_ROWS_MAX
+        )))
+    }
+
     /// `GET /db`'s `cluster.n`: how many copies of each document the server keeps (1 on a
     /// single node and on servers that do not say).
     ///

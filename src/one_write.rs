@@ -112,26 +112,6 @@ fn judge(attempt: Attempt, debit: OpResult, credit: OpResult) -> Next {
     }
 }
 
-/// The convergence op of `doc`'s decision for one account that holds (or may hold) one of its
-/// markers: the named marker settled; on a `cancelled` transfer, on a `done` one of the
-/// stepwise protocol (written after both markers were settled: a pending marker is a late
-/// repeat) and on an account the transfer does not name, the marker undone.
-pub(crate) fn convergence(doc: &TxnDoc, account: &str) -> Option<OpKind> {
-    match (doc.state, doc.markers) {
-        (State::Done, Some(named)) if account == doc.source => Some(OpKind::Settle {
-            named: Some(named.source),
-            delta: doc.value.neg(),
-        }),
-        (State::Done, Some(named)) if account == doc.destination => Some(OpKind::Settle {
-            named: Some(named.destination),
-            delta: doc.value,
-        }),
-        (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
-        // Undecided, or the stepwise protocol's own drive settles or undoes it.
-        _ => None,
-    }
-}
-
 /// "Not decided in time": the worker's deadline passed before its accounts were applied (the
 /// sweeper's pass, whose transfer's document exists already, tries again next pass).
 fn undecided(id: &str) -> Error {
@@ -618,7 +598,7 @@ impl Ledger {
             .iter()
             .filter(|a| seen.insert(a.as_str()))
             .filter_map(|account| {
-                convergence(doc, account).map(|kind| AccountOp {
+                doc.convergence(account).map(|kind| AccountOp {
                     account: account.clone(),
                     txn: doc.txn_id.clone(),
                     kind,

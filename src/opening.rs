@@ -12,8 +12,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::account_doc::{account_doc_id, AccountDoc};
-use crate::accounts::AccountSpec;
-use crate::audit::view_in_pages;
 use crate::couch::{AllDocsRow, ViewQuery};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
@@ -49,7 +47,7 @@ pub(crate) struct OpeningRecord {
 }
 
 impl OpeningRecord {
-    fn new(
+    pub(crate) fn new(
         account_id: &str,
         currency: &str,
         opening: Amount,
@@ -63,16 +61,6 @@ impl OpeningRecord {
             opening,
             min_balance,
         }
-    }
-
-    /// The record of an account about to be created.
-    pub(crate) fn of_spec(spec: &AccountSpec) -> OpeningRecord {
-        OpeningRecord::new(
-            &spec.account_id,
-            spec.currency.code(),
-            spec.opening,
-            spec.min_balance,
-        )
     }
 
     /// The record of an existing account, from its document (one made before records existed).
@@ -222,20 +210,16 @@ impl Ledger {
             reduce: Some(false),
             ..ViewQuery::default()
         };
-        view_in_pages(
-            &self.inner.hot,
-            "transactions",
-            "account_balances",
-            q,
-            |row| {
+        self.inner
+            .hot
+            .view_in_pages("transactions", "account_balances", q, |row| {
                 let account = row.id.as_deref().and_then(|id| id.strip_prefix("account:"));
                 if let Some(account) = account {
                     accounts.push(account.to_owned());
                 }
                 Ok(())
-            },
-        )
-        .await?;
+            })
+            .await?;
         let mut written = 0;
         for chunk in accounts.chunks(READ_BATCH_KEYS_MAX) {
             let keys: Vec<String> = chunk.iter().map(|a| opening_doc_id(a)).collect();

@@ -35,7 +35,6 @@ use crate::limits::{
     WATCH_WAIT_MIN_MS,
 };
 use crate::money::Amount;
-use crate::one_write::convergence;
 use crate::state::State;
 #[cfg(feature = "failpoints")]
 use crate::transfer::crash;
@@ -419,7 +418,7 @@ impl Ledger {
                 // stepwise `done` is written only after both markers were settled: a pending
                 // one is a late repeat; undoing it keeps the transfer exactly-once.
                 State::Done | State::Cancelled => {
-                    if let Some(kind) = convergence(&doc, account) {
+                    if let Some(kind) = doc.convergence(account) {
                         undo.push(AccountOp {
                             account: account.to_owned(),
                             txn: txn.clone(),
@@ -743,7 +742,7 @@ impl Ledger {
                 Ok(None) => match self.read_txn(txn).await {
                     Ok(found) if found.state.is_terminal() => {
                         for a in [account, &peer] {
-                            if let Some(kind) = convergence(&found, a) {
+                            if let Some(kind) = found.convergence(a) {
                                 converge.push(AccountOp {
                                     account: a.clone(),
                                     txn: txn.clone(),

@@ -271,6 +271,26 @@ fn reversal_id(txn_id: &str, attempt: u32) -> String {
 }
 
 impl TxnDoc {
+    /// The convergence op of this document's decision for one account that holds (or may hold) one of its
+    /// markers: the named marker settled; on a `cancelled` transfer, on a `done` one of the
+    /// stepwise protocol (written after both markers were settled: a pending marker is a late
+    /// repeat) and on an account the transfer does not name, the marker undone.
+    pub(crate) fn convergence(&self, account: &str) -> Option<OpKind> {
+        match (self.state, self.markers) {
+            (State::Done, Some(named)) if account == self.source => Some(OpKind::Settle {
+                named: Some(named.source),
+                delta: self.value.neg(),
+            }),
+            (State::Done, Some(named)) if account == self.destination => Some(OpKind::Settle {
+                named: Some(named.destination),
+                delta: self.value,
+            }),
+            (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
+            // Undecided, or the stepwise protocol's own drive settles or undoes it.
+            _ => None,
+        }
+    }
+
     /// Parses a document read from the server and asserts what must hold after a read.
     pub(crate) fn from_value(value: Value) -> Result<TxnDoc> {
         let id = value
@@ -1062,7 +1082,9 @@ impl Ledger {
             .applied
             .drain(..)
             .map(|account| AccountOp {
-                kind: crate::one_write::convergence(&d.doc, &account)
+                kind: d
+                    .doc
+                    .convergence(&account)
                     .unwrap_or(OpKind::Undo { decided: false }),
                 account,
                 txn: d.doc.txn_id.clone(),
