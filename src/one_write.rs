@@ -525,9 +525,15 @@ impl Ledger {
                     if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
                         return Ok(existing.outcome(status));
                     }
-                    return match self.take_over(&existing).await? {
-                        Some(drive) => Ok(self.drive(drive).await?.doc.outcome(status)),
-                        None => Ok(self.read_txn(id).await?.outcome(status)),
+                    let end = match self.take_over(&existing).await? {
+                        Some(drive) => self.drive(drive).await?.doc,
+                        None => self.read_txn(id).await?,
+                    };
+                    // On a cluster the drive may have met other terms of this id and kept
+                    // those (`resolve_transfer`): then this call's transfer never happened.
+                    return match end.differing_term(terms) {
+                        Some(field) => Err(Error::mismatch(&terms.id, field)),
+                        None => Ok(end.outcome(status)),
                     };
                 }
             }

@@ -1237,6 +1237,14 @@ impl Ledger {
             markers: None,
             extra: Map::new(),
         };
+        // A drive follows the document wherever it goes; on a cluster the id's other terms,
+        // sent at once by another caller, may be the ones kept (`resolve_transfer`): then this
+        // call's transfer never happened, and the caller learns the id is taken.
+        let asked = doc.clone();
+        let answer = |end: TxnDoc, status| match end.differing_term(&asked) {
+            Some(field) => Err(Error::mismatch(&asked.id, field)),
+            None => Ok(end.outcome(status)),
+        };
         if let Some(rev) = self.write_txn(&doc).await? {
             doc.rev = Some(rev);
             fail::fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
@@ -1247,7 +1255,7 @@ impl Ledger {
             let mut drive = Drive::new(doc, deadline);
             drive.detach = self.inner.background;
             let end = self.drive(drive).await?;
-            return Ok(end.doc.outcome(RecordStatus::Created));
+            return answer(end.doc, RecordStatus::Created);
         }
 
         // The id exists: a retry of this very call whose write landed, or an earlier submit.
@@ -1266,15 +1274,15 @@ impl Ledger {
         }
         if ours {
             let end = self.drive(Drive::new(existing, deadline)).await?;
-            return Ok(end.doc.outcome(status));
+            return answer(end.doc, status);
         }
         if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
             // Another worker is on it; it (or the sweeper) will finish it.
             return Ok(existing.outcome(status));
         }
         match self.take_over(&existing).await? {
-            Some(drive) => Ok(self.drive(drive).await?.doc.outcome(status)),
-            None => Ok(self.read_txn(&id).await?.outcome(status)),
+            Some(drive) => answer(self.drive(drive).await?.doc, status),
+            None => answer(self.read_txn(&id).await?, status),
         }
     }
 
