@@ -104,5 +104,12 @@ fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
         sum(|o| o.requests),
         started.elapsed().as_secs_f64()
     );
+    if !run::two_terms_drawn() {
+        println!(
+            "SIMULATION NOT DRAWN: the two-terms shape (one id sent at once with other terms through \
+             the one-write and the stepwise path), an open money hole (docs/CLUSTER.md); \
+             SIM_TWO_TERMS=1 draws it"
+        );
+    }
     violations
 }
