@@ -362,7 +362,12 @@ async fn bulk_docs(
         .map(|(id, r)| match r {
             Ok((rev, q)) => {
                 all_quorum &= q;
-                json!({"ok": true, "id": id, "rev": rev.to_string()})
+                if q {
+                    json!({"ok": true, "id": id, "rev": rev.to_string()})
+                } else {
+                    // As chttpd marks a document below the quorum in a 202 answer.
+                    json!({"ok": true, "id": id, "rev": rev.to_string(), "accepted": true})
+                }
             }
             Err(CopyWrite::Forbidden) => json!({"id": id, "error": "forbidden", "reason": "only an admin may delete a ledger document"}),
             Err(_) => json!({"id": id, "error": "conflict", "reason": "Document update conflict."}),
