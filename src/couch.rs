@@ -1054,13 +1054,7 @@ impl Client {
             ))
             .with_request("POST", &path));
         }
-        if reply.status == StatusCode::ACCEPTED {
-            // The request as a whole did not reach the quorum; which documents did not is not
-            // said everywhere: every written one is uncertain.
-            for r in results.iter_mut().filter(|r| r.is_ok()) {
-                r.accepted = true;
-            }
-        }
+        mark_accepted(reply.status == StatusCode::ACCEPTED, &mut results);
         if let Some(observer) = &self.inner.observer {
             let conflicts = results.iter().filter(|r| r.is_conflict()).count() as u64;
             if conflicts > 0 {
@@ -1570,6 +1564,21 @@ pub fn take_conflicts(doc: &mut Value) -> Vec<String> {
 /// CouchDB answers `_bulk_docs` in request order; pouchdb-server answers validation refusals
 /// first. Put results back in request order by id, so callers can match by position on any
 /// server. When ids are missing or repeated, the server's order is all there is.
+/// Which written documents of a `_bulk_docs` answer are uncertain. A 202 says that some
+/// document of the request did not reach the write quorum. CouchDB (3.x's clustered layer)
+/// names each one with `"accepted": true`, and the others of the request reached it: a
+/// contested write of one document (two writers of one account through two nodes) must not
+/// make every other document of its batch uncertain, or each transfer decision batched with it
+/// would be reported unconfirmed. A 202 that names none (a server that does not say which)
+/// makes every written document uncertain.
+fn mark_accepted(status_accepted: bool, results: &mut [BulkResult]) {
+    if status_accepted && !results.iter().any(|r| r.accepted) {
+        for r in results.iter_mut().filter(|r| r.is_ok()) {
+            r.accepted = true;
+        }
+    }
+}
+
 fn in_request_order(ids: &[Option<&str>], results: Vec<BulkResult>) -> Vec<BulkResult> {
     let unique = ids.iter().all(Option::is_some)
         && ids.iter().collect::<std::collections::HashSet<_>>().len() == ids.len();
@@ -1782,6 +1791,40 @@ mod tests {
         let ids: Vec<_> = ordered.iter().map(|r| r.id.clone().unwrap()).collect();
         assert_eq!(ids, ["a", "b", "c"]);
         assert!(ordered[1].is_forbidden());
+    }
+
+    #[test]
+    fn a_202_bulk_answer_is_uncertain_only_where_it_says_so() {
+        let r = |id: &str, error: Option<&str>, accepted: bool| BulkResult {
+            id: Some(id.into()),
+            rev: error.is_none().then(|| "1-x".into()),
+            error: error.map(Into::into),
+            reason: None,
+            accepted,
+        };
+        let flags = |results: &[BulkResult]| -> Vec<bool> {
+            results.iter().map(|r| r.accepted).collect::<Vec<_>>()
+        };
+        // CouchDB names the document that missed the quorum: only that one is uncertain.
+        let mut named = vec![
+            r("a", None, false),
+            r("b", None, true),
+            r("c", Some("conflict"), false),
+        ];
+        mark_accepted(true, &mut named);
+        assert_eq!(flags(&named), [false, true, false]);
+        // A 202 naming none: every written document is uncertain, never an error.
+        let mut unnamed = vec![
+            r("a", None, false),
+            r("b", None, false),
+            r("c", Some("conflict"), false),
+        ];
+        mark_accepted(true, &mut unnamed);
+        assert_eq!(flags(&unnamed), [true, true, false]);
+        // A 201: nothing is.
+        let mut plain = vec![r("a", None, false)];
+        mark_accepted(false, &mut plain);
+        assert_eq!(flags(&plain), [false]);
     }
 
     #[test]

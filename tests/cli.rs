@@ -1036,11 +1036,23 @@ async fn the_transfer_tutorial_through_the_command_line() {
     )
     .await;
     assert_eq!(r.code, 0, "{}", r.describe());
-    let r = cli(&db, &["account", "list", "--json"]).await;
-    assert_eq!(r.code, 0, "{}", r.describe());
-    let v = r.json();
+    // The list is a view: on a cluster the copy that answers it may not hold the account
+    // created a moment ago through another node yet. Wait for it, at most 30 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let v = loop {
+        let r = cli(&db, &["account", "list", "--json"]).await;
+        assert_eq!(r.code, 0, "{}", r.describe());
+        let v = r.json();
+        if v["accounts"].as_array().unwrap().len() == 3 {
+            break v;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "three accounts listed within 30 s: {v}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let accounts = v["accounts"].as_array().unwrap();
-    assert_eq!(accounts.len(), 3, "{v}");
     let issuer = accounts.iter().find(|a| a["account"] == "issuer").unwrap();
     assert_eq!(issuer["min_balance"], Value::Null, "unlimited: {issuer}");
     let r = cli(&db, &["account", "show", "nobody"]).await;

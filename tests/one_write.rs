@@ -1337,7 +1337,8 @@ async fn the_sweeper_undoes_a_marker_of_an_attempt_the_decision_does_not_name() 
     support::retain_settled(&mut b, |t| t != "un");
     b["pending"] = json!([{"txn": "un", "delta": 100, "at": 1, "attempt": stray, "peer": "A"}]);
     b["balance"] = json!(200);
-    l.hot_client().put("account:B", &b).await.unwrap();
+    // On every copy: `verify` and the sweeper read views, answered by any one of them.
+    support::put_on_every_copy(l.hot_client(), "account:B", &b).await;
     assert!(!l.verify_with(VerifyOptions::at_rest()).await.unwrap().ok);
 
     let swept = l.sweep_once(now_sweep()).await.unwrap();

@@ -780,7 +780,7 @@ async fn a_write_once_document_with_two_bodies_is_reported_never_picked() {
         "type": "payment", "order_id": "o1", "account_id": "c1", "currency": "EUR",
         "value": 500, "method": null, "payment_reference": "p1",
     });
-    l.client().put("payment:o1:p1", &payment).await.unwrap();
+    support::put_on_every_copy(l.client(), "payment:o1:p1", &payment).await;
     let db = l.client().database().to_owned();
     support::plant_sibling(&db, "payment:o1:p1", &"f".repeat(32), |doc| {
         doc["value"] = json!(5000);

@@ -716,16 +716,26 @@ async fn hot_accounts_never_overdraw() {
     for a in accounts {
         open(&l, a, 2_000, Some(0)).await;
     }
-    // A watcher samples every balance while the transfers run: never below the minimum.
+    // A watcher samples every balance while the transfers run. On a database that keeps one
+    // copy of each document an account is never below its minimum. Where it keeps several (a
+    // cluster), two debits checked against one balance on two branches can both land until the
+    // merge takes one back (docs/CLUSTER.md): such a moment is counted and printed, and the
+    // account must be at or above its minimum at rest (checked below).
+    let several_copies = support::copies(l.hot_client().database()).await > 1;
     let stop = Arc::new(AtomicBool::new(false));
     let samples = Arc::new(AtomicU64::new(0));
+    let moments_below = Arc::new(AtomicU64::new(0));
     let watcher = {
         let (l, stop, samples) = (l.clone(), stop.clone(), samples.clone());
+        let moments_below = moments_below.clone();
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 for a in l.all_accounts().await.unwrap() {
-                    assert!(a.balance.minor() >= 0, "overdrawn: {a:?}");
-                    assert!(a.available.minor() >= 0, "overdrawn: {a:?}");
+                    if a.balance.minor() < 0 || a.available.minor() < 0 {
+                        assert!(several_copies, "overdrawn on one copy: {a:?}");
+                        eprintln!("below its minimum for a moment (several copies): {a:?}");
+                        moments_below.fetch_add(1, Ordering::SeqCst);
+                    }
                 }
                 samples.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -796,8 +806,9 @@ async fn hot_accounts_never_overdraw() {
     stop.store(true, Ordering::SeqCst);
     watcher.await.unwrap();
     eprintln!(
-        "{counts:?}; sweeper {swept:?}; {} balance samples",
-        samples.load(Ordering::SeqCst)
+        "{counts:?}; sweeper {swept:?}; {} balance samples, {} moments below a minimum",
+        samples.load(Ordering::SeqCst),
+        moments_below.load(Ordering::SeqCst)
     );
     assert_eq!((counts.done + counts.cancelled) as usize, total);
     assert!(
@@ -808,8 +819,18 @@ async fn hot_accounts_never_overdraw() {
     let sum: i64 = all.iter().map(|a| a.balance.minor()).sum();
     assert_eq!(sum, 2_000 * accounts.len() as i64);
     let by_id: HashMap<_, _> = all.iter().map(|a| (a.account.clone(), a)).collect();
+    // At rest every account is at or above its minimum, whatever the copies.
     for a in accounts {
-        assert!(by_id[a].balance.minor() >= 0);
+        assert!(
+            by_id[a].balance.minor() >= 0,
+            "overdrawn at rest: {:?}",
+            by_id[a]
+        );
+        assert!(
+            by_id[a].available.minor() >= 0,
+            "overdrawn at rest: {:?}",
+            by_id[a]
+        );
         assert!(by_id[a].pending.is_empty());
     }
     assert_at_rest(&l).await;

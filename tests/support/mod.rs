@@ -348,6 +348,30 @@ pub async fn live_leaves(db: &str, id: &str) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Writes `doc` as `id` through `client` so that every copy the database keeps holds it when
+/// this returns (`w` = `cluster.n`, and a 201, not a 202): a test that plants a document and
+/// then reads a view sees the plant whichever copy answers the view (on a cluster a view is
+/// answered by one copy of each shard range). On one copy this is a plain write.
+pub async fn put_on_every_copy(client: &Client, id: &str, doc: &serde_json::Value) {
+    let written = client
+        .put_with(id, doc, &every_copy(client).await)
+        .await
+        .expect("the plant");
+    assert!(
+        !written.accepted,
+        "{id}: the write reached fewer copies than the database keeps (202)"
+    );
+}
+
+/// Write options that make a write answer 201 only once every copy the database keeps holds
+/// it (`w` = `cluster.n`; the server's default on one copy).
+pub async fn every_copy(client: &Client) -> couch_ledger::WriteOptions {
+    let copies = client.copies().await.expect("the database's copies");
+    couch_ledger::WriteOptions {
+        w: (copies > 1).then_some(copies),
+    }
+}
+
 /// Whether database `db` states several copies of each document (`cluster.n` > 1: a CouchDB
 /// cluster behind `COUCHDB_URL`). A test of the one-copy path (`Ledger::with_one_copy`, a knob
 /// that makes a ledger treat its database as a single node's) skips there: on a cluster that
@@ -408,8 +432,16 @@ pub async fn plant_sibling(
     ids.extend(ancestors);
     sibling["_revisions"] = json!({"start": start, "ids": ids});
 
+    // On a cluster, on every copy (`w` = the copies): the sweeper's views, answered by any
+    // one of them, must see the conflict.
+    let copies = copies(db).await;
+    let w = if copies > 1 {
+        format!("?w={copies}")
+    } else {
+        String::new()
+    };
     let post = || async {
-        let planted = auth(raw().post(raw_url(&format!("{db}/_bulk_docs"))))
+        let planted = auth(raw().post(raw_url(&format!("{db}/_bulk_docs{w}"))))
             .header("Content-Type", "application/json")
             .body(json!({"docs": [&sibling], "new_edits": false}).to_string())
             .send()
@@ -431,6 +463,15 @@ pub async fn plant_sibling(
             .collect::<Vec<String>>()
     };
     post().await;
+    if copies > 1 {
+        // On a cluster a read may not show the plant at once (a read of `r` copies that agree
+        // on the winner need not name a losing leaf): give it a few seconds before taking it
+        // for dropped below.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !leaves().await.contains(&rev) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
     if !leaves().await.contains(&rev) {
         // pouchdb-server dropped it: lift the validation for the plant, then put it back.
         let validation_url = raw_url(&format!("{db}/_design/validation"));
