@@ -551,12 +551,10 @@ impl Ledger {
         };
         let mut rows = Vec::new();
         for client in self.databases() {
-            for row in client.view("transactions", "conflicts", &q).await?.rows {
-                rows.push((client.clone(), row));
-            }
+            rows.extend(client.view("transactions", "conflicts", &q).await?.rows);
         }
         let mut accounts: Vec<AccountOp> = Vec::new();
-        for (client, row) in rows {
+        for row in rows {
             let Some(id) = row.id else { continue };
             let kind = row.key.get(0).and_then(Value::as_str).unwrap_or("?");
             match kind {
@@ -576,13 +574,18 @@ impl Ledger {
                     kind: OpKind::Resolve,
                     link: None,
                 }),
-                _ => match self.resolve_write_once(&client, &id).await {
-                    Ok(()) => out.conflicts_resolved += 1,
-                    Err(e) => {
-                        out.conflicts_unresolved += 1;
-                        out.problem(format!("{id}: a write-once {kind} with other bodies: {e}"));
-                    }
-                },
+                // Two bodies under one write-once id: both callers were told `uncertain` (or one
+                // `created` by an earlier version). Which payment happened is a business question,
+                // and the validation lets nobody delete a write-once document.
+                _ => {
+                    out.conflicts_unresolved += 1;
+                    out.problem(format!(
+                        "{id}: a write-once {kind} holds {} other bodies under its id; never \
+                         picked by the program — a person decides which is true and deletes \
+                         the others",
+                        row.value
+                    ));
+                }
             }
         }
         if !accounts.is_empty() {
@@ -598,48 +601,6 @@ impl Ledger {
             }
         }
         Ok(())
-    }
-
-    /// A write-once document holding other bodies under its id (two callers wrote one id with
-    /// other content at once through two nodes, each reaching some copies only — so neither was
-    /// told `created`: `RecordStatus::Uncertain`). The body CouchDB's winner holds is the one
-    /// the views have counted all along; it stands, the others are deleted. A caller sending
-    /// the other body again is told it is a mismatch.
-    async fn resolve_write_once(&self, client: &Client, id: &str) -> Result<()> {
-        let Some(leaves) = client.leaves(id).await? else {
-            return Ok(());
-        };
-        let kept = leaves
-            .winner
-            .as_ref()
-            .and_then(|w| w.get("_rev"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        let stubs: Vec<Value> = leaves
-            .losers
-            .iter()
-            .filter_map(|l| l.get("_rev").and_then(Value::as_str))
-            .map(|rev| {
-                serde_json::json!({"_id": id, "_rev": rev, "_deleted": true, "merged_into": kept})
-            })
-            .collect();
-        if stubs.is_empty() {
-            return Ok(());
-        }
-        tracing::warn!(%id, dropped = stubs.len(), "a write-once document held other bodies; keeping the winner");
-        let options = self.inner.quorum.write_options(client, true).await;
-        let results = client.bulk_docs_with(&stubs, &options).await?;
-        match results.iter().find(|r| !r.is_ok() && !r.is_conflict()) {
-            Some(refused) => Err(Error::status(
-                403,
-                refused.error.clone(),
-                Some(format!(
-                    "deleting its other bodies needs an admin: {}",
-                    refused.reason.clone().unwrap_or_default()
-                )),
-            )),
-            None => Ok(()),
-        }
     }
 
     /// The one-write transfers whose markers (`marks`: account, transfer) are stale and whose

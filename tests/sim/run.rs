@@ -5,7 +5,7 @@
 //! Then every fault is healed, the copies converge, an admin's sweeper finishes the work, and
 //! the oracle checks the money.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -794,7 +794,13 @@ impl Run {
             Ok(report) if report.ok => {}
             Ok(report) => {
                 for c in report.checks.iter().filter(|c| !c.ok) {
-                    self.violation(out, format!("verify: {}: {}", c.name, c.detail));
+                    // Two bodies of a write-once entry wait for a person: `verify` says so.
+                    let for_a_person = c.name == "conflicts"
+                        && !c.documents.is_empty()
+                        && c.documents.iter().all(|id| self.write_once_conflict(id));
+                    if !for_a_person {
+                        self.violation(out, format!("verify: {}: {}", c.name, c.detail));
+                    }
                 }
             }
             Err(e) => self.violation(out, format!("verify failed: {e}")),
@@ -828,7 +834,7 @@ impl Run {
     fn unrest(&self) -> String {
         let mut what = Vec::new();
         for (id, doc, conflicts) in self.docs() {
-            if conflicts > 0 && !id.starts_with("_design/") {
+            if conflicts > 0 && !id.starts_with("_design/") && !write_once(&doc) {
                 what.push(format!("{id} in conflict"));
             }
             match doc.get("type").and_then(Value::as_str) {
@@ -852,6 +858,13 @@ impl Run {
         }
         what.truncate(12);
         what.join(", ")
+    }
+
+    /// Whether `id` is a write-once entry holding other bodies under its id.
+    fn write_once_conflict(&self, id: &str) -> bool {
+        self.docs()
+            .iter()
+            .any(|(d, doc, conflicts)| d == id && *conflicts > 0 && write_once(doc))
     }
 
     fn at_rest(&self) -> bool {
@@ -878,8 +891,13 @@ impl Run {
         let mut accounts: BTreeMap<String, Value> = BTreeMap::new();
         let mut txns: BTreeMap<String, Value> = BTreeMap::new();
         let mut entries: BTreeMap<String, Value> = BTreeMap::new();
+        let mut two_bodies = BTreeSet::new();
         for (id, doc, conflicts) in docs {
-            if conflicts > 0 && !id.starts_with("_design/") {
+            if conflicts > 0 && write_once(&doc) {
+                // Left for a person (docs/CLUSTER.md): allowed only where no caller was told
+                // its body is the one stored (checked with the answers below).
+                two_bodies.insert(id.clone());
+            } else if conflicts > 0 && !id.starts_with("_design/") {
                 out.violations.push(format!(
                     "conflict left after the sweeper: {id} ({conflicts} losing leaves)"
                 ));
@@ -984,6 +1002,11 @@ impl Run {
                         }
                     }
                 }
+                Told::Payment { id, .. } if two_bodies.contains(id) => {
+                    out.violations.push(format!(
+                        "payment {id} was answered written, but another body is stored beside it"
+                    ));
+                }
                 Told::Payment { id, amount } => match entries.get(id) {
                     None => out
                         .violations
@@ -1015,4 +1038,12 @@ fn spawn_sweeper(slots: &Arc<Mutex<Vec<Slot>>>, slot: usize, every: Duration) {
         }
     });
     slots.lock().unwrap()[slot].tasks.push(handle);
+}
+
+/// A write-once entry (an order's entry, an opening record): never merged, never deleted.
+fn write_once(doc: &Value) -> bool {
+    !matches!(
+        doc.get("type").and_then(Value::as_str),
+        Some("account" | "transaction") | None
+    )
 }
