@@ -524,11 +524,7 @@ mod tests {
         // Once the document exists, in any state, its terms are fixed: the other terms' marker
         // can never be named and is dropped, its delta taken back; the attempt it carried is
         // not carried on (no decision may name it). Whichever leaf wins.
-        for (state, named) in [
-            (State::Initial, None),
-            (State::Done, Some(5)),
-            (State::Cancelled, None),
-        ] {
+        for (state, named) in [(State::Initial, None), (State::Done, Some(5))] {
             let f = decided(state, -70, named);
             for (winner, loser) in [(&w, &l), (&l, &w)] {
                 let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
@@ -540,6 +536,14 @@ mod tests {
                 assert!(marker.aliases.is_empty(), "{marker:?}");
             }
         }
+        // The document's terms `cancelled`: its marker counts nothing. Kept pending where the
+        // winner holds it (the convergence undoes it); where only a losing leaf holds it, not
+        // joined at all (a stale leaf's marker of an ended transfer adds nothing).
+        let f = decided(State::Cancelled, -70, None);
+        let m = merge_account(&l, std::slice::from_ref(&w), &f, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (930, 1));
+        let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
         // Neither marker of the document's terms (a third caller's `cancelled` won): both go.
         let f = decided(State::Cancelled, -40, None);
         for (winner, loser) in [(&w, &l), (&l, &w)] {
@@ -721,7 +725,12 @@ mod tests {
             &[("t1", -100), ("t2", -50)],
             &[("t0", false), ("t3", false)],
         );
-        assert_eq!(facts_needed(&w, &[l]), vec!["t3".to_owned()]);
+        // t3: settled on one leaf, absent on the other. t2: pending on a losing leaf only,
+        // which counts only if its transfer has not ended without it (a stale copy's marker).
+        assert_eq!(
+            facts_needed(&w, &[l]),
+            vec!["t2".to_owned(), "t3".to_owned()]
+        );
     }
 
     #[test]
