@@ -106,9 +106,9 @@ fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
     );
     if !run::two_terms_drawn() {
         println!(
-            "SIMULATION NOT DRAWN: the two-terms shape (one id sent at once with other terms through \
-             the one-write and the stepwise path), an open money hole (docs/CLUSTER.md); \
-             SIM_TWO_TERMS=1 draws it"
+            "SIMULATION NOT DRAWN: one id resent at once with other terms (in any shape, and the \
+             two-terms shape: the one-write and the stepwise path on one id), an open hole \
+             (docs/CLUSTER.md); SIM_TWO_TERMS=1 draws it"
         );
     }
     violations
