@@ -628,9 +628,9 @@ impl Client {
         timeout: Option<Duration>,
         bearer: Option<&Bearer>,
     ) -> std::result::Result<Sent, WireFailure> {
-        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         #[cfg(feature = "testing")]
         if let Some(transport) = &self.inner.transport {
+            self.inner.requests.fetch_add(1, Ordering::Relaxed);
             let request = WireRequest {
                 method: method.as_str().to_owned(),
                 path: path.to_owned(),
@@ -686,6 +686,8 @@ impl Client {
         if let Some(body) = body {
             request = request.body(body.to_vec());
         }
+        // Counted once it goes out: a cookie login that failed stopped it before.
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
         request.send().await.map(Sent::Http).map_err(wire_failure)
     }
 

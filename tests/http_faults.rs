@@ -45,10 +45,16 @@ async fn received(server: &MockServer) -> Vec<Request> {
         .expect("request recording is on")
 }
 
-/// A port with nothing listening on it (bound, then released).
+/// A port with nothing listening on it.
 fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.local_addr().expect("local addr").port()
+    // Not a port the system hands out (an ephemeral one, released, could be taken by another
+    // test's server before the client connects): nothing listens on port 1 of the loopback.
+    let port = 1;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "something listens on 127.0.0.1:{port}; these tests need it closed"
+    );
+    port
 }
 
 /// Answers with `replies` in order, repeating the last one.
