@@ -1,4 +1,4 @@
-//! couch-ledger's benchmark: how close the library gets to the server under it (issue 5).
+//! couch-ledger's benchmark: how close the library gets to the server under it.
 //!
 //! `cargo bench --bench ledger` starts pouchdb-server on loopback like the tests do (or uses
 //! `COUCHDB_URL`, `COUCHDB_USER`, `COUCHDB_PASSWORD`), measures every figure of [`FIGURES`] in
@@ -114,12 +114,12 @@ type Measuring<'a> = Pin<Box<dyn Future<Output = Result<Vec<Row>>> + 'a>>;
 /// Every figure, in the order they run. A figure may return more than one row (the single-write
 /// figures also report couch_rs at the same concurrency).
 const FIGURES: &[Figure] = &[
-    // The transfer figures first, issue 15's own (`p8`) right after `p3`, which the others
+    // The transfer figures first, the batched one (`p8`) right after `p3`, which the others
     // divide by, and the figures of many small concurrent writes last (`p4_p5`, then the
     // single-write and order figures below): CouchDB 3.4.3 here writes ~30 % slower for the rest
     // of its uptime once it has served thousands of concurrent single-document writes (measured
     // with raw HTTP alone, no ledger: a bulk workload at 2,517–2,721 transfers/s before, 1,771–
-    // 1,933 after, still after a minute, fast again after a restart; BENCHMARKS.md, session 11),
+    // 1,933 after, still after a minute, fast again after a restart; BENCHMARKS.md),
     // so a figure measured after them measures that server instead. Every figure still divides
     // by its raw side measured in the same rounds.
     Figure {
@@ -133,7 +133,7 @@ const FIGURES: &[Figure] = &[
         measure: |b| Box::pin(batched_transfers(b)),
     },
     // p8's workload on accounts with a long revision history, with and without init's
-    // `_revs_limit` (session 7).
+    // `_revs_limit`.
     Figure {
         key: "p8_aged",
         enabled: always,
