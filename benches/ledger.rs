@@ -139,7 +139,7 @@ const FIGURES: &[Figure] = &[
         enabled: always,
         measure: |b| Box::pin(aged_transfers(b)),
     },
-    // p8's workload without pause for minutes (opt-in: BENCH_LONG_S), session 7.
+    // p8's workload without pause for minutes (opt-in: BENCH_LONG_S).
     Figure {
         key: "p8_long",
         enabled: |_| long_seconds().is_some(),
@@ -231,7 +231,7 @@ const FIGURES: &[Figure] = &[
     },
 ];
 
-/// Figures of issue 5 besides `p1`, `p2` and `p7`; `results.json` names those a run did not
+/// Figures besides `p1`, `p2` and `p7`; `results.json` names those a run did not
 /// measure (`details.not_yet_measured`, empty unless `BENCH_ONLY` left some out).
 const PENDING_FIGURES: &[&str] = &["p3", "p4_c16", "p5", "p6", "p8", "p9", "sweeper_rss"];
 
@@ -1610,7 +1610,7 @@ async fn update_seq(client: &Client) -> Result<u64> {
         .ok_or_else(|| anyhow!("update_seq {seq} is not a count"))
 }
 
-/// Checks SPEC §7's invariants on a ledger at rest (every transfer finished, no marker pending,
+/// Checks the invariants of docs/PROTOCOL.md on a ledger at rest (every transfer finished, no marker pending,
 /// exactly-once strictly) and fails the bench loudly on any violation: a fast but wrong ledger
 /// is worthless. Then deletes the database. Returns how long the audit took.
 async fn verify_and_drop(ledger: &Ledger) -> Result<Duration> {
@@ -1860,21 +1860,21 @@ fn initial_transfer_doc(i: usize, prefix: &str, then: i64, pool: usize) -> Value
 
 /// `p8_floor`'s writers, each with its own share of the account pool (their writes never meet).
 /// One: with `p8`'s 64 transfers in flight, one request of 64 at a time measured highest on
-/// CouchDB 3.4.3 here (session 9: 3,529 transfers/s, against 2,412 for two writers of 32 and
+/// CouchDB 3.4.3 here (3,529 transfers/s, against 2,412 for two writers of 32 and
 /// 2,394 for four of 16), and the floor is the best the server does.
 const FLOOR_WRITERS: usize = 1;
 /// Transfers per `_bulk_docs` of one floor writer: with [`FLOOR_WRITERS`], `p8`'s 64 transfers
 /// in flight.
 const FLOOR_TRANSFERS_PER_REQUEST: usize = P8_CONCURRENCY / FLOOR_WRITERS;
 
-/// What no protocol can write less of (issue 15): for each transfer, its transfer document
+/// What no protocol can write less of: for each transfer, its transfer document
 /// created once, already in its final state, and one update of each of its two accounts (the
 /// balance only, no markers). Written into the hot database of a fresh split ledger (the same
 /// `_revs_limit` and design documents as `p8`'s), [`FLOOR_TRANSFERS_PER_REQUEST`] transfers per
 /// `_bulk_docs` by [`FLOOR_WRITERS`] writers at once, the accounts at random as `p8` picks them
-/// (session 10; consecutive ones until then, which CouchDB takes much faster:
+/// (consecutive ones were used before, which CouchDB takes much faster:
 /// `BENCH_FLOOR_ORDERED=1`), never a read, never a conflict: the rate at which this server
-/// takes the documents a ledger of SPEC §3's shape must write. A protocol that keeps one
+/// takes the documents a ledger of docs/DOCUMENTS.md's shape must write. A protocol that keeps one
 /// document per transfer and changes both accounts by compare-and-swap cannot go faster on this
 /// server, whatever it does between the writes.
 ///
@@ -1908,9 +1908,9 @@ enum FloorShape {
     /// and peer; the previous marker settled, folded in as the ledger folds it, its entry kept
     /// among at most 32, as pruning keeps them few on a server with several copies), then the
     /// transfer documents created `done`, naming the markers. Three documents a transfer.
-    /// (Until session 10: SPEC §5's stepwise documents, five a transfer in four requests.)
+    /// (The stepwise protocol's documents were five a transfer in four requests.)
     Phases,
-    /// A protocol answering after one request (session 13's question, `BENCH_ONE_REQUEST=1`):
+    /// A protocol answering after one request (`BENCH_ONE_REQUEST=1`):
     /// per [`FLOOR_TRANSFERS_PER_REQUEST`] transfers one request holding both accounts of each
     /// with its marker (as [`FloorShape::Phases`]), its transfer document created `initial`,
     /// and the previous request's transfer documents moved to `done` naming their markers
@@ -2024,7 +2024,7 @@ async fn floor_writer(
         let mut touched = Vec::with_capacity(2 * pairs_per_request);
         // The accounts at random, as p8's callers pick them (distinct within one request, as
         // one request cannot update a document twice); `BENCH_FLOOR_ORDERED=1`: consecutive
-        // pairs, as until session 10 (CouchDB updates neighbouring ids much faster).
+        // pairs, as before (CouchDB updates neighbouring ids much faster).
         let n = accounts.len();
         let picks: Vec<usize> = if std::env::var("BENCH_FLOOR_ORDERED").is_ok() {
             (0..2 * pairs_per_request)
@@ -2684,7 +2684,7 @@ const P8_ROUNDS: usize = 8;
 const P8_CONCURRENCY: usize = 64;
 /// Timed transfers per round of `p9` (plus `2 × 64 − 1` untimed around them).
 const TRANSFERS_PER_ROUND_C64: usize = 192;
-/// Timed transfers per round of `p8` (session 6: from 192): rounds long enough that what a
+/// Timed transfers per round of `p8` (from 192 at first): rounds long enough that what a
 /// background finish still holds at a round's end (at most `SETTLE_HOLD_MS` of settles) is a
 /// small part of it, the same in both modes so that they compare.
 const P8_TRANSFERS_PER_ROUND: usize = 1_024;
@@ -2706,7 +2706,7 @@ fn long_seconds() -> Option<u64> {
 const P8_LONG_WINDOW_S: u64 = 30;
 
 /// The settled entries of an account document, stored grouped (`{at, txns, undone}`) or one
-/// object each (`{txn, at}`, before session 8).
+/// object each (`{txn, at}`, the older shape).
 fn settled_count(doc: &Value) -> usize {
     let list = |v: &Value| v.as_array().map_or(0, Vec::len);
     doc["settled"].as_array().map_or(0, |entries| {
@@ -2825,7 +2825,7 @@ async fn aged_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let tuned_limit = tuned.hot_client().revs_limit().await?;
     if tuned_limit.is_none() {
         // Nothing to compare: both sides would be the same database. (pouchdb-server keeps a
-        // thousand revisions too, and slows down alike: 71 transfers/s measured in session 7.)
+        // thousand revisions too, and slows down alike: 71 transfers/s measured.)
         eprintln!("  p8_aged: the server has no _revs_limit; not measured");
         for ledger in [&tuned, &default] {
             ledger.client().delete_database().await?;
@@ -2902,7 +2902,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let validated = RawBulk::new(bench, "p8", true).await?;
     let floor = DocumentFloor::new(bench, FloorShape::Floor).await?;
     let phases = DocumentFloor::new(bench, FloorShape::Phases).await?;
-    // A protocol answering after one request, weighed in session 13 (docs/ONE_WRITE.md, "Why
+    // A protocol answering after one request, weighed before building it (docs/ONE_WRITE.md, "Why
     // two requests"): opt-in, its documents batched ideally beside the floor and today's.
     let with_one_request = std::env::var("BENCH_ONE_REQUEST").is_ok_and(|v| v == "1");
     let one_request = if with_one_request {
@@ -2910,9 +2910,9 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     } else {
         None
     };
-    // The other layout, for comparison in the same rounds (issue 15: what the split buys).
+    // The other layout, for comparison in the same rounds (what the split buys).
     // Opt-in (`BENCH_OTHER_LAYOUT=1`): a fourth side in the same rounds lowers `p8` itself on
-    // this two-core machine (measured in session 4: 0.183 with one, 0.222 without).
+    // this two-core machine (measured: 0.183 with one, 0.222 without).
     let with_other = std::env::var("BENCH_OTHER_LAYOUT").is_ok_and(|v| v == "1");
     let other_layout = match bench.settings.layout {
         Layout::Split => Layout::Single,
@@ -3086,7 +3086,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         cost.docs_written,
         median(&ratios(&samples, Side::Validated, Side::Raw))
     ));
-    // Issue 15's figures, from the same rounds. A document written into the ledger's database
+    // The layout figures, from the same rounds. A document written into the ledger's database
     // is validated (its validate_doc_update runs for each); a split ledger writes accounts and
     // transfers into its hot database, which has none. `p10` divides by plain `_bulk_docs`
     // docs/s (not per transfer), so it is comparable across protocols and layouts that write
@@ -3124,10 +3124,10 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     )
     .note(
         "p8's transfers/s over raw _bulk_docs docs/s into a database without validation, same \
-         rounds (issue 15: 2,000 transfers/s on CouchDB 3.4 here is about 0.085)"
+         rounds (2,000 transfers/s on CouchDB 3.4 here is about 0.085)"
             .to_owned(),
     );
-    // What the document model allows (issue 15, session 9): the floor's transfers/s, and the
+    // What the document model allows: the floor's transfers/s, and the
     // best `p10` any protocol writing those documents could show.
     let p8_floor = Row::new(
         "p8_floor",
@@ -3137,7 +3137,7 @@ async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
         &samples.figures[&Side::Floor],
     )
     .note(format!(
-        "p8's transfers/s over the floor's (DocumentFloor): per transfer only what SPEC §3's \
+        "p8's transfers/s over the floor's (DocumentFloor): per transfer only what the ledger's \
          documents make necessary, its transfer document created once in its final state and \
          one update of each account (balance only), {FLOOR_TRANSFERS_PER_REQUEST} transfers \
          per _bulk_docs from {FLOOR_WRITERS} writer(s) at once ({c} in flight, as p8), no read, \

@@ -23,7 +23,7 @@ pub struct PendingEntry {
     pub delta: Amount,
 }
 
-/// An account as [`Ledger::account`] reads it, with the balances of SPEC §5.
+/// An account as [`Ledger::account`] reads it, with the balances of docs/PROTOCOL.md.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AccountView {
     /// Account id.
@@ -206,7 +206,7 @@ pub(crate) fn settled_at(now: i64) -> i64 {
 /// How `settled` is stored (docs/DOCUMENTS.md): a list of groups, one per run of entries with the
 /// same `at`, `{"at": ms, "txns": [settled ids], "undone": [undone ids]}` (an empty list is left
 /// out) — 3 bytes an entry besides its id where an object per entry took ~45, and each byte of
-/// an account is rewritten by every write of it (BENCHMARKS.md, session 8). Reading also takes
+/// an account is rewritten by every write of it (docs/bench/HISTORY.md). Reading also takes
 /// the entries of earlier versions, one object each, `{"txn": id, "at": ms, "undone": true}`,
 /// in any mix; the next write stores them grouped. An earlier version cannot read a grouped
 /// entry: it refuses the account as malformed rather than skip its entries.

@@ -1,4 +1,4 @@
-//! The auditor: SPEC §7 invariants 1–7, checked from what the database holds.
+//! The auditor: the invariants of docs/PROTOCOL.md (1–7), checked from what the database holds.
 //!
 //! The expected state is rebuilt from the documents themselves — the transfers, the
 //! order-ledger entries and the accounts' opening records, read once from the `_changes` feed —
@@ -299,7 +299,7 @@ impl Ledger {
         Ok(sums)
     }
 
-    /// SPEC §7 invariants 1–7 with the default (not at rest) options: see
+    /// The invariants 1–7 (docs/PROTOCOL.md) with the default (not at rest) options: see
     /// [`Ledger::verify_with`].
     ///
     /// # Errors
@@ -309,7 +309,7 @@ impl Ledger {
         self.verify_with(VerifyOptions::default()).await
     }
 
-    /// Checks SPEC §7 invariants 1–7, rebuilding the expected state from the documents
+    /// Checks the invariants 1–7 (docs/PROTOCOL.md), rebuilding the expected state from the documents
     /// themselves (the transfers and the order-ledger entries, read from `_changes`) rather
     /// than from the views:
     ///

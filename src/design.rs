@@ -25,7 +25,7 @@ const CHECKSUM_FIELD: &str = "couch_ledger_checksum";
 /// CouchDB keeps indexing every design document's views on every write. `_design/accounts`
 /// held the account views until they moved into `_design/transactions` as `account_*` (one
 /// design document is one index pass per document written: ~40 % less indexing time than the
-/// hot database's two, BENCHMARKS.md, session 12).
+/// hot database's two, docs/bench/HISTORY.md).
 const RETIRED: &[&str] = &["_design/accounts"];
 
 /// What installing did to one design document.

@@ -54,7 +54,7 @@ pub(crate) struct LedgerInner {
     pub(crate) background: bool,
     /// The transfers finishing in the background.
     pub(crate) finishing: Finishing,
-    /// `submit(…, wait = true)` follows SPEC §5's stepwise protocol instead of the one-write
+    /// `submit(…, wait = true)` follows the stepwise protocol (docs/PROTOCOL.md) instead of the one-write
     /// path ([`Ledger::with_stepwise_transfers`]).
     pub(crate) stepwise: bool,
     /// Where one-write settles leave settled entries ([`Ledger::with_one_copy`],
@@ -296,7 +296,7 @@ impl Ledger {
     /// accounts' markers, folded into the accounts' next writes (held at most
     /// [`SETTLE_HOLD_MS`](crate::limits::SETTLE_HOLD_MS)), and on the stepwise protocol `done`.
     /// Fewer requests and documents per transfer under load (BENCHMARKS.md, `p8`), for the
-    /// price of a destination's credit that stays unavailable (SPEC §5: `available`) a little
+    /// price of a destination's credit that stays unavailable (docs/PROTOCOL.md: `available`) a little
     /// longer in other processes.
     ///
     /// Nothing is lost if the process stops before they finish: the transfer is decided, and
@@ -357,7 +357,7 @@ impl Ledger {
         })
     }
 
-    /// The same ledger making transfers by SPEC §5's stepwise protocol: `submit(…, wait = true)`
+    /// The same ledger making transfers by the stepwise protocol (docs/PROTOCOL.md): `submit(…, wait = true)`
     /// creates the transfer `pending` under a claim, applies both accounts, writes `committed`,
     /// settles both and writes `done` — every step its own write, each state visible in the
     /// `transactions/*` views while it lasts (money in flight in `transactions/pending`).
@@ -406,7 +406,7 @@ impl Ledger {
     /// The same ledger with its accounts and transfers in database `name`, a second database
     /// that runs no `validate_doc_update`; orders stay in the ledger's database, validated
     /// (docs/LAYOUT.md). CouchDB runs a database's validation for every document written, at
-    /// about a sixth of its plain write rate (`../shared/SERVERS.md`): a transfer writes about
+    /// about a sixth of its plain write rate (measured on CouchDB 3.4.3, docs/bench/HISTORY.md): a transfer writes about
     /// seven account and transfer documents, so this layout is what lets it go past ~400
     /// transfers/s. What the validation refused there is then left to roles: run
     /// [`Ledger::restrict_to_role`] (it sets both databases) and give that role to the ledger's

@@ -3,8 +3,8 @@
 //! Units come last in each name (`_ms`, `_max` for counts). The relationships the protocol's
 //! safety argument rests on are checked at compile time below: a settled marker must outlive
 //! any lease by far, so that a worker that was paused while holding a claim still finds the
-//! marker of the step it is about to repeat and skips it (SPEC §5, "why it cannot
-//! double-apply").
+//! marker of the step it is about to repeat and skips it (docs/PROTOCOL.md, "why
+//! nothing is applied twice").
 
 /// How long a claim on a transfer lasts, and the longest lease a ledger may be configured with
 /// (`Ledger::with_lease` refuses more).
@@ -17,9 +17,9 @@ pub const LEASE_MARGIN_DIVISOR: u32 = 6;
 
 /// Settled entries older than [`SETTLED_AGE_MIN_MS`] are pruned (once their transfer reads
 /// `done` or `cancelled`) when at least this many of them have gathered, so that one read of
-/// their transfers serves many entries. (The size bound is [`MARKERS_BYTES_MAX`].) Until
-/// session 7 they waited for an hour's retention or 256 KiB of markers: a busy account then
-/// carried thousands of entries, rewritten by every write (BENCHMARKS.md).
+/// their transfers serves many entries. (The size bound is [`MARKERS_BYTES_MAX`].) Waiting
+/// for an hour's retention or 256 KiB of markers instead left a busy account carrying thousands
+/// of entries, rewritten by every write (docs/bench/HISTORY.md).
 pub const SETTLED_PRUNE_BATCH_MIN: usize = 32;
 
 /// Transfers whose end (`done` or `cancelled`) a ledger remembers having written, so that their
@@ -64,7 +64,7 @@ pub const SETTLED_AT_STEP_MS: i64 = 5_000;
 /// default is 1,000). CouchDB stores a document's revision path beside it and rewrites it with
 /// every update, so an account written a thousand times costs about 20 times what a new one
 /// costs to update (measured on CouchDB 3.4.3: `p8` 192 transfers/s on accounts at 1,000
-/// revisions, 668 at 50, ~770 on new accounts; BENCHMARKS.md, session 7). Nothing in the ledger
+/// revisions, 668 at 50, ~770 on new accounts; docs/bench/HISTORY.md). Nothing in the ledger
 /// reads old revisions; conflicts are found from the leaves, which stemming keeps. On a cluster
 /// a copy that missed more than this many writes of an account (it was down: those writes were
 /// answered 202) meets the rest as a conflict instead of catching up, and the account merge
@@ -76,7 +76,7 @@ pub const REVS_LIMIT: u32 = 20;
 /// keeps one copy of each document (`cluster.n` = 1: CouchDB's single node). No copy can fall
 /// behind there, so a long path buys nothing, and a short one is cheaper still: 69 updates in
 /// one `_bulk_docs` took 11.2 ms at a limit of 3, 14.6 at 5, 21.5 at 20, 29.3 at 50 (CouchDB
-/// 3.4.3, BENCHMARKS.md, session 8). A database whose copies are raised later is brought to
+/// 3.4.3, docs/bench/HISTORY.md). A database whose copies are raised later is brought to
 /// [`REVS_LIMIT`] by the next `init`.
 pub const REVS_LIMIT_ONE_COPY: u32 = 3;
 
@@ -85,8 +85,7 @@ pub const REVS_LIMIT_ONE_COPY: u32 = 3;
 /// accounts picked by its callers, i.e. at random across the database: each shard's updater
 /// rewrites the b-tree nodes its batch touches, and more shards share that work. Measured on
 /// CouchDB 3.4.3, one node, 2 cores: batches of 128 random account updates and 64 creates into
-/// 512 accounts took 39.7 ms at q = 2, 29 at 3, 24–26 at 4, 24–26 at 6 (BENCHMARKS.md, session
-/// 10); consecutive accounts took 21 ms at either.
+/// 512 accounts took 39.7 ms at q = 2, 29 at 3, 24–26 at 4, 24–26 at 6 (docs/bench/HISTORY.md); consecutive accounts took 21 ms at either.
 pub const HOT_DB_SHARDS: u32 = 4;
 
 /// How often a ledger reads the number of copies its database keeps (`cluster.n`) again. The
@@ -161,7 +160,7 @@ pub const GATHER_YIELDS_MAX: u32 = 16;
 pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
 /// The longest a background finish ([`crate::Ledger::with_background_finish`]) holds a settle
 /// back so it can go out with its account's next write: far inside a lease, so a held settle
-/// never outlives its worker's claim. 250 ms until session 10; on the one-write path an
+/// never outlives its worker's claim. At 250 ms, on the one-write path an
 /// account's next write comes later than that often enough to matter (under `p8`'s load, 512
 /// accounts written ~8 times a second each, about one settle in seven went out alone at 250 ms):
 /// 1 s took `p8` from 3.29 to 3.20 documents a transfer on CouchDB 3.4.3 (BENCHMARKS.md).
@@ -175,7 +174,7 @@ pub const SETTLE_HOLD_LEASE_DIVISOR: u32 = 20;
 /// `_bulk_docs`, so this is the sweeper's group size: 256 instead of 64 finished a backlog of
 /// 2,000 about 15 % faster on pouchdb-server, where every document written costs a
 /// `validate_doc_update` run; 512 instead of 256 drove it in 0.55–0.65 s instead of ~0.9 on
-/// CouchDB 3.4.3 (1,024: no faster; BENCHMARKS.md, `p6`, session 11). The relationships below
+/// CouchDB 3.4.3 (1,024: no faster; `p6` in docs/bench/HISTORY.md). The relationships below
 /// bound it.
 pub const SWEEP_CONCURRENCY_MAX: usize = 512;
 

@@ -1008,7 +1008,7 @@ impl Ledger {
 
     /// An order's money and entries in one request (`orders/ledger`, `reduce=false`,
     /// `include_docs=true`). The balance is computed from the documents and checked against the
-    /// sum of the view's rows (they must agree: SPEC §7.7).
+    /// sum of the view's rows (they must agree: invariant 7, docs/PROTOCOL.md).
     ///
     /// # Errors
     ///

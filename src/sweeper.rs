@@ -1,4 +1,4 @@
-//! The sweeper (SPEC §6): finds transfers that stopped half-way and drives each to `done` or
+//! The sweeper (docs/PROTOCOL.md): finds transfers that stopped half-way and drives each to `done` or
 //! `cancelled`; repairs orphan markers; reports the ledger's status.
 //!
 //! A pass ([`Ledger::sweep_once`]) is bounded: it reads its candidates from the views —
@@ -317,7 +317,7 @@ impl Ledger {
         // The open transfers now, from the index the query above brought up to date (cheap);
         // `remaining` is these less the ones this pass ends. A count after the pass would first
         // make the index take in every document the pass wrote: a third of a pass's time on
-        // CouchDB 3.4.3, more than half on pouchdb-server (BENCHMARKS.md, session 11).
+        // CouchDB 3.4.3, more than half on pouchdb-server (docs/bench/HISTORY.md).
         let (at_start, unknown) = state_counts_and_unknown(self).await?;
         for (name, n) in unknown {
             out.problem(format!(
@@ -361,7 +361,7 @@ impl Ledger {
         //    each document, the candidates' documents came with the rows above: read by id, from
         //    the only copy, when the query ran (after the index caught up) — that is the
         //    re-read, and reading them again cost a fifth of a pass on CouchDB 3.4.3
-        //    (BENCHMARKS.md, session 11). Where it keeps several, a view's row and its document
+        //    (docs/bench/HISTORY.md). Where it keeps several, a view's row and its document
         //    come from one copy, which may lag: every one is read again by id.
         let mut ids: Vec<String> = candidates.clone();
         for (_, txn) in &markers {

@@ -1,4 +1,4 @@
-//! Multi-phase transfers between accounts (SPEC §5).
+//! Multi-phase transfers between accounts (docs/PROTOCOL.md).
 //!
 //! ```text
 //! initial ──► pending ──► committed ──► done
@@ -191,7 +191,7 @@ pub(crate) struct TxnDoc {
     pub(crate) value: Amount,
     pub(crate) currency: String,
     pub(crate) state: State,
-    // Left out when null (session 10): every byte of a transfer document is written per
+    // Left out when null: every byte of a transfer document is written per
     // transfer; readers of every version default a missing one to null.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) reason: Option<String>,
@@ -251,7 +251,9 @@ pub(crate) fn unconfirmed(id: &str) -> Error {
         503,
         Some("unconfirmed".to_owned()),
         Some(format!(
-            "the decision of transfer {id} reached some copies of the database but not every              one (a copy is down or behind), so it is not final yet; the sweeper finishes it              once the copies agree: send the same id again later to learn how it ended"
+            "the decision of transfer {id} reached some copies of the database but not every \
+             one (a copy is down or behind), so it is not final yet; the sweeper finishes it \
+             once the copies agree: send the same id again later to learn how it ended"
         )),
     )
 }

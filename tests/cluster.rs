@@ -1,4 +1,4 @@
-//! The cluster-like harness (issue 11): three replicating pouchdb-server nodes behind a
+//! The cluster-like harness: three replicating pouchdb-server nodes behind a
 //! round-robin proxy do what a CouchDB cluster does — writes spread to every node, a `_rev`
 //! compare-and-swap through two nodes can succeed twice and leave a conflict, a planted
 //! sibling conflicts everywhere — and the ledger runs through the proxy.

@@ -1,4 +1,4 @@
-//! Conflicts on every ledger document type at every protocol step (issue 11): sibling revisions
+//! Conflicts on every ledger document type at every protocol step: sibling revisions
 //! are planted as a cluster's concurrent writers or a replication would leave them (a
 //! `_bulk_docs` with `"new_edits": false`, `support::plant_sibling`), then the sweeper runs and
 //! the ledger must be whole again:
@@ -452,7 +452,7 @@ fn drop_entries_of_x(account: &mut Value) {
 /// `done`; the other caller's marker (another attempt, −100) sits on the planted branch. A's
 /// merge keeps the decided terms: 70 moves once, the 100 never. `marker_pending`: the decided
 /// marker still pending on A's winning branch (its settle not written yet); else settled.
-/// (Until session 13 such an account could not be merged at all: "two leaves hold different
+/// (Before that rule such an account could not be merged at all: "two leaves hold different
 /// deltas", for good; found on a real 3-node CouchDB cluster.)
 async fn other_terms_on_two_branches(test: &str, planted: Planted, marker_pending: bool) {
     let mut w = World::new(test, &[("A", 1_000), ("B", 0)]).await;

@@ -3,7 +3,7 @@
 //! CouchDB 3.4 runs `map` and `validate_doc_update` in a JS realm of their own and parses the
 //! documents outside it, so `doc.x instanceof Array` is false there; pouchdb-server runs them
 //! in one realm, where it is true. A test suite that only writes to pouchdb-server cannot see
-//! the difference (round 1 shipped a validation that refused every account on CouchDB).
+//! the difference (the first version shipped a validation that refused every account on CouchDB).
 //!
 //! `tests/design/harness.js` runs every function of the design documents the library installs
 //! ([`couch_ledger::design::design_docs`]) the way couchjs does: a fresh `vm` context per
@@ -13,7 +13,7 @@
 //! the expected acceptance or refusal and the rows every view emits. The same table is run
 //! through the harness and through the test server (HTTP writes, views read with
 //! `reduce=false`); both must agree with it. And the harness run on the design functions of
-//! round 1 (`tests/design/head/`) must fail, which shows it catches the realm bug.
+//! the first version (`tests/design/head/`) must fail, which shows it catches the realm bug.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
@@ -27,7 +27,7 @@ use crate::support;
 
 const TABLE: &str = include_str!("design/cases.json");
 /// `design_docs/validation/validate_doc_update.js` and `design_docs/accounts/views/pending/map.js`
-/// of round 1 (saved with `git show 41decf1:design_docs/…`), which used `instanceof Array`.
+/// of the first version (saved with `git show 41decf1:design_docs/…`), which used `instanceof Array`.
 const HEAD_VALIDATE: &str = include_str!("design/head/validate_doc_update.js");
 const HEAD_PENDING_MAP: &str = include_str!("design/head/accounts_pending_map.js");
 
@@ -328,7 +328,7 @@ fn view_names() -> Vec<String> {
         .collect()
 }
 
-/// The installed design documents with round 1's `validate_doc_update` and account `pending`
+/// The installed design documents with the first version's `validate_doc_update` and account `pending`
 /// map (trimmed, as `design.rs` embeds files).
 fn head_design_docs() -> Vec<Value> {
     let mut docs = installed_design_docs();
@@ -668,7 +668,7 @@ fn design_functions_agree_with_the_table_in_couchdbs_sandbox() {
     );
 }
 
-/// The harness fails on round 1's design functions (`instanceof Array`), as CouchDB did, where
+/// The harness fails on the first version's design functions (`instanceof Array`), as CouchDB did, where
 /// the same documents parsed in the functions' own realm (pouchdb-server's way) pass: it is
 /// the realm that catches the bug. An `Array.isArray` written back as `instanceof` is caught too.
 #[test]
@@ -681,7 +681,7 @@ fn the_harness_catches_instanceof_in_design_functions() {
     let head = run_harness(&head_design_docs(), &t, false);
     let failures = harness_failures(&t, &head);
     eprintln!(
-        "round 1's design functions in CouchDB's sandbox: {} disagreements, e.g.\n{}",
+        "the first version's design functions in CouchDB's sandbox: {} disagreements, e.g.\n{}",
         failures.len(),
         failures
             .iter()
@@ -716,7 +716,7 @@ fn the_harness_catches_instanceof_in_design_functions() {
         failures.len()
     );
 
-    // Control: one realm, as pouchdb-server runs them — round 1 looks right there.
+    // Control: one realm, as pouchdb-server runs them — the first version looks right there.
     let same = run_harness(&head_design_docs(), &t, true);
     let o = outcome(&t, &same, created);
     assert_eq!(o.status, 201, "{o:?}");
@@ -1021,7 +1021,7 @@ async fn design_functions_agree_with_the_table_on_the_server() {
     );
 }
 
-/// Issue 12 item 9 on a real server: a member's `_bulk_docs` with `new_edits: false` that adds a
+/// On a real server: a member's `_bulk_docs` with `new_edits: false` that adds a
 /// root revision `1-fff…` beside an existing payment is refused (403, per document), while the
 /// same member's interactive writes are accepted; the payment keeps its one revision.
 /// pouchdb-server shows it: its `_users` members authenticate with basic auth and its

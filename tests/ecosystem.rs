@@ -1,4 +1,4 @@
-//! Issue 14, "ecosystem fit", through the program as a user runs it: every ISO-4217 currency
+//! Ecosystem fit, through the program as a user runs it: every ISO-4217 currency
 //! (`iso_currency`), durations in `humantime`'s syntax, shell completions (`clap_complete`),
 //! the configuration file (`--config`), Cloudant IAM against a stand-in token endpoint
 //! (wiremock), and the demo run from another directory.

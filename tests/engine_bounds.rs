@@ -1,4 +1,4 @@
-//! The account engine's bounds (issue 12, items 5 and 8): pruning waits for the transfer to
+//! The account engine's bounds: pruning waits for the transfer to
 //! end, an apply past its worker's deadline writes nothing, an account's markers stay under
 //! their size cap whatever the traffic, and a 413 is its own error, never retried as is.
 
@@ -113,7 +113,7 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
     assert!(ids.contains(&"t-next-0".to_owned()), "{ids:?}");
 }
 
-/// Session 7: the settled entries of transfers this ledger ended itself are pruned, once old
+/// The settled entries of transfers this ledger ended itself are pruned, once old
 /// enough, without reading those transfers again (that read held up every engine round that
 /// pruned); entries of transfers it did not end are still read first.
 #[tokio::test]
@@ -358,7 +358,7 @@ fn percent_decode(s: &str) -> String {
     s.replace("%3A", ":").replace("%3a", ":")
 }
 
-/// Issue 12, item 8: when the server refuses a write as too large (413), the engine splits it
+/// When the server refuses a write as too large (413), the engine splits it
 /// and sends the parts, instead of failing the transfer or resending the same request.
 #[tokio::test]
 async fn the_engine_splits_a_write_the_server_finds_too_large() {

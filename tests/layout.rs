@@ -1,4 +1,4 @@
-//! The split layout (issue 15, docs/LAYOUT.md): accounts and transfers in a second database
+//! The split layout (docs/LAYOUT.md): accounts and transfers in a second database
 //! that runs no validation, orders in the ledger's validated database. Everything a ledger
 //! does must find its documents where they live: transfers, the sweeper, conflicts, `status`,
 //! `verify`, `init`, `_security`.

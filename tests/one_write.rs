@@ -472,7 +472,7 @@ async fn a_transfers_forked_conflict_on_one_copy_is_reported_never_resolved() {
 }
 
 // A stepwise drive that adopts one-write markers settles them as the stepwise protocol does,
-// leaving settled entries, also on one copy (found by review, session 11): a stepwise worker
+// leaving settled entries, also on one copy (found by a review): a stepwise worker
 // begins t and dies; the client re-sends t to a one-write worker, whose create meets the
 // `pending` document, so it drives t stepwise over its own markers (adopted), settles both,
 // and dies before `done`. Without the entries the sweeper then read both settles as `Absent`

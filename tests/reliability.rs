@@ -1,4 +1,4 @@
-//! The reliability suite (issue 4): nothing lost, nothing counted twice — through crashes at
+//! The reliability suite: nothing lost, nothing counted twice — through crashes at
 //! every protocol step, killed worker and sweeper processes, a killed server, network faults,
 //! concurrent workers and bad input. See RELIABILITY.md.
 //!
@@ -413,7 +413,7 @@ impl Book {
     }
 }
 
-/// One step of the transfer graph (SPEC §5), written out here rather than taken from the
+/// One step of the transfer graph (docs/PROTOCOL.md), written out here rather than taken from the
 /// library.
 fn edge(from: State, to: State) -> bool {
     use State::*;
@@ -700,7 +700,7 @@ async fn independent_check(
             *moved.entry(src.clone()).or_default() -= i128::from(value);
             *moved.entry(dst.clone()).or_default() += i128::from(value);
         }
-        // A reversal that was cancelled is tried again under `rev2-X`, `rev3-X`… (issue 12): each
+        // A reversal that was cancelled is tried again under `rev2-X`, `rev3-X`…: each
         // with the terms of the reversal asked for, and only after the one before it was
         // cancelled (checked below, once every state is known).
         let retried = retried_reversal(&id);
@@ -866,7 +866,7 @@ async fn independent_check(
 }
 
 /// Reads every account raw every `period` until `stop`, checking that no limited account is
-/// ever below its minimum, in balance or in available (SPEC §7.3 "at every moment"). `db` is
+/// ever below its minimum, in balance or in available (invariant 3 of docs/PROTOCOL.md, "at every moment"). `db` is
 /// the database holding the accounts (the hot one on the split layout).
 fn spawn_overdraft_monitor(
     part: &'static str,
@@ -1724,7 +1724,7 @@ async fn reliability() {
     );
 }
 
-// ---- R1 and R2 on the replicating trio (issue 11) --------------------------------------------
+// ---- R1 and R2 on the replicating trio ---------------------------------------------------------
 //
 // Three pouchdb-server nodes replicating continuously to each other behind a round-robin proxy
 // (tests/support/trio.rs): a `_rev` compare-and-swap through two nodes can succeed twice and
@@ -3543,7 +3543,7 @@ async fn r5_poison(tally: Arc<Tally>) {
     let lease = Duration::from_millis(500);
     let worker = fresh_ledger(&c, lease);
     // Good work, half of it left for the sweeper; one transfer to the deleted account, one to
-    // the unreadable one (cancelled, unreadable_account: a business refusal, issue 12 item 2).
+    // the unreadable one (cancelled, unreadable_account: a business refusal).
     for i in 0..40 {
         let (from, to) = if i % 2 == 0 { ("A", "B") } else { ("B", "A") };
         let id = format!("good-{i}");
@@ -4474,7 +4474,7 @@ async fn r2(
                                 Ok(v) => match v["state"].as_str().and_then(State::parse) {
                                     Some(state) => {
                                         // Exit 3: cancelled, or being cancelled (it can only
-                                        // end cancelled; issue 12 item 7).
+                                        // end cancelled).
                                         let cancelled =
                                             matches!(state, State::Cancelled | State::Canceling);
                                         if (code == 3) != cancelled {

@@ -602,7 +602,7 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
     assert_at_rest(&l).await;
 }
 
-/// Issue 12, item 4: malformed transfers (written before the validation existed, or by a tool
+/// Malformed transfers (written before the validation existed, or by a tool
 /// that bypassed it) sort oldest in `by_state` and never move. They must not fill the batch of
 /// every pass: a pass reports them once and remembers them, and real stuck transfers behind
 /// them are reached.
@@ -669,7 +669,7 @@ async fn malformed_transfers_do_not_starve_the_sweeper() {
     );
 }
 
-/// Issue 11, invariant 8: a conflict on a ledger document (two writers of one revision on a
+/// Invariant 8 (docs/PROTOCOL.md): a conflict on a ledger document (two writers of one revision on a
 /// cluster, or replication into the database) is reported by `verify`, naming the document and
 /// the losing revision — never silent. Planted here as CouchDB's replication would make it:
 /// a sibling revision written with `new_edits: false`. (Resolving it is the cluster work of

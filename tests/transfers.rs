@@ -881,7 +881,7 @@ async fn two_processes_on_one_hot_account_conflict_and_still_apply_once() {
     assert_at_rest(&l).await;
 }
 
-// ---- protocol hardening (issue 12) -----------------------------------------------------------
+// ---- protocol hardening -----------------------------------------------------------------------
 
 /// Item 1: once the transfer document is written, a failure while driving it names the transfer:
 /// it exists, the sweeper finishes it, and a retry with that id must find it, not make another.
@@ -1085,7 +1085,7 @@ async fn a_committed_transfer_is_settled_then_reversed() {
     assert_at_rest(&l).await;
 }
 
-/// Issue 12, item 7: money in flight is given per currency; the old `in_flight` figure added the
+/// Money in flight is given per currency; the old `in_flight` figure added the
 /// minor units of every currency together.
 #[tokio::test]
 async fn money_in_flight_is_given_per_currency() {
@@ -1131,7 +1131,7 @@ async fn money_in_flight_is_given_per_currency() {
 /// credit's held settle is released (its hold over) while that debit already waits in the
 /// engine's queue. Every reply is delayed 100 ms by a proxy, so an unrelated round is in flight
 /// when the hold ends with the debit queued behind it; the engine runs a round's settles before
-/// its debits. (Found by session 6's review: the debit was judged first and refused.)
+/// its debits. (Found by a review: the debit was judged first and refused.)
 #[tokio::test]
 async fn a_credit_answered_committed_is_spendable_by_the_next_transfer() {
     let upstream = support::loopback_server_addr();

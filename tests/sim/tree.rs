@@ -3,7 +3,7 @@
 //! stemmed to `_revs_limit` revisions. Interactive writes extend a leaf; replication merges a
 //! leaf's path, grafting it where a revision is shared and planting it as a new root where none
 //! is (a copy that fell more than `_revs_limit` writes behind comes back as a conflict of its
-//! own, `../shared/SERVERS.md`).
+//! own, docs/CLUSTER.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;

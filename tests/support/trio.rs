@@ -1,5 +1,5 @@
 //! A cluster-like setup from the stand-in server: three pouchdb-server nodes, continuous
-//! replication between every pair, and a round-robin HTTP proxy in front (issue 11).
+//! replication between every pair, and a round-robin HTTP proxy in front.
 //!
 //! On a CouchDB cluster a `_rev` compare-and-swap is not exclusive: one `_rev` written through
 //! two nodes at the same moment can succeed twice and leave a conflict. Three independent
