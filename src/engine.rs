@@ -9,7 +9,7 @@
 //!
 //! 1. reads the accounts it holds no copy of with one `_all_docs?include_docs` request (it keeps
 //!    the last doc + `_rev` it read or wrote: a stale copy only costs a 409 and a re-read);
-//! 2. applies all ops in memory, in queue order — the idempotency rules of SPEC §5 live in
+//! 2. applies all ops in memory, in queue order — the idempotency rules of docs/PROTOCOL.md live in
 //!    [`evaluate`];
 //! 3. writes every changed account in one `_bulk_docs`, each with its `_rev` (a CAS, so the
 //!    request is safe to repeat); a per-document conflict re-reads that account and re-runs its
@@ -133,6 +133,7 @@ pub enum WriteQuorum {
 /// Where a one-write transfer's settles and undos leave a settled entry on its accounts
 /// (docs/ONE_WRITE.md, "Settled entries").
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(not(feature = "testing"), allow(dead_code))] // two ways are tests' settings
 pub(crate) enum Entries {
     /// Where the database keeps several copies of each document, or does not say; none where it
     /// states one copy (`cluster.n` = 1, CouchDB's single node).
@@ -185,7 +186,7 @@ impl Quorum {
     /// (a cluster, Cloudant, pouchdb-server), `Some(false)` where it states one copy. No branch
     /// of an account can come from the ledger's own writes there (every write is an exclusive
     /// compare-and-swap), so the entries would only cost: ~18 % of `p8` on CouchDB 3.4.3
-    /// (BENCHMARKS.md, session 11). An account conflict that reaches such a database anyway (an
+    /// (docs/bench/HISTORY.md). An account conflict that reaches such a database anyway (an
     /// admin's replication into it, history forged with `new_edits=false`) is reported, never
     /// merged (`AccountEngine::merge`). `None`: the database could not be read now.
     pub(crate) async fn keeps_entries(&self, client: &Client) -> Option<bool> {
@@ -376,7 +377,7 @@ impl<T> Drop for DriverGuard<'_, T> {
 /// What to do to one account for one transfer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum OpKind {
-    /// Add `delta` to the balance and a pending marker (SPEC §5 steps 3 and 4).
+    /// Add `delta` to the balance and a pending marker (docs/PROTOCOL.md, steps 3 and 4).
     Apply {
         delta: Amount,
         /// The transfer's currency; the account's must be the same.
@@ -465,7 +466,7 @@ pub(crate) enum OpResult {
     /// The account's currency is not the transfer's.
     CurrencyMismatch,
     /// Apply not attempted: a linked apply of the same transfer failed in this round, or the
-    /// worker's deadline had passed when the round decided it (issue 12, item 5).
+    /// worker's deadline had passed when the round decided it.
     NotApplied,
     /// Apply: the new balance (or available amount) would pass 2^53 − 1 minor units, the
     /// most CouchDB and JavaScript hold exactly.
@@ -544,10 +545,15 @@ pub(crate) struct Decided {
     pub(crate) write: Option<oneshot::Receiver<Result<TxnWrite>>>,
 }
 
+/// A future the decision's write waits for before it is queued: a test's pause at `decide`
+/// (`PauseHook`); production passes none and queues at once.
+pub(crate) type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
 /// The two applies of a transfer in flight, and what to do once both are answered.
 pub(crate) struct Pair {
     answers: [Option<Result<OpResult>>; 2],
     decide: Option<Decide>,
+    hold: Option<Hold>,
     reply: Option<oneshot::Sender<Decided>>,
     engine: std::sync::Weak<AccountEngine>,
 }
@@ -567,17 +573,29 @@ impl Pair {
         let (Some(decide), Some(reply)) = (p.decide.take(), p.reply.take()) else {
             return;
         };
+        let hold = p.hold.take();
         let engine = p.engine.upgrade();
         drop(p);
         let mut write = None;
         if let (Ok(d), Ok(c), Some(engine)) = (&debit, &credit, engine) {
             if let Some((id, doc)) = decide(*d, *c) {
                 let (tx, rx) = oneshot::channel();
-                engine
-                    .queue
-                    .push_front(vec![Work::Txn(QueuedTxn { id, doc, reply: tx })]);
-                if engine.queue.start_if_idle() {
-                    tokio::spawn(Arc::clone(&engine).drive());
+                let queue = move || {
+                    engine
+                        .queue
+                        .push_front(vec![Work::Txn(QueuedTxn { id, doc, reply: tx })]);
+                    if engine.queue.start_if_idle() {
+                        tokio::spawn(Arc::clone(&engine).drive());
+                    }
+                };
+                match hold {
+                    None => queue(),
+                    Some(hold) => {
+                        tokio::spawn(async move {
+                            hold.await;
+                            queue();
+                        });
+                    }
                 }
                 write = Some(rx);
             }
@@ -744,6 +762,7 @@ impl AccountEngine {
     }
 
     /// Reads of transfers made to prune settled entries, so far.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn prune_reads(&self) -> u64 {
         self.prune_reads.load(Ordering::Relaxed)
     }
@@ -825,6 +844,7 @@ impl AccountEngine {
     }
 
     /// Held ops that went out folded into another op's write so far.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn folded(&self) -> u64 {
         self.folded.load(Ordering::Relaxed)
     }
@@ -866,11 +886,13 @@ impl AccountEngine {
         self: &Arc<Self>,
         ops: [AccountOp; 2],
         decide: Decide,
+        hold: Option<Hold>,
     ) -> Decided {
         let (reply, rx) = oneshot::channel();
         let pair = Arc::new(Mutex::new(Pair {
             answers: [None, None],
             decide: Some(decide),
+            hold,
             reply: Some(reply),
             engine: Arc::downgrade(self),
         }));
@@ -1717,6 +1739,7 @@ impl AccountEngine {
     }
 
     /// Rounds run so far.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn rounds(&self) -> u64 {
         self.rounds.load(Ordering::Relaxed)
     }
@@ -1824,7 +1847,7 @@ fn answer_decided(
     }
 }
 
-/// The rules of SPEC §5 for one op on one account, in memory. `Applied` means `doc` changed.
+/// The rules of docs/PROTOCOL.md for one op on one account, in memory. `Applied` means `doc` changed.
 #[cfg(test)]
 pub(crate) fn evaluate(
     doc: Option<&mut AccountDoc>,
@@ -2052,8 +2075,8 @@ pub(crate) fn evaluate_with(
 /// [`SETTLED_PRUNE_BATCH_MIN`] of them have gathered (one read serves them all) or the account
 /// is about full — so most writes read nothing more, and a busy account carries about a
 /// minute of entries rather than an hour's (each one rewritten by every write of the account:
-/// BENCHMARKS.md, session 7). None either when a marker is dated more than [`CLOCK_SKEW_MAX_MS`] ahead of this host:
-/// a clock is off by more than the pruning rule allows for.
+/// docs/bench/HISTORY.md). None either when a marker is dated more than [`CLOCK_SKEW_MAX_MS`] ahead of
+/// this host: a clock is off by more than the pruning rule allows for.
 pub(crate) fn prune_candidates(
     doc: &AccountDoc,
     now: i64,
@@ -2284,6 +2307,7 @@ impl TxnWriter {
     }
 
     /// Rounds that wrote transfer documents so far.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn rounds(&self) -> u64 {
         self.engine.txn_rounds()
     }
@@ -2293,9 +2317,9 @@ impl TxnWriter {
 
 /// The account engine's `_bulk_docs` sender: one request per call, sent from the caller's own
 /// task (the engine's driver: a round's account writes and the transfer documents queued
-/// meanwhile go out together, `AccountEngine::write_accounts_with`). Until session 10 a queue of
-/// its own merged the batches of two writers; with one writer it only added a hand-over between
-/// tasks to every request (~1.8 ms between two requests under `p8`'s load).
+/// meanwhile go out together, `AccountEngine::write_accounts_with`). A queue of
+/// its own, merging the batches of two writers, only added a hand-over between tasks to every
+/// request (~1.8 ms between two requests under `p8`'s load).
 pub(crate) struct BulkWriter {
     client: Client,
     requests: AtomicU64,
@@ -2343,6 +2367,7 @@ impl BulkWriter {
 
     /// `_bulk_docs` requests sent, and how many of them carried account and transfer documents
     /// together.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn stats(&self) -> (u64, u64) {
         (
             self.requests.load(Ordering::Relaxed),
@@ -2668,7 +2693,7 @@ mod tests {
         );
         assert_eq!(doc.balance.minor(), 700);
         // An undo that finds nothing leaves an undone entry, so a late apply of that transfer
-        // skips instead of landing (issue 12, item 7)
+        // skips instead of landing
         assert_eq!(
             evaluate(
                 Some(&mut doc),
@@ -3101,7 +3126,7 @@ mod tests {
                 Some(("txn:t".into(), doc))
             })
         };
-        let decided = engine.run_decided([debit, credit], decide).await;
+        let decided = engine.run_decided([debit, credit], decide, None).await;
         assert_eq!(decided.debit.unwrap(), OpResult::Applied);
         assert_eq!(decided.credit.unwrap(), OpResult::Applied);
         assert_eq!(
@@ -3123,7 +3148,7 @@ mod tests {
         let (server, engine) = one_request_server().await;
         let [debit, credit] = pair(&engine);
         let decided = engine
-            .run_decided([debit, credit], Box::new(|_, _| None))
+            .run_decided([debit, credit], Box::new(|_, _| None), None)
             .await;
         assert_eq!(decided.debit.unwrap(), OpResult::Applied);
         assert_eq!(decided.credit.unwrap(), OpResult::Applied);

@@ -39,6 +39,7 @@ pub(crate) struct LedgerInner {
     /// Group commit of transfer-document writes.
     pub(crate) txns: Arc<TxnWriter>,
     /// The one `_bulk_docs` queue under both.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) bulk: Arc<BulkWriter>,
     /// Test hook awaited before every protocol write (see [`Ledger::with_pause_hook`]).
     pub(crate) pause: Option<PauseHook>,
@@ -333,7 +334,7 @@ impl Ledger {
     /// never merged (docs/ONE_WRITE.md). What every ledger does on such a database; on a server
     /// that keeps several copies this is wrong (a cluster's own writes can make conflicts,
     /// and their merge needs the entries): tests only.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn with_one_copy(self) -> Ledger {
         Ledger::assemble(Settings {
             entries: Entries::Never,
@@ -349,7 +350,7 @@ impl Ledger {
     /// single node, to test the merge a cluster needs.
     /// Every process writing the database must do the same, or the entries the merge relies
     /// on are missing: tests only.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn with_settled_entries(self) -> Ledger {
         Ledger::assemble(Settings {
             entries: Entries::Always,
@@ -523,7 +524,7 @@ impl Ledger {
     }
 
     /// Test support: the same ledger with a hook awaited before every protocol write.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn with_pause_hook(self, hook: PauseHook) -> Ledger {
         Ledger::assemble(Settings {
             pause: Some(hook),
@@ -550,28 +551,28 @@ impl Ledger {
 
     /// Test support: rounds run by the account-op engine and the transfer writer so far (how
     /// well concurrent work was grouped into requests).
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn engine_rounds(&self) -> (u64, u64) {
         (self.inner.accounts.rounds(), self.inner.txns.rounds())
     }
 
     /// Test support: `_bulk_docs` requests the account engine and the transfer writer sent
     /// together, and how many of them carried both's documents.
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn bulk_requests(&self) -> (u64, u64) {
         self.inner.bulk.stats()
     }
 
     /// Test support: settles held back by a background finish that went out with another
     /// write of their account (no document of their own).
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn settles_folded(&self) -> u64 {
         self.inner.accounts.folded()
     }
 
     /// Test support: reads of transfers the account engine made to prune settled entries
     /// (none for transfers this ledger ended itself).
-    #[doc(hidden)]
+    #[cfg(feature = "testing")]
     pub fn prune_reads(&self) -> u64 {
         self.inner.accounts.prune_reads()
     }

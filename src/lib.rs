@@ -89,9 +89,11 @@ pub use couch::{
 pub use engine::WriteQuorum;
 pub use error::{Error, Result};
 pub use ledger::{
-    ConflictCounts, HotReport, InitReport, Ledger, PauseFn, PauseHook, Progress, ProgressFn,
-    ProgressHook,
+    ConflictCounts, HotReport, InitReport, Ledger, Progress, ProgressFn, ProgressHook,
 };
+/// Test hooks (feature `testing`): a pause before a protocol write, and the fail points' names.
+#[cfg(feature = "testing")]
+pub use ledger::{PauseFn, PauseHook};
 pub use money::{plain_decimal, Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent};
 pub use orders::{
@@ -101,7 +103,9 @@ pub use orders::{
 };
 pub use state::{transition, Event, State, TransitionError};
 pub use sweeper::{LedgerStatus, StateCounts, SweepOptions, SweepOutcome};
-pub use transfer::{Claim, Reason, TransferOutcome, TransferRequest, TransferView, FAIL_POINTS};
+#[cfg(feature = "testing")]
+pub use transfer::FAIL_POINTS;
+pub use transfer::{Claim, Reason, TransferOutcome, TransferRequest, TransferView};
 /// What a deterministic simulation of the server needs (feature `testing`): a transport to
 /// answer requests, and a wall clock that follows a paused runtime's.
 #[cfg(feature = "testing")]

@@ -177,52 +177,28 @@ impl Ledger {
         // Transfers' conflicts resolved for this submit (`unblocked`).
         let mut unblocks = 0;
         for _ in 0..DRIVE_PHASES_MAX {
-            if self.inner.pause.is_none() {
-                // The engine decides as soon as both applies are answered and writes the
-                // decision in its next round (`AccountEngine::run_decided`).
-                let applied = self
-                    .apply_decided(&terms, attempt, deadline, &mut touched)
-                    .await;
-                let applied = match applied {
-                    Err(e) if unblocks < UNBLOCKS_MAX && self.unblocked(&e, deadline).await => {
-                        unblocks += 1;
-                        continue;
-                    }
-                    other => other?,
-                };
-                match applied {
-                    Applied::Wrote(decision, written) => {
-                        return self.decided_once(&terms, *decision, written, touched).await;
-                    }
-                    Applied::Next(Next::Retry) if Instant::now() >= deadline => {
-                        return self.leave_for_sweeper(&terms, touched).await;
-                    }
-                    Applied::Next(Next::Retry) => continue,
-                    Applied::Next(_) => return self.follow_once(&terms, None, touched).await,
-                }
-            }
-            let next = match self
-                .apply_once(&terms, attempt, deadline, false, &mut touched)
-                .await
-            {
+            // The engine decides as soon as both applies are answered and writes the decision
+            // in its next round (`AccountEngine::run_decided`).
+            let applied = self
+                .apply_decided(&terms, attempt, deadline, &mut touched)
+                .await;
+            let applied = match applied {
                 Err(e) if unblocks < UNBLOCKS_MAX && self.unblocked(&e, deadline).await => {
                     unblocks += 1;
                     continue;
                 }
                 other => other?,
             };
-            let decision = match next {
-                Next::Done(named) => decision(&terms, State::Done, Some(named), None),
-                Next::Cancel(reason) => decision(&terms, State::Cancelled, None, Some(reason)),
-                Next::Retry if Instant::now() >= deadline => {
+            match applied {
+                Applied::Wrote(decision, written) => {
+                    return self.decided_once(&terms, *decision, written, touched).await;
+                }
+                Applied::Next(Next::Retry) if Instant::now() >= deadline => {
                     return self.leave_for_sweeper(&terms, touched).await;
                 }
-                Next::Retry => continue,
-                Next::Follow => return self.follow_once(&terms, None, touched).await,
-            };
-            self.pause_at("decide").await;
-            let written = self.write_txn_outcome(&decision).await;
-            return self.decided_once(&terms, decision, written, touched).await;
+                Applied::Next(Next::Retry) => continue,
+                Applied::Next(_) => return self.follow_once(&terms, None, touched).await,
+            }
         }
         Err(Error::invariant(format!(
             "transfer {id} was not applied within {DRIVE_PHASES_MAX} attempts"
@@ -324,8 +300,11 @@ impl Ledger {
                 }
             })
         };
+        self.pause_at("apply").await;
+        // A test's pause at `decide` holds the decision's write in the engine, on this path.
+        let hold = self.inner.pause.as_ref().map(|hook| (hook.0)("decide"));
         let ops = self.apply_ops(terms, attempt, deadline, false);
-        let decided = self.inner.accounts.run_decided(ops, decide).await;
+        let decided = self.inner.accounts.run_decided(ops, decide, hold).await;
         let (debit, credit) = (decided.debit?, decided.credit?);
         tracing::debug!(
             txn = %terms.txn_id,

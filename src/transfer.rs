@@ -52,6 +52,7 @@ use crate::state::{transition, Event, State, TransitionError};
 /// Every fail point of the protocol, in protocol order. With the `failpoints` feature,
 /// `fail::cfg(name, "1*return")` makes the next pass through it stop as if the process crashed
 /// there (the call returns an error and writes nothing more).
+#[cfg(any(test, feature = "testing"))]
 pub const FAIL_POINTS: &[&str] = &[
     "once-after-apply",
     "once-after-decide",
