@@ -452,7 +452,7 @@ impl std::error::Error for Error {
 /// `1.5s`, `60s`: a wait as people write it.
 pub(crate) fn seconds(d: std::time::Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 == 0 || ms >= 10_000 {
+    if ms.is_multiple_of(1000) || ms >= 10_000 {
         format!("{}s", (ms + 500) / 1000)
     } else {
         format!("{:.1}s", d.as_secs_f64())

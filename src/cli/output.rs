@@ -199,7 +199,7 @@ impl couch_ledger::Observer for RetryNotices {
 /// `1.7s`, `20s`: a duration as people say it.
 pub(crate) fn seconds(d: std::time::Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 == 0 || ms >= 10_000 {
+    if ms.is_multiple_of(1000) || ms >= 10_000 {
         format!("{}s", (ms + 500) / 1000)
     } else {
         format!("{:.1}s", d.as_secs_f64())
