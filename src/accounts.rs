@@ -52,10 +52,13 @@ impl Ledger {
             if spec.opening < min {
                 return Err(Error::invalid(
                     "opening",
+                    // In the currency's units: the command line takes decimals, and a bare
+                    // `-500` would read as 500 euros rather than 5.
                     format!(
-                        "{} is below the account's minimum balance {}",
-                        spec.opening.minor(),
-                        min.minor()
+                        "{} {c} is below the account's minimum balance {} {c}",
+                        spec.currency.format(spec.opening),
+                        spec.currency.format(min),
+                        c = spec.currency,
                     ),
                 ));
             }

@@ -44,6 +44,7 @@ pub(crate) struct Settings {
     pub(crate) iam: Option<Iam>,
     pub(crate) retry: RetryPolicy,
     pub(crate) request_timeout: Duration,
+    pub(crate) call_timeout: Option<Duration>,
     pub(crate) observer: Option<Arc<dyn Observer>>,
     #[cfg(feature = "testing")]
     pub(crate) transport: Option<Arc<dyn crate::wire::Transport>>,
@@ -99,6 +100,7 @@ pub struct ClientBuilder {
     iam_token_url: String,
     connect_timeout: Duration,
     request_timeout: Duration,
+    call_timeout: Option<Duration>,
     retry: RetryPolicy,
     observer: Option<Arc<dyn Observer>>,
     #[cfg(feature = "testing")]
@@ -118,6 +120,7 @@ impl fmt::Debug for ClientBuilder {
             .field("iam_token_url", &self.iam_token_url)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("call_timeout", &self.call_timeout)
             .field("retry", &self.retry)
             .field("observer", &self.observer.is_some())
             .finish()
@@ -136,6 +139,7 @@ impl Default for ClientBuilder {
             iam_token_url: DEFAULT_IAM_TOKEN_URL.to_owned(),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(60),
+            call_timeout: None,
             retry: RetryPolicy::default(),
             observer: None,
             #[cfg(feature = "testing")]
@@ -208,6 +212,17 @@ impl ClientBuilder {
         self
     }
 
+    /// Time allowed for one call, its retries included [default: none: each try has the
+    /// request timeout, and tries follow the retry policy]. With it, no try is waited on past
+    /// this much time after the call began, and no retry starts that could not; a call that
+    /// waits for a change (a longpoll) gets its own wait on top. A command line sets it so that
+    /// a server that accepts connections and never answers fails the command in about this
+    /// long, rather than in one request timeout per try.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = Some(timeout);
+        self
+    }
+
     /// How transient failures are retried.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.retry = policy;
@@ -264,7 +279,10 @@ impl ClientBuilder {
         }
         url.set_query(None);
         url.set_fragment(None);
-        if self.connect_timeout.is_zero() || self.request_timeout.is_zero() {
+        if self.connect_timeout.is_zero()
+            || self.request_timeout.is_zero()
+            || self.call_timeout.is_some_and(|t| t.is_zero())
+        {
             return Err(Error::config("timeouts must be longer than zero"));
         }
         let iam = match self.iam_api_key {
@@ -309,6 +327,7 @@ impl ClientBuilder {
             iam,
             retry: self.retry,
             request_timeout: self.request_timeout,
+            call_timeout: self.call_timeout,
             observer: self.observer,
             #[cfg(feature = "testing")]
             transport: self.transport,

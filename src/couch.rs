@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::config::{Auth, ClientBuilder, RetryPolicy};
 use crate::error::{is_transient_status, scrub, Error, Result};
 use crate::iam::{Bearer, TokenSource};
-use crate::observe::{Observer, RequestEvent};
+use crate::observe::{Observer, RequestEvent, RetryEvent};
 #[cfg(feature = "testing")]
 use crate::wire::Transport;
 #[cfg(feature = "testing")]
@@ -55,6 +55,8 @@ struct Inner {
     session: Mutex<Option<String>>,
     retry: RetryPolicy,
     request_timeout: Duration,
+    /// Time allowed for one call, retries included ([`ClientBuilder::call_timeout`]).
+    call_timeout: Option<Duration>,
     /// HTTP requests sent (attempts, retries included).
     requests: AtomicU64,
     /// Told about every attempt and every `_bulk_docs` conflict (metrics).
@@ -371,6 +373,7 @@ impl ClientBuilder {
             iam,
             s.retry,
             s.request_timeout,
+            s.call_timeout,
             s.observer,
         );
         #[cfg(feature = "testing")]
@@ -394,6 +397,7 @@ impl Client {
         iam: Option<Arc<TokenSource>>,
         retry: RetryPolicy,
         request_timeout: Duration,
+        call_timeout: Option<Duration>,
         observer: Option<Arc<dyn Observer>>,
     ) -> Client {
         Client {
@@ -406,6 +410,7 @@ impl Client {
                 session: Mutex::new(None),
                 retry,
                 request_timeout,
+                call_timeout,
                 requests: AtomicU64::new(0),
                 observer,
                 #[cfg(feature = "testing")]
@@ -443,6 +448,7 @@ impl Client {
             self.inner.iam.clone(),
             self.inner.retry,
             self.inner.request_timeout,
+            self.inner.call_timeout,
             self.inner.observer.clone(),
         );
         #[cfg(feature = "testing")]
@@ -498,6 +504,15 @@ impl Client {
         timeout: Option<Duration>,
     ) -> Result<Reply> {
         let policy = self.inner.retry;
+        let call_started = Instant::now();
+        // The whole call's bound, retries included; a call with a longer time of its own (a
+        // longpoll waiting for a change) keeps it.
+        let deadline = self
+            .inner
+            .call_timeout
+            .map(|c| call_started + c.max(timeout.unwrap_or_default()));
+        // Whether a retry after `delay` still fits in the call's time.
+        let fits = |delay: Duration| deadline.is_none_or(|d| Instant::now() + delay < d);
         let mut attempt: u32 = 0;
         let mut relogged = false;
         // The IAM token a 401 refused, to be replaced before the next attempt.
@@ -507,13 +522,26 @@ impl Client {
                 Ok(bearer) => bearer,
                 // Nothing was sent to the server: a failing token endpoint is retried for any
                 // request, a refused key (not transient) is final.
-                Err(err) if err.is_transient() && attempt < policy.retries_max => {
+                Err(err)
+                    if err.is_transient()
+                        && attempt < policy.retries_max
+                        && fits(backoff(&policy, attempt)) =>
+                {
                     tracing::debug!(attempt, "IAM token endpoint failed, retrying: {err}");
                     tokio::time::sleep(backoff(&policy, attempt)).await;
                     attempt += 1;
                     continue;
                 }
                 Err(err) => return Err(err),
+            };
+            // Each try has the request timeout, and no more than what is left of the call's.
+            let try_timeout = match deadline {
+                Some(d) => Some(
+                    timeout
+                        .unwrap_or(self.inner.request_timeout)
+                        .min(d.saturating_duration_since(Instant::now())),
+                ),
+                None => timeout,
             };
             let started = Instant::now();
             let observed = |status: Option<u16>| {
@@ -526,13 +554,30 @@ impl Client {
                     });
                 }
             };
+            // Told before the wait of a retry, so a person can be told why nothing happens.
+            let retrying = |status: Option<u16>, timed_out: bool, delay: Duration| {
+                if let Some(observer) = &self.inner.observer {
+                    observer.retrying(&RetryEvent {
+                        method: method.as_str(),
+                        path,
+                        server: self.inner.base.as_str(),
+                        next_try: attempt + 2,
+                        tries_max: policy.retries_max + 1,
+                        status,
+                        timed_out,
+                        elapsed: started.elapsed(),
+                        delay,
+                        left: deadline.map(|d| d.saturating_duration_since(Instant::now() + delay)),
+                    });
+                }
+            };
             let response = self
                 .attempt(
                     &method,
                     path,
                     query,
                     body.as_deref(),
-                    timeout,
+                    try_timeout,
                     bearer.as_ref(),
                 )
                 .await;
@@ -540,14 +585,20 @@ impl Client {
             let reply = match response {
                 Err(failure) => {
                     observed(None);
-                    let err = Error::transport(failure.timeout)
+                    let mut err = Error::transport(failure.timeout)
                         .with_source(failure.source)
+                        .with_server(self.inner.base.as_str())
                         .with_request(method.as_str(), path);
-                    if !retries_left {
+                    if failure.timeout {
+                        err = err.with_waited(call_started.elapsed());
+                    }
+                    let delay = backoff(&policy, attempt);
+                    if !(retries_left && fits(delay)) {
                         return Err(err);
                     }
                     tracing::debug!(%method, path, attempt, "transport error, retrying: {err}");
-                    tokio::time::sleep(backoff(&policy, attempt)).await;
+                    retrying(None, failure.timeout, delay);
+                    tokio::time::sleep(delay).await;
                     attempt += 1;
                     continue;
                 }
@@ -578,14 +629,15 @@ impl Client {
             let err = self
                 .lockout(status_error(status, &reply.body))
                 .with_request(method.as_str(), path);
-            if !(retries_left && is_transient_status(status.as_u16())) {
-                return Err(err);
-            }
             let mut delay = backoff(&policy, attempt);
             if let Some(wait) = reply.retry_after {
                 delay = delay.max(wait.min(policy.retry_after_max));
             }
+            if !(retries_left && is_transient_status(status.as_u16()) && fits(delay)) {
+                return Err(err);
+            }
             tracing::debug!(%method, path, attempt, ?delay, "transient status, retrying: {err}");
+            retrying(Some(status.as_u16()), false, delay);
             tokio::time::sleep(delay).await;
             attempt += 1;
         }
@@ -877,7 +929,7 @@ impl Client {
     pub async fn get_opt<T: DeserializeOwned>(&self, id: &str) -> Result<Option<T>> {
         match self.get(id).await {
             Ok(doc) => Ok(Some(doc)),
-            Err(e) if e.is_not_found() && !is_missing_database(&e) => Ok(None),
+            Err(e) if e.is_not_found() && !e.is_missing_database() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -1252,6 +1304,7 @@ impl Client {
             .map_err(|f| {
                 Error::transport(f.timeout)
                     .with_source(f.source)
+                    .with_server(self.inner.base.as_str())
                     .with_request(method.as_str(), &path)
             })?;
         let (response, buffer) = match sent {
@@ -1540,7 +1593,7 @@ impl Client {
             .await
         {
             Ok(doc) => Some(doc),
-            Err(e) if e.is_not_found() && !is_missing_database(&e) => None,
+            Err(e) if e.is_not_found() && !e.is_missing_database() => None,
             Err(e) => return Err(e),
         };
         let Some(mut winner) = winner else {
@@ -1721,11 +1774,6 @@ fn status_error(status: StatusCode, body: &[u8]) -> Error {
     let parsed: Option<Body> = serde_json::from_slice(body).ok();
     let (error, reason) = parsed.map_or((None, None), |b| (b.error, b.reason));
     Error::status(status.as_u16(), error, reason)
-}
-
-fn is_missing_database(e: &Error) -> bool {
-    e.reason()
-        .is_some_and(|r| r.contains("Database does not exist") || r.contains("no_db_file"))
 }
 
 /// `Retry-After` as a number of seconds or as an HTTP date (RFC 9110 §10.2.3); a date in the

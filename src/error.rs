@@ -21,6 +21,11 @@ struct Inner {
     kind: Kind,
     /// `METHOD path` of the request, without credentials or host.
     request: Option<String>,
+    /// The server's URL without credentials, on an error of the network (the first thing to
+    /// check when nothing answers).
+    server: Option<String>,
+    /// How long the call waited for an answer, on a timeout.
+    waited: Option<std::time::Duration>,
     /// The transfer this error happened to after its document may have been written.
     transfer: Option<String>,
     /// A transfer whose own conflict kept an account from being merged (a cluster): resolving
@@ -66,6 +71,8 @@ impl Error {
             inner: Box::new(Inner {
                 kind,
                 request: None,
+                server: None,
+                waited: None,
                 transfer: None,
                 blocked_by: None,
                 source: None,
@@ -75,6 +82,18 @@ impl Error {
 
     pub(crate) fn with_request(mut self, method: &str, path: &str) -> Error {
         self.inner.request = Some(format!("{method} {path}"));
+        self
+    }
+
+    /// The server the request went to (a URL without credentials), said by a network error.
+    pub(crate) fn with_server(mut self, url: &str) -> Error {
+        self.inner.server = Some(url.to_owned());
+        self
+    }
+
+    /// How long the call waited before it gave up, said by a timeout.
+    pub(crate) fn with_waited(mut self, waited: std::time::Duration) -> Error {
+        self.inner.waited = Some(waited);
         self
     }
 
@@ -119,6 +138,7 @@ impl Error {
     pub(crate) fn duplicate(&self) -> Error {
         let mut copy = Error::new(self.inner.kind.clone()).with_source(self.to_string());
         copy.inner.transfer.clone_from(&self.inner.transfer);
+        copy.inner.server.clone_from(&self.inner.server);
         copy.inner.blocked_by.clone_from(&self.inner.blocked_by);
         copy
     }
@@ -251,6 +271,41 @@ impl Error {
         matches!(self.inner.kind, Kind::Transport { timeout: true })
     }
 
+    /// No answer came from the server (refused, reset, timed out): a network error, not a reply.
+    pub fn is_connection(&self) -> bool {
+        matches!(self.inner.kind, Kind::Transport { .. })
+    }
+
+    /// 404 because the database itself does not exist (not a document in it): not created
+    /// yet (`init`), or a wrong name.
+    pub fn is_missing_database(&self) -> bool {
+        self.is_not_found()
+            && self
+                .reason()
+                .is_some_and(|r| r.contains("Database does not exist") || r.contains("no_db_file"))
+    }
+
+    /// The database the failed request was about: the first segment of its path; `None` for the
+    /// server's own endpoints (`/_session`, `/_uuids`…) or when the error came from no request.
+    pub fn database(&self) -> Option<String> {
+        let request = self.inner.request.as_deref()?;
+        let path = request.split_once(' ').map_or("", |(_, p)| p);
+        let first = path
+            .split('/')
+            .next()
+            .filter(|s| !s.is_empty() && !s.starts_with('_'))?;
+        Some(
+            percent_encoding::percent_decode_str(first)
+                .decode_utf8_lossy()
+                .into_owned(),
+        )
+    }
+
+    /// The URL (without credentials) of the server a network error happened with.
+    pub fn server_url(&self) -> Option<&str> {
+        self.inner.server.as_deref()
+    }
+
     /// The caller's input was refused before anything was written (including an idempotency key
     /// re-used with other content, see [`Error::is_mismatch`]).
     pub fn is_invalid_input(&self) -> bool {
@@ -328,8 +383,19 @@ impl fmt::Display for Error {
                 "the server has locked user {} after failed logins; wait or ask an admin",
                 user.as_deref().unwrap_or("(anonymous)")
             )?,
-            Kind::Transport { timeout: true } => f.write_str("request timed out")?,
-            Kind::Transport { timeout: false } => f.write_str("could not reach the server")?,
+            Kind::Transport { timeout } => {
+                let at = self.inner.server.as_deref().map(|u| format!(" at {u}"));
+                let at = at.as_deref().unwrap_or("");
+                match (timeout, self.inner.waited) {
+                    (true, Some(w)) => write!(
+                        f,
+                        "request timed out: the server{at} did not answer within {}",
+                        seconds(w)
+                    )?,
+                    (true, None) => write!(f, "request timed out: the server{at} did not answer")?,
+                    (false, _) => write!(f, "could not reach the server{at}")?,
+                }
+            }
             Kind::Decode(m) => write!(f, "unexpected reply from the server: {m}")?,
             Kind::Invalid {
                 field: Some(field),
@@ -364,6 +430,9 @@ impl fmt::Debug for Error {
         if let Some(t) = &self.inner.transfer {
             d.field("transfer", t);
         }
+        if let Some(u) = &self.inner.server {
+            d.field("server", u);
+        }
         if let Some(s) = &self.inner.source {
             d.field("source", &s.to_string());
         }
@@ -377,6 +446,16 @@ impl std::error::Error for Error {
             .source
             .as_ref()
             .map(|e| &**e as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// `1.5s`, `60s`: a wait as people write it.
+pub(crate) fn seconds(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) || ms >= 10_000 {
+        format!("{}s", (ms + 500) / 1000)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
     }
 }
 
@@ -404,6 +483,18 @@ mod tests {
         assert!(e.is_transient());
         assert!(Error::transport(true).is_timeout());
         assert!(Error::transport(false).is_transient());
+        let e = Error::transport(true)
+            .with_server("http://127.0.0.1:5984/")
+            .with_waited(std::time::Duration::from_millis(5000))
+            .with_request("GET", "ledger");
+        assert_eq!(
+            e.to_string(),
+            "request timed out: the server at http://127.0.0.1:5984/ did not answer within 5s \
+             (GET ledger)"
+        );
+        assert_eq!(e.server_url(), Some("http://127.0.0.1:5984/"));
+        let e = Error::transport(false).with_server("http://h:1/");
+        assert_eq!(e.to_string(), "could not reach the server at http://h:1/");
         assert!(Error::mismatch("payment:o:r", "value").is_invalid_input());
         let e = Error::locked(Some("shop".into()));
         assert!(e.is_locked() && e.is_forbidden() && !e.is_unauthorized() && !e.is_transient());

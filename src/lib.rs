@@ -95,7 +95,7 @@ pub use ledger::{
 #[cfg(feature = "testing")]
 pub use ledger::{PauseFn, PauseHook};
 pub use money::{plain_decimal, Amount, Currency, AMOUNT_ABS_MAX};
-pub use observe::{Observer, RequestEvent};
+pub use observe::{Observer, RequestEvent, RetryEvent};
 pub use orders::{
     Adjustment, BasketItem, CurrencyBalance, Delivered, Delivery, Entry, EntryKind, OrderBalance,
     OrderSummary, OutstandingPage, Payment, Purchase, RecordStatus, Recorded, Refund, Shipment,

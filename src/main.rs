@@ -13,9 +13,10 @@ fn main() -> ExitCode {
     // clap prints usage errors itself and exits with 2 (0 for --help / --version).
     let (low, matches) = cli::args::parse();
     init_logging(&low);
+    let json = low.global.json;
     match run(low, &matches) {
         Ok(exit) => ExitCode::from(exit.code()),
-        Err(err) => ExitCode::from(report(&err).code()),
+        Err(err) => ExitCode::from(report(&err, json).code()),
     }
 }
 
@@ -63,8 +64,9 @@ fn logging_defaults(low: &cli::args::LowArgs) -> (&'static str, bool) {
     ("warn", false)
 }
 
-/// Prints `error: <what failed>: <cause>` on one line and says which exit code it means.
-fn report(err: &anyhow::Error) -> cli::Exit {
+/// Prints `error: <what failed>: <cause>` on one line — and with `--json` one object on stdout,
+/// unless the command printed its own — and says which exit code it means.
+fn report(err: &anyhow::Error, json: bool) -> cli::Exit {
     // `couch-ledger … | head` closing the pipe is not a failure.
     if err.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
@@ -73,25 +75,11 @@ fn report(err: &anyhow::Error) -> cli::Exit {
         return cli::Exit::Success;
     }
     // Secrets are `SecretString`s and URLs in errors carry no credentials: nothing to blank.
-    let line = format!("{err:#}").replace(['\n', '\r'], " ");
-    let _ = writeln!(std::io::stderr(), "error: {line}");
-    exit_for(err)
-}
-
-/// Invalid input (including an idempotency key re-used with other content, and a bad
-/// configuration) is 2; everything else — the server, the network, a broken invariant — is 1.
-fn exit_for(err: &anyhow::Error) -> cli::Exit {
-    for cause in err.chain() {
-        if let Some(e) = cause.downcast_ref::<couch_ledger::Error>() {
-            return if e.is_invalid_input() {
-                cli::Exit::Invalid
-            } else {
-                cli::Exit::Operational
-            };
-        }
-        if cause.is::<cli::UsageError>() {
-            return cli::Exit::Invalid;
-        }
+    let failure = cli::failure::describe(err);
+    if json && !cli::output::printed() {
+        let mut stdout = std::io::stdout().lock();
+        let _ = writeln!(stdout, "{}", failure.json()).and_then(|()| stdout.flush());
     }
-    cli::Exit::Operational
+    let _ = writeln!(std::io::stderr(), "error: {}", failure.message);
+    failure.exit
 }

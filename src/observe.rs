@@ -22,12 +22,45 @@ pub struct RequestEvent<'a> {
     pub attempt: u32,
 }
 
+/// A call about to be tried again after a try that failed in a way that may pass (no answer,
+/// or a transient status such as 503).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RetryEvent<'a> {
+    /// `GET`, `PUT`, `POST`…
+    pub method: &'a str,
+    /// The request's path below the server's URL (`ledger/_all_docs`), without its query.
+    pub path: &'a str,
+    /// The server's URL, without credentials.
+    pub server: &'a str,
+    /// The try about to start: 2 for the first retry.
+    pub next_try: u32,
+    /// The most tries the retry policy allows.
+    pub tries_max: u32,
+    /// The failed try's status; `None` when no answer came (refused, reset, timed out).
+    pub status: Option<u16>,
+    /// The failed try got no answer within its time.
+    pub timed_out: bool,
+    /// How long the failed try took.
+    pub elapsed: Duration,
+    /// The wait before the next try (backoff, or what the server asked with `Retry-After`).
+    pub delay: Duration,
+    /// Time left for the whole call after the wait, when the client has a
+    /// [`call_timeout`](crate::ClientBuilder::call_timeout).
+    pub left: Option<Duration>,
+}
+
 /// Told about the client's requests. Called on the request's task, right after each attempt:
 /// keep it cheap (count, observe a histogram) and never block. Every method has a default
 /// that does nothing, so an observer implements only what it records.
 pub trait Observer: Send + Sync + 'static {
     /// An attempt finished (successfully or not).
     fn request(&self, event: &RequestEvent<'_>) {
+        let _ = event;
+    }
+
+    /// A call is about to be tried again (after `event.delay`).
+    fn retrying(&self, event: &RetryEvent<'_>) {
         let _ = event;
     }
 

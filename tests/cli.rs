@@ -53,6 +53,23 @@ impl Run {
         );
     }
 
+    /// A failure's stdout: with `--json` exactly one object, `error` (this code) and `message`
+    /// (the stderr line's text); without, nothing.
+    fn assert_error_output(&self, json: bool, code: &str) {
+        if !json {
+            assert!(self.stdout.is_empty(), "{}", self.describe());
+            return;
+        }
+        let v = self.json();
+        assert_eq!(v["error"], code, "{}", self.describe());
+        let message = v["message"].as_str().expect("a message");
+        assert!(
+            !message.is_empty() && self.stderr.contains(message),
+            "the message is the error line: {}",
+            self.describe()
+        );
+    }
+
     fn describe(&self) -> String {
         format!(
             "exit {}\nstdout: {}\nstderr: {}",
@@ -253,8 +270,10 @@ async fn the_cloudant_example_through_the_command_line() {
     other[6] = "7.00";
     let r = cli(&db, &other).await;
     assert_eq!(r.code, 2, "{}", r.describe());
-    assert!(r.stdout.is_empty(), "{}", r.describe());
+    r.assert_error_output(true, "mismatch");
     r.assert_one_error_line("different value");
+    // The differing field is named with the option that sets it.
+    r.assert_one_error_line("--amount");
     assert_eq!(db_state(&l).await, before);
 }
 
@@ -338,7 +357,7 @@ async fn bad_input_is_one_error_line_exit_2_and_writes_nothing() {
             }
             let r = cli_stdin(&db, &args, *stdin).await;
             assert_eq!(r.code, 2, "{args:?}: {}", r.describe());
-            assert!(r.stdout.is_empty(), "{args:?}: {}", r.describe());
+            r.assert_error_output(json, "invalid_input");
             r.assert_one_error_line(mentions);
         }
     }
@@ -377,8 +396,10 @@ async fn an_unreachable_server_is_exit_1_quickly() {
         all.extend(args.iter().map(|s| s.to_string()));
         let r = run_raw(&all, None, &[]).await;
         assert_eq!(r.code, 1, "{args:?}: {}", r.describe());
-        assert!(r.stdout.is_empty(), "{}", r.describe());
-        r.assert_one_error_line("could not reach the server");
+        r.assert_error_output(args.contains(&"--json"), "unreachable");
+        r.assert_one_error_line("could not reach the server at http://127.0.0.1:1/");
+        // Where the URL comes from, so the user knows what to change.
+        r.assert_one_error_line("--url or COUCHDB_URL");
     }
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -587,14 +608,155 @@ async fn a_failed_transfer_shows_its_id() {
             // A UUID v7 made by the program.
             None => assert_eq!(uuid_version(&id), Some(7), "{id}"),
         }
+        r.assert_error_output(true, "unreachable");
         assert!(
-            v["error"]
+            v["message"]
                 .as_str()
                 .is_some_and(|e| e.contains("could not reach")),
             "{v}"
         );
         r.assert_one_error_line(&format!("--id {id}"));
+        // Each cause once: the transfer is named once, the server once.
+        let line = r.stderr.trim_end();
+        assert_eq!(line.matches(&format!("transfer {id}")).count(), 1, "{line}");
+        assert_eq!(line.matches("could not reach").count(), 1, "{line}");
     }
+}
+
+/// A server that accepts connections and never answers: `--timeout` bounds the whole wait,
+/// retries included (not one timeout per try), and each retry is said on stderr meanwhile.
+#[tokio::test]
+async fn a_silent_server_fails_within_the_timeout_saying_it_retries() {
+    const TIMEOUT_S: u64 = 5;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // Every connection is accepted and held open without a byte written back.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => break,
+            }
+        }
+    });
+    let transfer = [
+        "transfer",
+        "--from",
+        "A",
+        "--to",
+        "B",
+        "--amount",
+        "1",
+        "--currency",
+        "EUR",
+    ];
+    for args in [vec!["account", "show", "A"], transfer.to_vec()] {
+        let mut all: Vec<String> = ["--url", &url, "--db", "ledger", "--timeout", "5s", "--json"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        all.extend(args.iter().map(|s| s.to_string()));
+        let started = Instant::now();
+        let r = run_raw(&all, None, &[]).await;
+        let took = started.elapsed();
+        assert_eq!(r.code, 1, "{args:?}: {}", r.describe());
+        assert!(
+            took < Duration::from_secs(TIMEOUT_S + 3),
+            "{args:?}: took {took:?}: {}",
+            r.describe()
+        );
+        // It did wait for the server, rather than give up at once.
+        assert!(
+            took >= Duration::from_secs(TIMEOUT_S - 1),
+            "{args:?}: took {took:?}"
+        );
+        r.assert_error_output(true, "timeout");
+        let lines: Vec<&str> = r.stderr.trim_end().lines().collect();
+        let (last, before) = lines.split_last().expect("stderr");
+        assert!(
+            before
+                .iter()
+                .any(|l| l.contains(&format!("CouchDB at {url}/ did not answer"))
+                    && l.contains("retrying (try 2 of")),
+            "a line while it retries: {}",
+            r.describe()
+        );
+        assert!(
+            before.iter().all(|l| l.contains("retrying")),
+            "{}",
+            r.describe()
+        );
+        assert!(last.starts_with("error: "), "{last}");
+        assert!(last.contains("did not answer within"), "{last}");
+        assert!(last.contains("--url or COUCHDB_URL"), "{last}");
+        assert!(last.contains("--timeout"), "{last}");
+    }
+}
+
+/// No database (no `init`, a wrong `--db`): every command says which database is missing where
+/// and to run `init`; a transfer does not claim it may exist, since nothing could be written.
+/// A database name put in the URL is pointed out.
+#[tokio::test]
+async fn a_missing_database_says_to_run_init() {
+    let db = support::db_name("cli_no_database");
+    let shown = couch_ledger::redact_url(&support::server().url);
+    let transfer = [
+        "transfer",
+        "--from",
+        "A",
+        "--to",
+        "B",
+        "--amount",
+        "1",
+        "--currency",
+        "EUR",
+        "--json",
+    ];
+    for args in [
+        vec!["account", "show", "A"],
+        vec!["status", "--json"],
+        vec!["order", "show", ORDER],
+        transfer.to_vec(),
+    ] {
+        let r = cli(&db, &args).await;
+        assert_eq!(r.code, 1, "{args:?}: {}", r.describe());
+        r.assert_error_output(args.contains(&"--json"), "no_database");
+        r.assert_one_error_line(&format!(
+            "no database {db} at {shown}: run `couch-ledger init`"
+        ));
+        assert!(!r.stderr.contains("no_db_file"), "{}", r.describe());
+        assert!(!r.stderr.contains("may exist"), "{}", r.describe());
+    }
+    // The database put at the end of the URL, as many clients take it.
+    let (_l, db) = fresh("cli_db_in_url").await;
+    let mut args = server_args(&db);
+    args[1] = format!("{}/{db}", support::server().url.trim_end_matches('/'));
+    args.extend(["account", "show", "A"].map(String::from));
+    let r = run_raw(&args, None, &[]).await;
+    assert_ne!(r.code, 0, "{}", r.describe());
+    r.assert_one_error_line("give the server's URL alone with --url and the database with --db");
+}
+
+/// `--json` is one object on stdout on every exit: a usage error found by clap too.
+#[tokio::test]
+async fn json_errors_are_one_object_even_for_usage_errors() {
+    let args: Vec<String> = ["--json", "transfer", "--from", "A", "--bogus"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let r = run_raw(&args, None, &[]).await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    let v = r.json();
+    assert_eq!(v["error"], "usage", "{v}");
+    assert!(
+        v["message"].as_str().is_some_and(|m| m.contains("--bogus")),
+        "{v}"
+    );
+    // Without --json, clap's message alone.
+    let r = run_raw(&args[1..], None, &[]).await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    assert!(r.stdout.is_empty(), "{}", r.describe());
 }
 
 /// The version digit of a UUID in its text form.
@@ -1158,10 +1320,26 @@ async fn bad_transfers_are_exit_2_and_write_nothing() {
             }
             let r = cli(&db, &args).await;
             assert_eq!(r.code, 2, "{args:?}: {}", r.describe());
-            assert!(r.stdout.is_empty(), "{args:?}: {}", r.describe());
+            r.assert_error_output(json, "invalid_input");
             r.assert_one_error_line(mentions);
         }
     }
+    // An opening below the minimum is said in the currency's units, as it was typed.
+    let r = cli(
+        &db,
+        &[
+            "account",
+            "create",
+            "eve",
+            "--currency",
+            "EUR",
+            "--opening",
+            "-5",
+        ],
+    )
+    .await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    r.assert_one_error_line("-5.00 EUR is below the account's minimum balance 0.00 EUR");
     assert_eq!(db_state(&l).await, before, "bad input wrote something");
 
     // An idempotency key: the same terms again are "exists"; other terms are refused.
@@ -1171,8 +1349,9 @@ async fn bad_transfers_are_exit_2_and_write_nothing() {
     let before = db_state(&l).await;
     let r = transfer_eur(&db, "A", "B", "200", &["--id", "k1"]).await;
     assert_eq!(r.code, 2, "{}", r.describe());
-    assert!(r.stdout.is_empty(), "{}", r.describe());
+    r.assert_error_output(true, "mismatch");
     r.assert_one_error_line("different value");
+    r.assert_one_error_line("--amount");
     let r = transfer_eur(&db, "A", "B", "100", &["--id", "k1"]).await;
     assert_eq!(r.code, 0, "{}", r.describe());
     let v = r.json();
@@ -1210,12 +1389,20 @@ async fn a_transfer_left_for_the_sweeper_is_finished_by_sweep_once() {
     assert_eq!(s["in_flight"], 0, "initial is not in flight yet: {s}");
     assert_eq!(balance_of(&db, "A").await, 100_000, "nothing moved yet");
 
-    // The default stale-after (30 s) leaves a fresh transfer alone.
+    // The default stale-after (30 s) leaves a fresh transfer alone, and says so.
     let r = cli(&db, &["sweep", "--once", "--json"]).await;
     assert_eq!(r.code, 0, "{}", r.describe());
     let v = r.json();
     assert_eq!(v["advanced"], 0, "{v}");
     assert_eq!(v["remaining"], 1, "{v}");
+    let r = cli(&db, &["sweep", "--once"]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    assert!(
+        r.stdout
+            .contains("taken over once untouched for --stale-after (30s)"),
+        "{}",
+        r.describe()
+    );
 
     let r = cli(&db, &["sweep", "--once", "--stale-after", "0s", "--json"]).await;
     assert_eq!(r.code, 0, "{}", r.describe());
@@ -1309,7 +1496,7 @@ async fn cancel_and_reverse_on_the_command_line() {
     assert_eq!(r.code, 0, "{}", r.describe());
     let r = cli(&db, &["cancel", "t1", "--json"]).await;
     assert_eq!(r.code, 2, "{}", r.describe());
-    assert!(r.stdout.is_empty(), "{}", r.describe());
+    r.assert_error_output(true, "invalid_input");
     r.assert_one_error_line("reverse it instead");
     let r = cli(&db, &["reverse", "t1", "--json"]).await;
     assert_eq!(r.code, 0, "{}", r.describe());

@@ -171,6 +171,78 @@ async fn a_429_waits_for_retry_after() {
     );
 }
 
+/// `call_timeout` bounds a call with its retries: slow tries are cut to what is left of it, a
+/// `Retry-After` longer than what is left is not waited for, and the observer is told of each
+/// retry. Without it each try has the whole request timeout (a library user's choice).
+#[tokio::test]
+async fn a_call_timeout_bounds_the_retries_and_each_retry_is_told() {
+    #[derive(Default)]
+    struct Retries(Mutex<Vec<(u32, bool, Option<Duration>)>>);
+    impl couch_ledger::Observer for Retries {
+        fn retrying(&self, e: &couch_ledger::RetryEvent<'_>) {
+            self.0
+                .lock()
+                .unwrap()
+                .push((e.next_try, e.timed_out, e.left));
+        }
+    }
+    let server = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/db/slow"))
+        .respond_with(doc_ok().set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/db/later"))
+        .respond_with(
+            couch_error(503, "service_unavailable", "busy").insert_header("Retry-After", "30"),
+        )
+        .mount(&server)
+        .await;
+    let retries = Arc::new(Retries::default());
+    let c = Client::builder()
+        .url(server.uri())
+        .database("db")
+        .request_timeout(Duration::from_millis(700))
+        .call_timeout(Duration::from_secs(2))
+        .retry(RetryPolicy {
+            retry_after_max: Duration::from_secs(60),
+            ..fast(10)
+        })
+        .observer(retries.clone())
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let e = c.get::<Value>("slow").await.unwrap_err();
+    let took = start.elapsed();
+    assert!(e.is_timeout(), "{e}");
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    assert!(took >= Duration::from_millis(1900), "took {took:?}");
+    assert!(
+        e.to_string().contains(&server.uri()),
+        "names the server: {e}"
+    );
+    assert!(e.to_string().contains("did not answer within 2"), "{e}");
+    let told = retries.0.lock().unwrap().clone();
+    assert!(told.len() >= 2, "{told:?}");
+    assert!(
+        told.iter()
+            .all(|(_, timed_out, left)| *timed_out
+                && left.is_some_and(|l| l < Duration::from_secs(2))),
+        "{told:?}"
+    );
+    assert_eq!(told[0].0, 2, "the first retry is the second try: {told:?}");
+
+    let start = Instant::now();
+    let e = c.get::<Value>("later").await.unwrap_err();
+    assert_eq!(e.status_code(), Some(503), "{e}");
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "a 30 s Retry-After does not fit in 2 s: {:?}",
+        start.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn a_retry_after_as_an_http_date_is_honoured() {
     let server = MockServer::start().await;

@@ -1076,3 +1076,123 @@ async fn serve_the_node_example_client_runs_against_it() {
     let r = svc.get("/v1/accounts/shop-t1").await;
     assert_eq!(r.body["balance"], 2646);
 }
+
+/// SIGTERM with a transfer in flight and the sweeper on a step, against a CouchDB that accepts
+/// connections and never answers: the process is gone within `--shutdown-timeout` (plus a
+/// little), exit 1, saying what it stopped without.
+#[tokio::test]
+async fn serve_stops_within_the_shutdown_timeout_whatever_couchdb_does() {
+    const SHUTDOWN_S: u64 = 2;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent = format!("http://{}", listener.local_addr().unwrap());
+    // Every connection is accepted and held open without a byte written back.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => break,
+            }
+        }
+    });
+    let mut svc = Service::start_on(
+        &silent,
+        "ledger",
+        &["--timeout", "60s", "--shutdown-timeout", "2s"],
+        &[],
+    )
+    .await;
+    // A transfer of its own client, so the service stays ours to wait for.
+    let url = format!("{}/v1/transfers", svc.base);
+    let request = tokio::spawn(async move {
+        let body = json!({"from": "src", "to": "dst", "amount": 10, "currency": "EUR"});
+        reqwest::Client::new()
+            .post(url)
+            .header("Idempotency-Key", "stuck")
+            .json(&body)
+            .send()
+            .await
+    });
+    // The transfer is in flight (the scrape that asks is one too).
+    support::wait_for("the transfer in flight", Duration::from_secs(30), || {
+        let svc = &svc;
+        async move {
+            let n = svc.metric("couch_ledger_http_requests_in_flight").await;
+            (n >= 2.0).then_some(())
+        }
+    })
+    .await;
+    let started = std::time::Instant::now();
+    sigterm(svc.pid());
+    let exit = tokio::time::timeout(Duration::from_secs(60), svc.child.wait())
+        .await
+        .expect("serve exited after SIGTERM")
+        .unwrap();
+    request.abort();
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(SHUTDOWN_S + 2),
+        "took {took:?}: {}",
+        svc.log()
+    );
+    assert_eq!(exit.code(), Some(1), "{}", svc.log());
+    assert!(svc.log().contains("--shutdown-timeout"), "{}", svc.log());
+}
+
+/// Every answer of the service is its JSON error shape, 404 and 405 included, on every kind of
+/// path (with and without a key, with a path parameter).
+#[tokio::test]
+async fn serve_404_and_405_are_json_errors_everywhere() {
+    let (_l, db) = ledger("serve_404_405").await;
+    let svc = Service::start(&db, &["--no-sweep"]).await;
+    for (method, path, status, code) in [
+        (reqwest::Method::GET, "/nothing", 404, "not_found"),
+        (reqwest::Method::GET, "/v1/nothing", 404, "not_found"),
+        (
+            reqwest::Method::DELETE,
+            "/v1/accounts",
+            405,
+            "method_not_allowed",
+        ),
+        (
+            reqwest::Method::PATCH,
+            "/v1/accounts/a",
+            405,
+            "method_not_allowed",
+        ),
+        (
+            reqwest::Method::DELETE,
+            "/v1/transfers/t",
+            405,
+            "method_not_allowed",
+        ),
+        (
+            reqwest::Method::GET,
+            "/v1/transfers/t/cancel",
+            405,
+            "method_not_allowed",
+        ),
+        (reqwest::Method::POST, "/healthz", 405, "method_not_allowed"),
+        (reqwest::Method::POST, "/metrics", 405, "method_not_allowed"),
+        (
+            reqwest::Method::DELETE,
+            "/openapi.json",
+            405,
+            "method_not_allowed",
+        ),
+    ] {
+        let r = svc
+            .send(
+                svc.http
+                    .request(method.clone(), format!("{}{path}", svc.base)),
+            )
+            .await;
+        assert_eq!(r.status.as_u16(), status, "{method} {path}: {}", r.body);
+        assert_eq!(r.body["error"], code, "{method} {path}: {}", r.body);
+        assert!(
+            r.body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{method} {path}: {}",
+            r.body
+        );
+    }
+}

@@ -70,11 +70,14 @@ pub(crate) struct GlobalArgs {
     #[arg(long, env = "LEDGER_HOT_DB", global = true, value_name = "NAME")]
     hot_db: Option<String>,
 
-    /// Print exactly one JSON object on stdout (amounts as integers in minor units).
+    /// Print exactly one JSON object on stdout (amounts as integers in minor units), errors
+    /// included: `error` (a code), `message`, and `id` where there is one.
     #[arg(long, global = true)]
-    json: bool,
+    pub(crate) json: bool,
 
-    /// Time allowed for one request to the server, e.g. 500ms, 30s, 5m, 1h30m [default: 60s].
+    /// Time allowed to wait for the server on one call, retries included (a server that never
+    /// answers fails the command in about this long), e.g. 500ms, 30s, 5m, 1h30m
+    /// [default: 60s].
     #[arg(long, global = true, value_name = "DUR")]
     timeout: Option<String>,
 
@@ -255,12 +258,32 @@ pub(crate) enum Command {
     Completions(CompletionsArgs),
 }
 
-/// Parses the command line; on a usage error (or --help / --version) clap prints and exits.
+/// Parses the command line; on a usage error (or --help / --version) clap prints and exits —
+/// with `--json` on the line, after one error object on stdout.
 pub(crate) fn parse() -> (LowArgs, ArgMatches) {
-    let matches = LowArgs::command().get_matches();
-    let low = LowArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    (low, matches)
+    let parsed = LowArgs::command()
+        .try_get_matches()
+        .and_then(|m| LowArgs::from_arg_matches(&m).map(|low| (low, m)));
+    match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            if e.use_stderr() && std::env::args_os().any(|a| a == "--json") {
+                let text = e.to_string();
+                let message = text
+                    .lines()
+                    .next()
+                    .unwrap_or("")
+                    .trim_start_matches("error: ");
+                let value = serde_json::json!({"error": "usage", "message": message});
+                println!("{value}");
+            }
+            e.exit()
+        }
+    }
 }
+
+/// `--timeout` when none is given.
+pub(crate) const TIMEOUT_DEFAULT: Duration = Duration::from_secs(60);
 
 /// The validated settings.
 pub(crate) struct HiArgs {
@@ -392,12 +415,16 @@ impl HiArgs {
                 b = b.iam_token_url(token_url);
             }
         }
-        if let Some(t) = self.timeout {
-            b = b
-                .request_timeout(t)
-                .connect_timeout(t.min(Duration::from_secs(5)));
-        }
-        b
+        // --timeout bounds the whole wait for the server, retries included: a server that
+        // accepts connections and never answers fails the command in about that long. Tries
+        // get a third each, so one that is lost (a stale connection, a stuck node behind a
+        // balancer) is tried again within it, and each retry is said on stderr.
+        let t = self.timeout.unwrap_or(TIMEOUT_DEFAULT);
+        let each_try = (t / 3).max(t.min(Duration::from_secs(1)));
+        b.call_timeout(t)
+            .request_timeout(each_try)
+            .connect_timeout(each_try.min(Duration::from_secs(5)))
+            .observer(std::sync::Arc::new(super::output::RetryNotices))
     }
 
     /// The ledger on the configured server and database.

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 pub(crate) mod args;
 pub(crate) mod demo;
 pub(crate) mod devserver;
+pub(crate) mod failure;
 pub(crate) mod orders;
 pub(crate) mod output;
 pub(crate) mod parse;
@@ -75,7 +76,9 @@ pub(crate) fn run(low: LowArgs, matches: &clap::ArgMatches) -> anyhow::Result<Ex
         out: Out::new(settings.json),
         settings,
     };
-    runtime.block_on(dispatch(low.command, &mut ctx))
+    runtime
+        .block_on(dispatch(low.command, &mut ctx))
+        .map_err(|e| failure::explain(e, &ctx.settings))
 }
 
 async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {

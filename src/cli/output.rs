@@ -34,6 +34,14 @@ impl Exit {
     }
 }
 
+/// A `--json` object went to stdout: an error after it must not print a second one.
+static PRINTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a command printed its `--json` object.
+pub(crate) fn printed() -> bool {
+    PRINTED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Standard output in the mode the user asked for.
 pub(crate) struct Out {
     json: bool,
@@ -54,6 +62,7 @@ impl Out {
         let mut stdout = io::stdout().lock();
         if self.json {
             debug_assert!(value.is_object(), "--json prints one object");
+            PRINTED.store(true, std::sync::atomic::Ordering::Relaxed);
             serde_json::to_writer(&mut stdout, value)?;
             stdout.write_all(b"\n")?;
         } else {
@@ -99,6 +108,22 @@ impl Out {
     }
 }
 
+/// What a sweep did, in words: `examined 3, advanced 2 to done, …; 1 transfers still open`.
+pub(crate) fn sweep_words(s: &couch_ledger::SweepOutcome) -> String {
+    let mut words = format!(
+        "examined {}, advanced {} to done, cancelled {}, skipped {}, failed {}, repaired {} \
+         markers; {} transfers still open",
+        s.examined, s.advanced, s.cancelled, s.skipped, s.failed, s.repaired_markers, s.remaining
+    );
+    if s.conflicts_resolved + s.conflicts_unresolved > 0 {
+        words.push_str(&format!(
+            "; conflicts resolved {}, left {}",
+            s.conflicts_resolved, s.conflicts_unresolved
+        ));
+    }
+    words
+}
+
 /// `26.46 GBP`.
 pub(crate) fn money(currency: Currency, amount: Amount) -> String {
     format!("{} {currency}", currency.format(amount))
@@ -127,5 +152,56 @@ pub(crate) fn install_status(s: InstallStatus) -> &'static str {
         InstallStatus::Unchanged => "unchanged",
         InstallStatus::Updated => "updated",
         InstallStatus::Removed => "removed",
+    }
+}
+
+/// Says on stderr why a command is waiting: a try the server did not answer in time, or a
+/// wait of a second or more the server asked for (`Retry-After`). Retries after a refused
+/// connection or a quick 503 are not said: they pass, or end in the command's one `error:`
+/// line.
+pub(crate) struct RetryNotices;
+
+/// A wait shorter than this, after an answer, is not worth a line.
+const NOTICE_DELAY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl couch_ledger::Observer for RetryNotices {
+    fn retrying(&self, e: &couch_ledger::RetryEvent<'_>) {
+        let bound = e.left.map_or(String::new(), |left| {
+            format!("; {} left of --timeout", seconds(left))
+        });
+        let what = if e.timed_out {
+            format!(
+                "did not answer {} {} within {}",
+                e.method,
+                e.path,
+                seconds(e.elapsed)
+            )
+        } else if let Some(status) = e.status.filter(|_| e.delay >= NOTICE_DELAY_MIN) {
+            format!(
+                "answered {status} to {} {}; waiting {} as it asks",
+                e.method,
+                e.path,
+                seconds(e.delay)
+            )
+        } else {
+            return;
+        };
+        let _ = writeln!(
+            io::stderr(),
+            "couch-ledger: CouchDB at {} {what}; retrying (try {} of {}{bound})…",
+            e.server,
+            e.next_try,
+            e.tries_max
+        );
+    }
+}
+
+/// `1.7s`, `20s`: a duration as people say it.
+pub(crate) fn seconds(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms.is_multiple_of(1000) || ms >= 10_000 {
+        format!("{}s", (ms + 500) / 1000)
+    } else {
+        format!("{:.1}s", d.as_secs_f64())
     }
 }

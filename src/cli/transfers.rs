@@ -14,7 +14,7 @@ use couch_ledger::{
 };
 use serde_json::{json, Value};
 
-use super::output::money;
+use super::output::{money, sweep_words};
 use super::parse::{amount, currency, parse_duration};
 use super::{Context, Exit, UsageError};
 
@@ -267,7 +267,9 @@ fn is_missing_doc(e: &couch_ledger::Error) -> bool {
 /// transfer or account that is not there is the caller's mistake (exit 2), not the server's.
 fn or_missing(err: couch_ledger::Error, missing: String, doing: String) -> anyhow::Error {
     if is_missing_doc(&err) {
-        UsageError::new(missing).into()
+        // The 404 stays in the chain (unsaid): a database name put in --url by mistake also
+        // answers `missing`, and `failure::explain` says so.
+        anyhow::Error::new(err).context(UsageError::new(missing))
     } else {
         anyhow::Error::new(err).context(doing)
     }
@@ -420,19 +422,12 @@ async fn transfer(a: TransferArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     let o = match ledger.submit(request, !a.no_wait).await {
         Ok(o) => o,
         Err(e) => {
-            let Some(id) = e.transfer_id().map(str::to_owned) else {
+            // A missing database (no `init`, a wrong --db) refused the first write: nothing
+            // exists; `failure::explain` says what to run.
+            if e.transfer_id().is_none() || e.is_missing_database() {
                 return Err(anyhow::Error::new(e).context("the transfer could not be made"));
-            };
-            if ctx.out.is_json() {
-                ctx.out.print(
-                    &json!({"id": id, "state": null, "reason": null, "error": e.to_string()}),
-                    "",
-                )?;
             }
-            return Err(anyhow::Error::new(e).context(format!(
-                "transfer {id} may exist unfinished: the sweeper finishes it, and sending it \
-                 again with --id {id} follows it instead of making a second one"
-            )));
+            return Err(super::failure::Unfinished(e).into());
         }
     };
     let text = format!(
@@ -554,21 +549,6 @@ fn sweep_json(s: &SweepOutcome) -> Value {
     })
 }
 
-fn sweep_words(s: &SweepOutcome) -> String {
-    let mut words = format!(
-        "examined {}, advanced {} to done, cancelled {}, skipped {}, failed {}, repaired {} \
-         markers; {} transfers still open",
-        s.examined, s.advanced, s.cancelled, s.skipped, s.failed, s.repaired_markers, s.remaining
-    );
-    if s.conflicts_resolved + s.conflicts_unresolved > 0 {
-        words.push_str(&format!(
-            "; conflicts resolved {}, left {}",
-            s.conflicts_resolved, s.conflicts_unresolved
-        ));
-    }
-    words
-}
-
 async fn sweep(a: SweepArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     let stale_after_text = a
         .stale_after
@@ -595,6 +575,15 @@ async fn sweep(a: SweepArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         bar.finish();
         let s = swept.context("the sweep could not run")?;
         let mut text = format!("swept once: {}\n", sweep_words(&s));
+        if s.remaining > 0 {
+            // Right after `transfer --no-wait` a transfer is open but not stale: say why it was
+            // left, rather than let "still open" read as a failure.
+            text.push_str(&format!(
+                "  open transfers are taken over once untouched for --stale-after \
+                 ({stale_after_text}): until then their writer may still be at work \
+                 (--stale-after 0s takes them now)\n"
+            ));
+        }
         for p in &s.problems {
             text.push_str(&format!("  problem: {p}\n"));
         }

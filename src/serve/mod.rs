@@ -60,10 +60,6 @@ use error::ApiError;
 use metrics::Metrics;
 use schema::{Links, SharedAnswers};
 
-/// After SIGINT / SIGTERM, requests in flight get this long to finish (a transfer is bounded
-/// by its lease, 30 s); past it the process exits 1 rather than hang.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(60);
-
 /// What every handler gets.
 #[derive(Clone)]
 pub(crate) struct AppState {
@@ -85,6 +81,8 @@ struct Settings {
     init: bool,
     /// `--answer-at-commit`: the ledger finishes committed transfers in the background.
     answer_at_commit: bool,
+    /// `--shutdown-timeout`: the stop, from the signal to the exit, takes no longer.
+    shutdown_timeout: Duration,
 }
 
 impl Settings {
@@ -103,6 +101,8 @@ impl Settings {
             }
             None => Duration::from_millis(STALE_AFTER_DEFAULT_MS),
         };
+        let shutdown_timeout = parse_duration(&args.shutdown_timeout)
+            .map_err(|e| UsageError::new(format!("--shutdown-timeout: {e}")))?;
         if args.sweep_batch == 0 || args.sweep_batch > SWEEP_LIMIT_MAX {
             return Err(UsageError::new(format!(
                 "--sweep-batch must be between 1 and {SWEEP_LIMIT_MAX}"
@@ -117,6 +117,7 @@ impl Settings {
             }),
             init: args.init,
             answer_at_commit: args.answer_at_commit,
+            shutdown_timeout,
         })
     }
 }
@@ -132,7 +133,11 @@ pub(crate) fn run(global: HiArgs, args: ServeArgs) -> anyhow::Result<Exit> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(serve(global, settings))
+    let exit = runtime.block_on(serve(global, settings));
+    // Whatever is still running after a stop that ran out of time (a request to a CouchDB that
+    // does not answer) is dropped, not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(500));
+    exit
 }
 
 async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
@@ -169,9 +174,16 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
     let app = router(ledger.clone(), metrics.clone(), Arc::new(settings.keys));
 
     let (stop_tx, stop_rx) = watch::channel(false);
+    let shutdown_timeout = settings.shutdown_timeout;
+    // Set when the signal comes: the moment by which the process has stopped.
+    let (deadline_tx, deadline_rx) = watch::channel(None::<tokio::time::Instant>);
     tokio::spawn(async move {
         signals.await;
-        tracing::info!("stopping: no new connections; finishing the requests in flight");
+        let _ = deadline_tx.send(Some(tokio::time::Instant::now() + shutdown_timeout));
+        tracing::info!(
+            "stopping: no new connections; finishing the requests in flight (at most {})",
+            crate::cli::output::seconds(shutdown_timeout)
+        );
         let _ = stop_tx.send(true);
     });
     let sweeper = settings.sweep.map(|options| {
@@ -198,36 +210,57 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(stopped(stop_rx.clone()))
         .into_future();
-    let grace = async {
-        stopped(stop_rx.clone()).await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    let out_of_time = || {
+        let mut rx = deadline_rx.clone();
+        async move {
+            let deadline = match rx.wait_for(Option::is_some).await {
+                Ok(d) => d.unwrap_or_else(tokio::time::Instant::now),
+                // The signal task is gone without a signal: never.
+                Err(_) => return std::future::pending().await,
+            };
+            tokio::time::sleep_until(deadline).await;
+        }
     };
+    let limit = crate::cli::output::seconds(shutdown_timeout);
     tokio::select! {
         served = server => served.context("serving")?,
-        () = grace => {
-            tracing::error!("requests still running {SHUTDOWN_GRACE:?} after the stop signal");
+        () = out_of_time() => {
+            tracing::error!(
+                "requests still running {limit} after the stop signal (--shutdown-timeout): \
+                 stopping without them; a sweeper finishes their transfers"
+            );
             return Ok(Exit::Operational);
         }
     }
     // Transfers answered at their decision and still settling (--answer-at-commit): let them end
-    // here rather than leave them to a sweeper; bounded like the requests.
-    if tokio::time::timeout(SHUTDOWN_GRACE, ledger.flush())
-        .await
-        .is_err()
-    {
-        tracing::error!(
-            finishing = ledger.finishing(),
-            "transfers still finishing {SHUTDOWN_GRACE:?} after the stop; a sweeper will"
-        );
+    // here rather than leave them to a sweeper, in what is left of the time.
+    tokio::select! {
+        () = ledger.flush() => {}
+        () = out_of_time() => {
+            tracing::error!(
+                finishing = ledger.finishing(),
+                "transfers still finishing {limit} after the stop signal (--shutdown-timeout); \
+                 a sweeper will"
+            );
+            return Ok(Exit::Operational);
+        }
     }
     if let Some(sweeper) = sweeper {
-        // It finishes the step it is on; bounded like the requests.
-        match tokio::time::timeout(SHUTDOWN_GRACE, sweeper).await {
-            Ok(Ok(Ok(totals))) => tracing::info!(?totals, "sweeper stopped"),
-            Ok(Ok(Err(e))) => tracing::error!("the sweeper stopped with an error: {e}"),
-            Ok(Err(e)) => tracing::error!("the sweeper task failed: {e}"),
-            Err(_) => {
-                tracing::error!("the sweeper did not stop within {SHUTDOWN_GRACE:?}");
+        // It finishes the step it is on, in what is left of the time.
+        tokio::select! {
+            joined = sweeper => match joined {
+                Ok(Ok(totals)) => tracing::info!(
+                    "sweeper stopped: {}",
+                    crate::cli::output::sweep_words(&totals)
+                ),
+                Ok(Err(e)) => tracing::error!("the sweeper stopped with an error: {e}"),
+                Err(e) => tracing::error!("the sweeper task failed: {e}"),
+            },
+            () = out_of_time() => {
+                tracing::error!(
+                    "the sweeper was still on a step {limit} after the stop signal \
+                     (--shutdown-timeout); stopping without it"
+                );
                 return Ok(Exit::Operational);
             }
         }
