@@ -321,6 +321,12 @@ impl Error {
         matches!(self.inner.kind, Kind::Mismatch { .. })
     }
 
+    /// A transfer's decision reached some copies of a cluster's database but not yet every one:
+    /// not final; the same id sent again later answers how it ended.
+    pub fn is_unconfirmed(&self) -> bool {
+        self.couch_error() == Some("unconfirmed")
+    }
+
     /// The field an input error or a mismatch is about.
     pub fn field(&self) -> Option<&str> {
         match &self.inner.kind {

@@ -1557,6 +1557,15 @@ mod tests {
     }
 
     #[test]
+    fn an_unconfirmed_decision_is_told_apart() {
+        let e = unconfirmed("t1");
+        assert!(e.is_unconfirmed(), "{e}");
+        assert!(!e.is_invalid_input() && !e.is_mismatch(), "{e}");
+        assert!(e.to_string().contains("send the same id again"), "{e}");
+        assert!(!Error::invalid("id", "x").is_unconfirmed());
+    }
+
+    #[test]
     fn fail_points_are_unique() {
         let mut names = FAIL_POINTS.to_vec();
         names.sort_unstable();

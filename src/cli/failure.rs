@@ -245,6 +245,8 @@ fn code_for(err: &anyhow::Error) -> &'static str {
     };
     if e.is_mismatch() {
         "mismatch"
+    } else if e.is_unconfirmed() {
+        "unconfirmed"
     } else if e.is_invalid_input() {
         "invalid_input"
     } else if e.is_missing_database() {
@@ -277,7 +279,9 @@ fn code_for(err: &anyhow::Error) -> &'static str {
 }
 
 /// Invalid input (including an idempotency key re-used with other content, and a bad
-/// configuration) is 2; everything else — the server, the network, a broken invariant — is 1.
+/// configuration) is 2; a transfer decided on some copies of a cluster only is 4 (as an
+/// `uncertain` entry: send it again later); everything else — the server, the network, a broken
+/// invariant — is 1.
 fn exit_for(err: &anyhow::Error) -> Exit {
     // `downcast_ref` finds a usage error given as context too (a missing document named by
     // the user, with the server's 404 under it).
@@ -286,6 +290,7 @@ fn exit_for(err: &anyhow::Error) -> Exit {
     }
     match ledger_error(err) {
         Some(e) if e.is_invalid_input() => Exit::Invalid,
+        Some(e) if e.is_unconfirmed() => Exit::Uncertain,
         _ => Exit::Operational,
     }
 }
