@@ -1,5 +1,5 @@
 //! `couch-ledger`: parses the command line, sets up logging, runs the command (`cli`), and
-//! turns an error into one line on stderr and an exit code (SPEC §8.1): 0 success, 1
+//! turns an error into one line on stderr and an exit code (docs/PROTOCOL.md): 0 success, 1
 //! operational error, 2 usage or invalid input, 3 a transfer cancelled by a business rule.
 
 use std::io::{IsTerminal as _, Write as _};

@@ -1,6 +1,6 @@
 //! A failure as a person (or a script) reads it: one `error:` line on stderr saying what to do,
 //! and with `--json` one object on stdout (`error`, `message`, `id` where there is one), as
-//! SPEC §8.1 asks of every exit.
+//! the command line's contract (docs/PROTOCOL.md) asks of every exit.
 //!
 //! [`explain`] rewrites what the library says in the command line's terms (its flags, the
 //! server's URL); [`describe`] turns any error into what `main` prints.

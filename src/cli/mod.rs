@@ -1,5 +1,5 @@
 //! The `couch-ledger` command line: one file per group of commands, all thin wrappers around
-//! the library. SPEC §8.1 is the contract (flags, `--json` fields, exit codes).
+//! the library. docs/PROTOCOL.md is the contract (flags, `--json` fields, exit codes).
 //!
 //! A group of commands is one file (`orders.rs`, `transfers.rs`) with a
 //! `#[derive(Subcommand)]` enum and an `async fn run(cmd, ctx: &mut Context) ->

@@ -7,7 +7,7 @@ use couch_ledger::design::InstallStatus;
 use couch_ledger::{Amount, Currency, Recorded};
 use serde_json::{json, Value};
 
-/// The exit codes of SPEC §8.1.
+/// The exit codes of the command line's contract (docs/PROTOCOL.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Exit {
     /// 0.

@@ -1,6 +1,6 @@
 //! Accounts, multi-phase transfers and the sweeper on the command line: account create / show /
 //! list, transfer (and transfer show), cancel, reverse, sweep, status, verify. Each validates
-//! its input completely before it sends anything; SPEC §8.1 is the contract for the flags,
+//! its input completely before it sends anything; docs/PROTOCOL.md is the contract for the flags,
 //! the `--json` fields and the exit codes.
 
 use std::io::Write as _;
@@ -71,7 +71,7 @@ pub(crate) enum TransferCommand {
     /// the `transactions/pending` view, in minor units over all currencies).
     Status,
 
-    /// Check the ledger's invariants (SPEC §7: conservation, exactly-once, no overdraft,
+    /// Check the ledger's invariants (docs/PROTOCOL.md: conservation, exactly-once, no overdraft,
     /// termination, no stale pending markers, immutable documents) and print the figures
     /// behind each verdict. Exit 1 when any does not hold.
     Verify(VerifyArgs),

@@ -1,5 +1,5 @@
 //! What goes over the wire: request bodies and responses, with their OpenAPI schemas. Fields
-//! and names are those of the CLI's `--json` output (SPEC §8.1); every amount is an integer in
+//! and names are those of the CLI's `--json` output (docs/PROTOCOL.md); every amount is an integer in
 //! minor units. The library's types stay free of web concerns: these mirror them and are built
 //! from them with `From` (the tests below check that each answers as the library's type
 //! serializes). Requests are parsed into the very types their schemas are made from, whose
@@ -812,7 +812,7 @@ pub(crate) struct CheckBody {
     pub(crate) documents: Vec<String>,
 }
 
-/// The invariants of SPEC §7 (as `verify --json`). Answered 200 whether or not they hold:
+/// The invariants of docs/PROTOCOL.md (as `verify --json`). Answered 200 whether or not they hold:
 /// read `ok`.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct VerifyBody {

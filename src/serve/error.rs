@@ -1,4 +1,4 @@
-//! Errors as HTTP answers: a status and `{"error": code, "message": …}` (SPEC issue 13). The
+//! Errors as HTTP answers: a status and `{"error": code, "message": …}` (docs/SERVICE.md). The
 //! library's error is asked questions (`is_mismatch()`, `is_transient()`…), never parsed.
 
 use axum::http::{header, HeaderValue, StatusCode};

@@ -1,4 +1,4 @@
-//! `couch-ledger serve`: the ledger as an HTTP service (issue 13), a front end beside the
+//! `couch-ledger serve`: the ledger as an HTTP service, a front end beside the
 //! command line and as thin: handlers parse, call the library, and map its errors to status
 //! codes (`error.rs`). One [`Ledger`] per process, so every caller shares its group-commit
 //! engine; the sweeper runs inside unless `--no-sweep`.

@@ -138,7 +138,7 @@ pub(crate) async fn status(State(state): State<AppState>) -> Result<Json<StatusB
     Ok(Json(StatusBody::from(&s)))
 }
 
-/// The ledger's invariants (SPEC §7) and the figures behind each verdict. 200 whether or not
+/// The ledger's invariants (docs/PROTOCOL.md) and the figures behind each verdict. 200 whether or not
 /// they hold: read `ok`.
 #[utoipa::path(
     get,
