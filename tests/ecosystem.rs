@@ -208,7 +208,7 @@ async fn durations_take_humantime_forms_and_bad_ones_name_the_flag() {
     .await;
     assert_eq!(r.code, 0, "{}", r.describe());
     assert_eq!(r.json()["examined"], 0, "{}", r.describe());
-    // Every form the README documents.
+    // Every form docs/CLI.md documents.
     for dur in ["0s", "500ms", "30s", "5m"] {
         let r = on(&db, &["sweep", "--once", "--stale-after", dur, "--json"]).await;
         assert_eq!(r.code, 0, "{dur}: {}", r.describe());
