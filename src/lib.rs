@@ -113,3 +113,10 @@ pub mod testing {
     pub use crate::clock::testing::simulate_wall_clock;
     pub use crate::wire::{Exchange, Transport, WireFailure, WireReply, WireRequest};
 }
+
+/// The Rust snippets of the README and of docs/LIBRARY.md, compiled as doctests so that they
+/// keep building against the API they show.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+#[doc = include_str!("../docs/LIBRARY.md")]
+pub struct ReadmeDoctests;

@@ -1725,3 +1725,213 @@ async fn a_split_ledger_through_the_command_line() {
     let r = cli(&db, &["account", "show", "b"]).await;
     assert_ne!(r.code, 0, "{}", r.describe());
 }
+
+// ---- dev-server and the README's by-hand path -------------------------------------------------
+
+/// The README, whose by-hand commands the test below runs as written.
+const README: &str = include_str!("../README.md");
+
+/// The lines of the README's first `sh` block under "## By hand".
+fn readme_by_hand() -> Vec<&'static str> {
+    let (_, section) = README
+        .split_once("\n## By hand")
+        .expect("the README has a \"## By hand\" section");
+    let (_, block) = section
+        .split_once("```sh\n")
+        .expect("the by-hand section has a sh block");
+    let (block, _) = block.split_once("```").expect("the sh block ends");
+    block.lines().collect()
+}
+
+/// A free loopback port (free when asked; the server binds it right after).
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// `couch-ledger dev-server` running in the foreground, as a person starts it.
+struct DevServerRun {
+    child: tokio::process::Child,
+    url: String,
+    stdout: String,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl DevServerRun {
+    /// Starts it on `port` with its data in `dir`, and waits for the line with its URL (the
+    /// first run of a new pinned version installs the server: minutes, not seconds).
+    async fn start(port: u16, dir: &std::path::Path) -> DevServerRun {
+        use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, BufReader};
+        let mut child = tokio::process::Command::new(BIN)
+            .args(["dev-server", "--port", &port.to_string(), "--dir"])
+            .arg(dir)
+            .env_remove("RUST_LOG")
+            .env_remove("COUCH_LEDGER_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run couch-ledger dev-server");
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let url = format!("http://127.0.0.1:{port}");
+        let mut stdout = String::new();
+        let found = tokio::time::timeout(Duration::from_secs(300), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                stdout.push_str(&line);
+                stdout.push('\n');
+                if line.contains("listening on") {
+                    return true;
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(
+            found,
+            Ok(true),
+            "dev-server printed its URL line in time; stdout: {stdout}; stderr: {}",
+            stderr.lock().unwrap()
+        );
+        assert!(stdout.contains(&url), "{stdout}");
+        // The rest of what it prints at start (how to use it), then nothing until it stops.
+        let rest = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut rest = String::new();
+            while let Some(line) = lines.next_line().await.unwrap() {
+                rest.push_str(&line);
+                rest.push('\n');
+                if line.contains("stops it") {
+                    break;
+                }
+            }
+            rest
+        })
+        .await
+        .expect("dev-server says how to use and stop it");
+        stdout.push_str(&rest);
+        DevServerRun {
+            child,
+            url,
+            stdout,
+            stderr,
+        }
+    }
+
+    /// Sends SIGTERM, asserts it exits 0 in time and that nothing listens on its port after.
+    async fn stop_with_sigterm(mut self) {
+        let pid = self.child.id().expect("running").to_string();
+        let kill = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("run kill");
+        assert!(kill.success());
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("dev-server stops on SIGTERM")
+            .unwrap();
+        let stderr = self.stderr.lock().unwrap().clone();
+        assert_eq!(status.code(), Some(0), "{stderr}");
+        // The server's own process is gone with it: its port closes.
+        let addr: std::net::SocketAddr = self.url.trim_start_matches("http://").parse().unwrap();
+        support::wait_for(
+            "the dev server's port to close",
+            Duration::from_secs(10),
+            || async move {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200))
+                    .is_err()
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+}
+
+/// An account's balance on the server at `url` (the default database), through the program.
+async fn balance_at(url: &str, account: &str) -> i64 {
+    let args = ["--url", url, "--json", "account", "show", account].map(String::from);
+    let r = run_raw(&args, None, &[]).await;
+    assert_eq!(r.code, 0, "{}", r.describe());
+    r.json()["balance"].as_i64().unwrap()
+}
+
+#[tokio::test]
+async fn dev_server_runs_the_readme_by_hand_and_stops_on_sigterm() {
+    let data = support::TempDir::new("couch-ledger-dev-server");
+    let port = free_port();
+    let dev = DevServerRun::start(port, data.path()).await;
+    assert!(
+        dev.stdout
+            .contains(&format!("export COUCHDB_URL={}", dev.url)),
+        "{}",
+        dev.stdout
+    );
+    assert!(dev.stdout.contains("couch-ledger init"), "{}", dev.stdout);
+
+    // The README's block as a shell script, as written: its first line is the dev-server
+    // (running above); the rest runs in a shell where `couch-ledger` is this build and the
+    // README's 127.0.0.1:5984 is our port.
+    let lines = readme_by_hand();
+    assert!(
+        lines[0].starts_with("couch-ledger dev-server"),
+        "the by-hand path starts with the dev-server: {lines:?}"
+    );
+    let script = format!("set -e\n{}\n", lines[1..].join("\n"))
+        .replace("127.0.0.1:5984", &format!("127.0.0.1:{port}"));
+    assert!(script.contains("export COUCHDB_URL="), "{script}");
+    let bin_dir = std::path::Path::new(BIN).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new("sh")
+            .args(["-c", &script])
+            .env("PATH", path)
+            .env_remove("RUST_LOG")
+            .env_remove("COUCHDB_URL")
+            .env_remove("COUCHDB_USER")
+            .env_remove("COUCHDB_PASSWORD")
+            .env_remove("LEDGER_DB")
+            .env_remove("LEDGER_HOT_DB")
+            .env_remove("COUCH_LEDGER_CONFIG")
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the README's commands finish in time")
+    .unwrap();
+    let said = format!(
+        "{script}\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}");
+
+    // What the README's comments say the commands leave.
+    assert_eq!(balance_at(&dev.url, "alice").await, 90_000, "{said}");
+    assert_eq!(balance_at(&dev.url, "shop").await, 10_000, "{said}");
+    dev.stop_with_sigterm().await;
+
+    // The data is kept: a second run on the same directory has the accounts.
+    let dev = DevServerRun::start(port, data.path()).await;
+    assert_eq!(balance_at(&dev.url, "alice").await, 90_000);
+    dev.stop_with_sigterm().await;
+}

@@ -208,7 +208,7 @@ async fn durations_take_humantime_forms_and_bad_ones_name_the_flag() {
     .await;
     assert_eq!(r.code, 0, "{}", r.describe());
     assert_eq!(r.json()["examined"], 0, "{}", r.describe());
-    // Every form the README documents.
+    // Every form docs/CLI.md documents.
     for dur in ["0s", "500ms", "30s", "5m"] {
         let r = on(&db, &["sweep", "--once", "--stale-after", dur, "--json"]).await;
         assert_eq!(r.code, 0, "{dur}: {}", r.describe());
@@ -278,13 +278,6 @@ async fn shell_completions_are_printed_on_stdout() {
 
 // ---- the configuration file ----------------------------------------------------------------
 
-/// A fresh directory under the system's temporary directory.
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("cl-eco-{name}-{:08x}", fastrand::u32(..)));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 /// Whether database `db` exists on the test server.
 async fn database_exists(db: &str) -> bool {
     let reply = support::auth(support::raw().get(support::raw_url(db)))
@@ -297,7 +290,8 @@ async fn database_exists(db: &str) -> bool {
 #[tokio::test]
 async fn the_config_file_alone_reaches_the_database_and_options_and_environment_override_it() {
     let s = support::server();
-    let dir = temp_dir("config");
+    let tmp = support::TempDir::new("cl-eco-config");
+    let dir = tmp.path();
     let (in_file, in_env, on_line) = (
         support::db_name("eco_cfg_file"),
         support::db_name("eco_cfg_env"),
@@ -371,7 +365,6 @@ async fn the_config_file_alone_reaches_the_database_and_options_and_environment_
     std::fs::write(&bad, "databse = \"x\"\n").unwrap();
     let r = run(&["--config", bad.to_str().unwrap(), "status"]).await;
     r.assert_invalid("databse");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---- Cloudant IAM ----------------------------------------------------------------------------
@@ -724,10 +717,11 @@ async fn the_program_uses_an_iam_key_and_a_wrong_key_is_exit_1_unshown() {
 async fn the_demo_runs_from_another_directory_on_its_own_server() {
     // Nothing of the source tree is reachable from here: the program carries the pinned
     // server's files and installs them in its cache (shared with the suite's own server).
-    let dir = temp_dir("demo");
+    let tmp = support::TempDir::new("cl-eco-demo");
+    let dir = tmp.path();
     // No --url: the demo tries the default URL (127.0.0.1:5984) and starts its own server when
     // nothing answers there; a developer's CouchDB on that port is used instead.
-    let r = run_with(&["--json", "demo"], &[], Some(&dir)).await;
+    let r = run_with(&["--json", "demo"], &[], Some(dir)).await;
     assert_eq!(r.code, 0, "{}", r.describe());
     let v = r.json();
     if r.stderr.contains("starting a local pouchdb-server") {
@@ -735,7 +729,6 @@ async fn the_demo_runs_from_another_directory_on_its_own_server() {
     } else {
         eprintln!("a server answers on 127.0.0.1:5984: the demo used it");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 // ---- progress ----------------------------------------------------------------------------------

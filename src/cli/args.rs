@@ -242,6 +242,16 @@ pub(crate) enum Command {
     /// nothing answers there, a local pouchdb-server it starts and stops itself.
     Demo(super::demo::DemoArgs),
 
+    /// Run a local CouchDB-protocol server (pouchdb-server), to try the ledger by hand.
+    ///
+    /// It runs in the foreground, without installing CouchDB: on 127.0.0.1:5984, the program's
+    /// default URL, so the other commands find it as they are. The first run installs the pinned
+    /// server with npm into the cache directory (~/.cache/couch-ledger; a minute or two, once).
+    /// Its databases are kept between runs (--dir says where). It prints its URL and how to
+    /// use it; Ctrl-C (SIGINT) or SIGTERM stops it. For development only: use Apache CouchDB
+    /// (or Cloudant) for real money.
+    DevServer(super::dev::DevServerArgs),
+
     /// The ledger as an HTTP service: JSON in and out (amounts in minor units, the fields of
     /// --json), one ledger per process so every caller shares its group commit, and the
     /// sweeper running inside (unless --no-sweep). GET /openapi.json describes every endpoint;

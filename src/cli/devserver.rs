@@ -1,9 +1,12 @@
 //! A local CouchDB-protocol server for the demo, the tests and the benchmarks.
 //!
 //! Starts `pouchdb-server` (pinned by `testserver/package.json` and its lock file, which are
-//! embedded in the program) on a free loopback port with a temporary data directory. The
-//! server runs in a Node process that exits when its standard input closes, so it never
-//! outlives the program that started it, even one killed with SIGKILL.
+//! embedded in the program) on a free loopback port with a temporary data directory
+//! ([`DevServer::start`]), or on a given port with a data directory kept between runs
+//! ([`DevServer::start_kept`], the `dev-server` command). The server runs in a Node process
+//! that exits when its standard input closes, so it never outlives the program that started
+//! it, even one killed with SIGKILL; a temporary server's process then removes its data
+//! directory itself (the tests hold their server in a static, which is never dropped).
 //!
 //! The first start installs the server with `npm ci` into a per-user cache directory
 //! (`$XDG_CACHE_HOME/couch-ledger/testserver-<hash of the embedded files>`, else
@@ -53,14 +56,24 @@ fn err(message: impl Into<String>) -> DevError {
 const START_TIMEOUT_MS: u64 = 60_000;
 /// How long `npm ci` may take on a slow registry.
 const INSTALL_TIMEOUT_MS: u64 = 600_000;
+/// How often a running install says it is still at work (the first one takes a minute or two
+/// and prints nothing of its own).
+const INSTALL_PROGRESS_MS: u64 = 15_000;
+/// The environment variable naming the data directory that `serve.js` removes when its
+/// standard input closes.
+const REMOVE_AT_EXIT_ENV: &str = "COUCH_LEDGER_REMOVE_AT_EXIT";
 
-/// A running pouchdb-server on 127.0.0.1. Stopped (and its data removed) on drop.
+/// A running pouchdb-server on 127.0.0.1. Stopped on drop, and its data removed unless it was
+/// started with [`DevServer::start_kept`].
 pub struct DevServer {
     port: u16,
     data_dir: PathBuf,
     child: Option<Child>,
     stdin: Option<ChildStdin>,
     keep_data: bool,
+    /// The server's own process removes the data directory when its standard input closes
+    /// (a temporary server whose owner exited without dropping it).
+    remove_at_exit: bool,
 }
 
 impl std::fmt::Debug for DevServer {
@@ -154,7 +167,8 @@ pub fn ensure_installed() -> Result<PathBuf> {
         return Ok(dir);
     }
     eprintln!(
-        "couch-ledger: installing the local test server (npm ci in {}), once…",
+        "couch-ledger: installing pouchdb-server (the local CouchDB-protocol server, pinned) \
+         with `npm ci` into {}; only the first time, it takes a minute or two…",
         dir.display()
     );
     let mut child = Command::new("npm")
@@ -170,6 +184,7 @@ pub fn ensure_installed() -> Result<PathBuf> {
             ))
         })?;
     let started = Instant::now();
+    let mut said = Instant::now();
     loop {
         if let Some(status) = child.try_wait().map_err(|e| err(e.to_string()))? {
             if !status.success() {
@@ -179,13 +194,25 @@ pub fn ensure_installed() -> Result<PathBuf> {
         }
         if started.elapsed() > Duration::from_millis(INSTALL_TIMEOUT_MS) {
             let _ = child.kill();
+            let _ = child.wait();
             return Err(err("npm ci did not finish in time"));
+        }
+        if said.elapsed() >= Duration::from_millis(INSTALL_PROGRESS_MS) {
+            said = Instant::now();
+            eprintln!(
+                "couch-ledger: still installing pouchdb-server ({} s so far)…",
+                started.elapsed().as_secs()
+            );
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     if !entry.exists() {
         return Err(err("npm ci finished but pouchdb-server is missing"));
     }
+    eprintln!(
+        "couch-ledger: pouchdb-server installed in {} s",
+        started.elapsed().as_secs()
+    );
     Ok(dir)
 }
 
@@ -216,6 +243,7 @@ impl DevServer {
                 child: None,
                 stdin: None,
                 keep_data: false,
+                remove_at_exit: true,
             };
             match server.spawn(&dir) {
                 Ok(()) => return Ok(server),
@@ -229,6 +257,80 @@ impl DevServer {
         Err(last_error.expect("at least one try"))
     }
 
+    /// Installs (if needed) and starts a server on 127.0.0.1:`port` (a free one when 0) with
+    /// its data in `data_dir`, created when missing and kept when the server stops, and waits
+    /// until it answers.
+    ///
+    /// # Errors
+    ///
+    /// The port is taken, the directory cannot be made, Node.js/npm missing, the install
+    /// failed, or the server did not come up in time.
+    pub fn start_kept(port: u16, data_dir: &Path) -> Result<DevServer> {
+        let port = if port == 0 { free_port()? } else { port };
+        // Said plainly here, rather than as the server's own start-up failure.
+        drop(TcpListener::bind(("127.0.0.1", port)).map_err(|e| {
+            err(format!(
+                "cannot listen on 127.0.0.1:{port} ({e}): is another server running there? \
+                 --port picks another"
+            ))
+        })?);
+        let dir = ensure_installed()?;
+        std::fs::create_dir_all(data_dir)
+            .map_err(|e| err(format!("{}: {e}", data_dir.display())))?;
+        let data_dir = data_dir
+            .canonicalize()
+            .map_err(|e| err(format!("{}: {e}", data_dir.display())))?;
+        let mut server = DevServer {
+            port,
+            data_dir,
+            child: None,
+            stdin: None,
+            keep_data: true,
+            remove_at_exit: false,
+        };
+        server.spawn(&dir)?;
+        Ok(server)
+    }
+
+    /// The directory holding the server's data.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// `Some(why)` once the server's process has ended (with the last lines it wrote), `None`
+    /// while it runs.
+    pub fn exited(&mut self) -> Option<String> {
+        let child = self.child.as_mut()?;
+        let status = match child.try_wait() {
+            Ok(Some(status)) => status.to_string(),
+            Ok(None) => return None,
+            Err(e) => e.to_string(),
+        };
+        self.child = None;
+        self.stdin = None;
+        let out = std::fs::read_to_string(self.data_dir.join("server.out")).unwrap_or_default();
+        let tail: Vec<&str> = out.lines().rev().take(5).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        Some(format!(
+            "pouchdb-server exited ({status}): {}",
+            tail.join(" | ")
+        ))
+    }
+
+    /// Stops the server the gentle way: closes its standard input, on which it exits by
+    /// itself, and kills it only if it is still running after `grace`.
+    pub fn shutdown(&mut self, grace: Duration) {
+        self.stdin = None;
+        if let Some(mut child) = self.child.take() {
+            let started = Instant::now();
+            while matches!(child.try_wait(), Ok(None)) && started.elapsed() < grace {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     fn spawn(&mut self, dir: &Path) -> Result<()> {
         let config = self.data_dir.join("config.json");
         let log = self.data_dir.join("couchdb.log");
@@ -237,7 +339,16 @@ impl DevServer {
             .map_err(|e| err(format!("{}: {e}", config.display())))?;
         let output = std::fs::File::create(self.data_dir.join("server.out"))
             .map_err(|e| err(e.to_string()))?;
-        let mut child = Command::new("node")
+        let mut command = Command::new("node");
+        if self.remove_at_exit {
+            command.env(REMOVE_AT_EXIT_ENV, &self.data_dir);
+        } else {
+            command.env_remove(REMOVE_AT_EXIT_ENV);
+        }
+        // A process group of its own: a Ctrl-C on the terminal reaches the program that started
+        // the server, which stops it, rather than killing both at once.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
             .arg(dir.join("serve.js"))
             .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
             .arg("--dir")
@@ -264,16 +375,8 @@ impl DevServer {
         let started = Instant::now();
         let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    let out = std::fs::read_to_string(self.data_dir.join("server.out"))
-                        .unwrap_or_default();
-                    let tail: String = out.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
-                    self.child = None;
-                    return Err(err(format!(
-                        "pouchdb-server exited at start ({status}): {tail}"
-                    )));
-                }
+            if let Some(why) = self.exited() {
+                return Err(err(format!("at start: {why}")));
             }
             if answers(addr) {
                 return Ok(());

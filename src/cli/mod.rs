@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 
 pub(crate) mod args;
 pub(crate) mod demo;
+pub(crate) mod dev;
 pub(crate) mod devserver;
 pub(crate) mod failure;
 pub(crate) mod orders;
@@ -87,6 +88,7 @@ async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
         Command::Orders(cmd) => orders::run(cmd, ctx).await,
         Command::Transfers(cmd) => transfers::run(cmd, ctx).await,
         Command::Demo(args) => demo::run(args, ctx).await,
+        Command::DevServer(args) => dev::run(args, ctx).await,
         // main.rs hands `serve` to the service (src/serve/) before it gets here.
         #[cfg(feature = "serve")]
         Command::Serve(_) => unreachable!("main.rs runs serve"),

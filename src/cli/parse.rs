@@ -40,7 +40,7 @@ mod tests {
 
     #[test]
     fn durations() {
-        // Every form the README documents, and humantime's compound forms.
+        // Every form docs/CLI.md documents, and humantime's compound forms.
         for (text, want) in [
             ("0s", Duration::ZERO),
             ("500ms", Duration::from_millis(500)),

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Output;
 
 use super::*;
-use crate::support::tools;
+use crate::support::{tools, TempDir};
 
 /// The schemathesis run: a fixed seed, so that a run repeats; examples per operation, sized
 /// for about a minute on two cores. A longer run by hand: tests/contract/schemathesis.toml.
@@ -22,23 +22,6 @@ const API_KEY: &str = "contract-key-0123456789abcdef";
 
 fn contract_dir() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/contract"))
-}
-
-/// A fresh temporary directory, removed when dropped.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("{name}-{:016x}", fastrand::u64(..)));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Runs a tool to its end (at most [`TOOL_TIMEOUT`]) and asserts it succeeded, its output in
@@ -76,7 +59,7 @@ async fn serve_contract_the_document_validates_with_openapi_spec_validator() {
     let venv = tools::python_tools();
     let svc = keyed_service("serve_contract_validator").await;
     let dir = TempDir::new("couch-ledger-openapi");
-    let doc = dir.0.join("openapi.json");
+    let doc = dir.path().join("openapi.json");
     let text = reqwest::get(format!("{}/openapi.json", svc.base))
         .await
         .unwrap()
@@ -111,7 +94,7 @@ async fn serve_contract_schemathesis_with_every_check_finds_nothing() {
             .args(["--max-examples", &SCHEMATHESIS_EXAMPLES.to_string()])
             .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
             .env("SCHEMATHESIS_HOOKS", contract_dir().join("hooks.py"))
-            .current_dir(&reports.0)
+            .current_dir(reports.path())
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),
@@ -158,23 +141,27 @@ async fn serve_contract_a_generated_typescript_client_runs_the_example_flow() {
     let source = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/ts-client"));
     let work = TempDir::new("couch-ledger-ts-client");
     for file in ["package.json", "tsconfig.json", "client.ts"] {
-        std::fs::copy(source.join(file), work.0.join(file)).unwrap();
+        std::fs::copy(source.join(file), work.path().join(file)).unwrap();
     }
-    std::os::unix::fs::symlink(packages.join("node_modules"), work.0.join("node_modules")).unwrap();
-    let bin = work.0.join("node_modules/.bin");
+    std::os::unix::fs::symlink(
+        packages.join("node_modules"),
+        work.path().join("node_modules"),
+    )
+    .unwrap();
+    let bin = work.path().join("node_modules/.bin");
     run_tool(
         "openapi-typescript",
         tokio::process::Command::new(bin.join("openapi-typescript"))
             .arg(format!("{}/openapi.json", svc.base))
             .args(["--output", "schema.d.ts"])
-            .current_dir(&work.0),
+            .current_dir(work.path()),
     )
     .await;
     run_tool(
         "tsc",
         tokio::process::Command::new(bin.join("tsc"))
             .args(["--project", "."])
-            .current_dir(&work.0),
+            .current_dir(work.path()),
     )
     .await;
     let out = run_tool(
@@ -191,7 +178,7 @@ async fn serve_contract_a_generated_typescript_client_runs_the_example_flow() {
                 ),
             )
             .env_remove("LEDGER_API_KEY")
-            .current_dir(&work.0),
+            .current_dir(work.path()),
     )
     .await;
     let said = String::from_utf8_lossy(&out.stdout);

@@ -52,6 +52,30 @@ pub fn server() -> &'static TestServer {
     })
 }
 
+/// A fresh directory under the system's temporary directory, removed (with what is in it)
+/// when dropped, so a test leaves nothing behind, failed or not.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    /// `<temp>/<name>-<random>`, created.
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("{name}-{:016x}", fastrand::u64(..)));
+        std::fs::create_dir_all(&dir).expect("create a temporary directory");
+        TempDir(dir)
+    }
+
+    /// The directory.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A unique database name for a test: `t_<name>_<random>`.
 pub fn db_name(test: &str) -> String {
     let clean: String = test
