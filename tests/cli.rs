@@ -573,7 +573,7 @@ async fn a_locked_user_is_said_plainly_exit_1() {
     }
 }
 
-/// Issue 12, item 1: the program makes the transfer's id before it writes, and when the call
+/// The program makes the transfer's id before it writes, and when the call
 /// fails it shows that id (text and `--json`), so a script retries with it instead of making a
 /// second transfer.
 #[tokio::test]
@@ -765,7 +765,7 @@ fn uuid_version(text: &str) -> Option<u32> {
     (parts.len() == 5).then(|| parts[2].chars().next()?.to_digit(16))?
 }
 
-/// Issue 12, item 9: `init --member-role` sets `_security` so that only admins and that role may
+/// `init --member-role` sets `_security` so that only admins and that role may
 /// use the database, keeping what was there, and says so.
 #[tokio::test]
 async fn init_can_restrict_the_database_to_a_role() {

@@ -25,11 +25,11 @@ mod conflicts;
 // The HTTP service (`couch-ledger serve`) as a caller sees it: endpoints, auth, metrics, stop.
 #[cfg(feature = "serve")]
 mod serve;
-// Ecosystem fit (issue 14): every ISO-4217 currency, humantime durations, shell completions.
+// Ecosystem fit: every ISO-4217 currency, humantime durations, shell completions.
 mod ecosystem;
-// The split layout (issue 15): accounts and transfers in a database of their own, unvalidated.
+// The split layout: accounts and transfers in a database of their own, unvalidated.
 mod layout;
 // Background finish: submit answers at the commit, settles folded, flush, the sweeper after a stall.
 mod background;
-// The one-write path (issue 15): one create decides, markers adopted, converged, abandoned.
+// The one-write path: one create decides, markers adopted, converged, abandoned.
 mod one_write;
