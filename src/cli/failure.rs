@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::args::HiArgs;
 use super::output::Exit;
+use super::transfers::{unfinished_words, Unfinished};
 use super::UsageError;
 
 /// A failure already said in the command line's words: it replaces the library's message.
@@ -29,31 +30,6 @@ impl fmt::Display for Explained {
 }
 
 impl std::error::Error for Explained {}
-
-/// A transfer that failed after its document was, or may have been, written: the message says
-/// that it may exist and how to follow it.
-#[derive(Debug)]
-pub(crate) struct Unfinished(pub(crate) couch_ledger::Error);
-
-impl fmt::Display for Unfinished {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The library's message begins with `transfer <id>:`.
-        write!(f, "{}", self.0)?;
-        if let Some(id) = self.0.transfer_id() {
-            write!(f, "{}", unfinished_words(id))?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for Unfinished {}
-
-fn unfinished_words(id: &str) -> String {
-    format!(
-        "; it may exist unfinished: the sweeper finishes it, and sending it again with --id {id} \
-         follows it instead of making a second one"
-    )
-}
 
 /// What `main` prints for an error.
 pub(crate) struct Described {

@@ -3,6 +3,7 @@
 //! its input completely before it sends anything; docs/PROTOCOL.md is the contract for the flags,
 //! the `--json` fields and the exit codes.
 
+use std::fmt;
 use std::io::Write as _;
 
 use anyhow::Context as _;
@@ -427,7 +428,7 @@ async fn transfer(a: TransferArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
             if e.transfer_id().is_none() || e.is_missing_database() {
                 return Err(anyhow::Error::new(e).context("the transfer could not be made"));
             }
-            return Err(super::failure::Unfinished(e).into());
+            return Err(Unfinished(e).into());
         }
     };
     let text = format!(
@@ -751,4 +752,29 @@ async fn verify(a: VerifyArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         failed.join(", ")
     );
     Ok(Exit::Operational)
+}
+
+/// A transfer that failed after its document was, or may have been, written: the message says
+/// that it may exist and how to follow it.
+#[derive(Debug)]
+pub(crate) struct Unfinished(pub(crate) couch_ledger::Error);
+
+impl fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The library's message begins with `transfer <id>:`.
+        write!(f, "{}", self.0)?;
+        if let Some(id) = self.0.transfer_id() {
+            write!(f, "{}", unfinished_words(id))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Unfinished {}
+
+pub(crate) fn unfinished_words(id: &str) -> String {
+    format!(
+        "; it may exist unfinished: the sweeper finishes it, and sending it again with --id {id} \
+         follows it instead of making a second one"
+    )
 }
