@@ -396,7 +396,7 @@ impl fmt::Display for Error {
                     (true, Some(w)) => write!(
                         f,
                         "request timed out: the server{at} did not answer within {}",
-                        seconds(w)
+                        plain_seconds(w)
                     )?,
                     (true, None) => write!(f, "request timed out: the server{at} did not answer")?,
                     (false, _) => write!(f, "could not reach the server{at}")?,
@@ -455,8 +455,8 @@ impl std::error::Error for Error {
     }
 }
 
-/// `1.5s`, `60s`: a wait as people write it.
-pub(crate) fn seconds(d: std::time::Duration) -> String {
+/// `1.5s`, `60s`: a wait as people write it (the library's messages and the program's).
+pub fn plain_seconds(d: std::time::Duration) -> String {
     let ms = d.as_millis();
     if ms.is_multiple_of(1000) || ms >= 10_000 {
         format!("{}s", (ms + 500) / 1000)

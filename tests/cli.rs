@@ -623,35 +623,27 @@ async fn a_failed_transfer_shows_its_id() {
     }
 }
 
+/// `transfer` of 1 EUR from A to B, as the error tests send it.
+const ONE_EUR_A_TO_B: [&str; 9] = [
+    "transfer",
+    "--from",
+    "A",
+    "--to",
+    "B",
+    "--amount",
+    "1",
+    "--currency",
+    "EUR",
+];
+
 /// A server that accepts connections and never answers: `--timeout` bounds the whole wait,
 /// retries included (not one timeout per try), and each retry is said on stderr meanwhile.
 #[tokio::test]
 async fn a_silent_server_fails_within_the_timeout_saying_it_retries() {
     const TIMEOUT_S: u64 = 5;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     // Every connection is accepted and held open without a byte written back.
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for conn in listener.incoming() {
-            match conn {
-                Ok(c) => held.push(c),
-                Err(_) => break,
-            }
-        }
-    });
-    let transfer = [
-        "transfer",
-        "--from",
-        "A",
-        "--to",
-        "B",
-        "--amount",
-        "1",
-        "--currency",
-        "EUR",
-    ];
-    for args in [vec!["account", "show", "A"], transfer.to_vec()] {
+    let url = support::silent_server();
+    for args in [vec!["account", "show", "A"], ONE_EUR_A_TO_B.to_vec()] {
         let mut all: Vec<String> = ["--url", &url, "--db", "ledger", "--timeout", "5s", "--json"]
             .iter()
             .map(|s| s.to_string())
@@ -701,18 +693,7 @@ async fn a_silent_server_fails_within_the_timeout_saying_it_retries() {
 async fn a_missing_database_says_to_run_init() {
     let db = support::db_name("cli_no_database");
     let shown = couch_ledger::redact_url(&support::server().url);
-    let transfer = [
-        "transfer",
-        "--from",
-        "A",
-        "--to",
-        "B",
-        "--amount",
-        "1",
-        "--currency",
-        "EUR",
-        "--json",
-    ];
+    let transfer: Vec<&str> = ONE_EUR_A_TO_B.iter().copied().chain(["--json"]).collect();
     for args in [
         vec!["account", "show", "A"],
         vec!["status", "--json"],

@@ -1083,18 +1083,8 @@ async fn serve_the_node_example_client_runs_against_it() {
 #[tokio::test]
 async fn serve_stops_within_the_shutdown_timeout_whatever_couchdb_does() {
     const SHUTDOWN_S: u64 = 2;
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let silent = format!("http://{}", listener.local_addr().unwrap());
     // Every connection is accepted and held open without a byte written back.
-    std::thread::spawn(move || {
-        let mut held = Vec::new();
-        for conn in listener.incoming() {
-            match conn {
-                Ok(c) => held.push(c),
-                Err(_) => break,
-            }
-        }
-    });
+    let silent = support::silent_server();
     let mut svc = Service::start_on(
         &silent,
         "ledger",

@@ -4,7 +4,7 @@
 use std::io::{self, Write};
 
 use couch_ledger::design::InstallStatus;
-use couch_ledger::{Amount, Currency, Recorded};
+use couch_ledger::{plain_seconds, Amount, Currency, Recorded};
 use serde_json::{json, Value};
 
 /// The exit codes of the command line's contract (docs/PROTOCOL.md).
@@ -167,21 +167,21 @@ const NOTICE_DELAY_MIN: std::time::Duration = std::time::Duration::from_secs(1);
 impl couch_ledger::Observer for RetryNotices {
     fn retrying(&self, e: &couch_ledger::RetryEvent<'_>) {
         let bound = e.left.map_or(String::new(), |left| {
-            format!("; {} left of --timeout", seconds(left))
+            format!("; {} left of --timeout", plain_seconds(left))
         });
         let what = if e.timed_out {
             format!(
                 "did not answer {} {} within {}",
                 e.method,
                 e.path,
-                seconds(e.elapsed)
+                plain_seconds(e.elapsed)
             )
         } else if let Some(status) = e.status.filter(|_| e.delay >= NOTICE_DELAY_MIN) {
             format!(
                 "answered {status} to {} {}; waiting {} as it asks",
                 e.method,
                 e.path,
-                seconds(e.delay)
+                plain_seconds(e.delay)
             )
         } else {
             return;
@@ -193,15 +193,5 @@ impl couch_ledger::Observer for RetryNotices {
             e.next_try,
             e.tries_max
         );
-    }
-}
-
-/// `1.7s`, `20s`: a duration as people say it.
-pub(crate) fn seconds(d: std::time::Duration) -> String {
-    let ms = d.as_millis();
-    if ms.is_multiple_of(1000) || ms >= 10_000 {
-        format!("{}s", (ms + 500) / 1000)
-    } else {
-        format!("{:.1}s", d.as_secs_f64())
     }
 }

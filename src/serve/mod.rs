@@ -182,7 +182,7 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
         let _ = deadline_tx.send(Some(tokio::time::Instant::now() + shutdown_timeout));
         tracing::info!(
             "stopping: no new connections; finishing the requests in flight (at most {})",
-            crate::cli::output::seconds(shutdown_timeout)
+            couch_ledger::plain_seconds(shutdown_timeout)
         );
         let _ = stop_tx.send(true);
     });
@@ -221,7 +221,7 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
             tokio::time::sleep_until(deadline).await;
         }
     };
-    let limit = crate::cli::output::seconds(shutdown_timeout);
+    let limit = couch_ledger::plain_seconds(shutdown_timeout);
     tokio::select! {
         served = server => served.context("serving")?,
         () = out_of_time() => {

@@ -144,6 +144,23 @@ pub fn loopback_server_addr() -> Option<std::net::SocketAddr> {
         .find(|a| a.ip().is_loopback())
 }
 
+/// A server on 127.0.0.1 that accepts every connection and never writes a byte back; its URL.
+/// (Its thread lives as long as the test binary: connections are held, nothing else is done.)
+pub fn silent_server() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => break,
+            }
+        }
+    });
+    url
+}
+
 /// Raw HTTP on the test server, bypassing the library (for writes "not through the library").
 pub fn raw() -> reqwest::Client {
     reqwest::Client::builder()
