@@ -667,7 +667,7 @@ impl Ledger {
         // first transfer.
         self.inner.quorum.write_options(&self.inner.hot, true).await;
         // After the validation is installed, which guards the records from then on.
-        let opening_records = self.write_missing_opening_records().await?;
+        let opening_records = self.opening_records_once_views_answer().await?;
         Ok(InitReport {
             database: self.inner.client.database().to_owned(),
             created,
@@ -694,6 +694,32 @@ async fn tune_revs_limit(client: &Client) -> Result<Option<u32>> {
         return Ok(Some(target));
     }
     Ok(Some(current))
+}
+
+/// How long `init` waits for the design documents it just installed to answer through the
+/// server it talks to: a balancer may pass the view query to a node that has not received them
+/// yet (a set of replicating servers; a cluster answers at once).
+const INSTALLED_VIEWS_WAIT: Duration = Duration::from_secs(60);
+
+impl Ledger {
+    /// [`Ledger::write_missing_opening_records`], asked again while the view it reads answers
+    /// 404 (its design document not on that node yet), for at most [`INSTALLED_VIEWS_WAIT`].
+    async fn opening_records_once_views_answer(&self) -> Result<u64> {
+        let deadline = tokio::time::Instant::now() + INSTALLED_VIEWS_WAIT;
+        loop {
+            match self.write_missing_opening_records().await {
+                Err(e)
+                    if e.is_not_found()
+                        && !e.is_missing_database()
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::info!("the installed views do not answer yet ({e}); asking again");
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                other => return other,
+            }
+        }
+    }
 }
 
 /// [`REVS_LIMIT_ONE_COPY`] where the server says it keeps one copy of each document, else
@@ -794,6 +820,41 @@ mod tests {
             );
             server.verify().await;
         }
+    }
+
+    /// Right after `init` installed the design documents, a balancer can pass the view query to
+    /// a node that has not received them: `init` asks again until the view answers.
+    #[tokio::test]
+    async fn init_waits_for_the_installed_views_to_answer() {
+        let server = MockServer::start().await;
+        let view = "/db/_design/transactions/_view/account_balances";
+        Mock::given(method("GET"))
+            .and(path(view))
+            .respond_with(
+                ResponseTemplate::new(404)
+                    .set_body_json(json!({"error": "not_found", "reason": "missing"})),
+            )
+            .up_to_n_times(2)
+            .expect(2)
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path(view))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({"total_rows": 0, "offset": 0, "rows": []})),
+            )
+            .expect(1)
+            .mount(&server)
+            .await;
+        let client = Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap();
+        let ledger = Ledger::new(client);
+        assert_eq!(ledger.opening_records_once_views_answer().await.unwrap(), 0);
+        server.verify().await;
     }
 
     #[tokio::test]
