@@ -739,6 +739,15 @@ mod tests {
     use wiremock::matchers::{body_string, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
+    /// A client of database `db` on `server`.
+    fn client_of(server: &MockServer) -> Client {
+        Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap()
+    }
+
     /// A mock server whose database `db` answers `GET _revs_limit` with `get` and `GET /db`
     /// with `cluster.n` = `copies` (no `cluster` when `None`), and a `PUT _revs_limit` of `to`
     /// with `put`, expected exactly `puts` times.
@@ -771,11 +780,7 @@ mod tests {
             .expect(puts)
             .mount(&server)
             .await;
-        let client = Client::builder()
-            .url(server.uri())
-            .database("db")
-            .build()
-            .unwrap();
+        let client = client_of(&server);
         (server, client)
     }
 
@@ -847,12 +852,7 @@ mod tests {
             .expect(1)
             .mount(&server)
             .await;
-        let client = Client::builder()
-            .url(server.uri())
-            .database("db")
-            .build()
-            .unwrap();
-        let ledger = Ledger::new(client);
+        let ledger = Ledger::new(client_of(&server));
         assert_eq!(ledger.opening_records_once_views_answer().await.unwrap(), 0);
         server.verify().await;
     }
