@@ -2138,9 +2138,10 @@ pub(crate) enum TxnWrite {
     Written(String),
     /// Stale `_rev`, or (for a create) the document exists.
     Conflict,
-    /// `202`: stored on some copies, maybe beside a rival revision. The writer reads the
-    /// document again (with its conflicts) and follows what it finds.
-    Uncertain,
+    /// `202`: stored on some copies, maybe beside a rival revision; the new `_rev`. The writer
+    /// confirms it on every copy or reads the document again (with its conflicts) and follows
+    /// what it finds.
+    Uncertain(String),
 }
 
 type TxnReply = oneshot::Sender<Result<TxnWrite>>;
@@ -2271,7 +2272,7 @@ fn answer_txns(batch: Vec<(String, TxnReply)>, results: Result<HashMap<String, B
             continue;
         };
         let answer = if r.is_ok() && r.accepted {
-            Ok(TxnWrite::Uncertain)
+            Ok(TxnWrite::Uncertain(r.rev.clone().unwrap_or_default()))
         } else if r.is_ok() {
             Ok(TxnWrite::Written(r.rev.clone().unwrap_or_default()))
         } else if r.is_conflict() {

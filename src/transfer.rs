@@ -531,7 +531,7 @@ impl Ledger {
             }
             Ok(crate::engine::TxnWrite::Conflict) => Ok(TxnWritten::Taken),
             // 202: maybe landed, maybe beside a rival that reached the other copies.
-            Ok(crate::engine::TxnWrite::Uncertain) => {
+            Ok(crate::engine::TxnWrite::Uncertain(_rev)) => {
                 tracing::info!(txn = %doc.txn_id, "transfer write accepted (202), not confirmed");
                 self.inner
                     .conflicts
