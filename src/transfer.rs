@@ -531,8 +531,8 @@ impl Ledger {
             }
             Ok(crate::engine::TxnWrite::Conflict) => Ok(TxnWritten::Taken),
             // 202: maybe landed, maybe beside a rival that reached the other copies.
-            Ok(crate::engine::TxnWrite::Uncertain(_rev)) => {
-                tracing::info!(txn = %doc.txn_id, "transfer write accepted (202), not confirmed");
+            Ok(crate::engine::TxnWrite::Uncertain(rev)) => {
+                tracing::info!(txn = %doc.txn_id, %rev, "transfer write accepted (202), not confirmed");
                 self.inner
                     .conflicts
                     .uncertain
@@ -628,6 +628,49 @@ impl Ledger {
             );
         }
         let states: Vec<State> = leaves.iter().map(|d| d.state).collect();
+        let keep = self.choose_leaf(id, &leaves, &states).await?;
+        tracing::warn!(
+            %id,
+            leaves = leaves.len(),
+            kept = %states[keep],
+            "resolving a conflicted transfer"
+        );
+        let kept = leaves[keep].rev.clone();
+        let stubs: Vec<Value> = leaves
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != keep)
+            .map(|(_, d)| d)
+            .chain(other_terms.iter())
+            .filter_map(|d| d.rev.clone())
+            .map(|rev| {
+                serde_json::json!({
+                    "_id": id, "_rev": rev, "_deleted": true, "merged_into": kept,
+                })
+            })
+            .collect();
+        let options = self.inner.quorum.write_options(&self.inner.hot, true).await;
+        let results = self.inner.hot.bulk_docs_with(&stubs, &options).await?;
+        if let Some(refused) = results.iter().find(|r| !r.is_ok() && !r.is_conflict()) {
+            return Err(Error::status(
+                403,
+                refused.error.clone(),
+                Some(format!(
+                    "{id} holds a conflict this user may not resolve (deleting a losing leaf \
+                     needs an admin): {}",
+                    refused.reason.clone().unwrap_or_default()
+                )),
+            ));
+        }
+        if results.iter().all(|r| r.is_ok()) {
+            self.inner.conflicts.resolved.fetch_add(1, Relaxed);
+        }
+        Ok(leaves.into_iter().nth(keep).expect("kept leaf"))
+    }
+
+    /// Which of a conflicted transfer's leaves of one terms to keep: the furthest along, and
+    /// between the commit and the cancel path the one its accounts acted on.
+    async fn choose_leaf(&self, id: &str, leaves: &[TxnDoc], states: &[State]) -> Result<usize> {
         let mut evidence = Evidence::default();
         let paths: HashSet<bool> = states
             .iter()
@@ -675,49 +718,12 @@ impl Ledger {
                 }
             }
         }
-        let keep = choose_transfer_leaf(&states, evidence).ok_or_else(|| {
+        choose_transfer_leaf(states, evidence).ok_or_else(|| {
             Error::invariant(format!(
                 "{id} holds a conflict between the commit and the cancel path, and its accounts \
                  show both a settle and an undo; a person must decide"
             ))
-        })?;
-        tracing::warn!(
-            %id,
-            leaves = leaves.len(),
-            kept = %states[keep],
-            "resolving a conflicted transfer"
-        );
-        let kept = leaves[keep].rev.clone();
-        let stubs: Vec<Value> = leaves
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != keep)
-            .map(|(_, d)| d)
-            .chain(other_terms.iter())
-            .filter_map(|d| d.rev.clone())
-            .map(|rev| {
-                serde_json::json!({
-                    "_id": id, "_rev": rev, "_deleted": true, "merged_into": kept,
-                })
-            })
-            .collect();
-        let options = self.inner.quorum.write_options(&self.inner.hot, true).await;
-        let results = self.inner.hot.bulk_docs_with(&stubs, &options).await?;
-        if let Some(refused) = results.iter().find(|r| !r.is_ok() && !r.is_conflict()) {
-            return Err(Error::status(
-                403,
-                refused.error.clone(),
-                Some(format!(
-                    "{id} holds a conflict this user may not resolve (deleting a losing leaf \
-                     needs an admin): {}",
-                    refused.reason.clone().unwrap_or_default()
-                )),
-            ));
-        }
-        if results.iter().all(|r| r.is_ok()) {
-            self.inner.conflicts.resolved.fetch_add(1, Relaxed);
-        }
-        Ok(leaves.into_iter().nth(keep).expect("kept leaf"))
+        })
     }
 
     /// Checks the lease, then lets a test hold the worker right before it writes.
@@ -1003,10 +1009,14 @@ impl Ledger {
                             return Ok(());
                         }
                     }
-                    // A marker of other terms undone here (`Repaired`) leaves this account's
-                    // own marker still to settle, like finding none.
+                    // Only a settle that landed, or one done before, lets `done` be written. A
+                    // marker of other terms undone here (`Repaired`) leaves this account's own
+                    // marker still to settle, like finding none (`Absent`) or no account at
+                    // all (`UnknownAccount`, seen on a simulated cluster while the account held
+                    // a conflict): `done` over a marker still pending loses it to the orphan
+                    // repair.
                     let unsettled =
-                        |r: OpResult| matches!(r, OpResult::Absent | OpResult::Repaired);
+                        |r: OpResult| !matches!(r, OpResult::Applied | OpResult::Finished);
                     if unsettled(source) || unsettled(destination) {
                         // Committed means both markers were applied, so an account that shows
                         // neither the marker nor a settled entry was read from a copy the

@@ -28,11 +28,26 @@ async fn account_doc(l: &Ledger, id: &str) -> Value {
 }
 
 /// Replaces an account's `settled` list with a raw write (not through the engine).
+/// Replaces account `id`'s settled entries, written to every copy (on a cluster, a revision
+/// only some copies hold makes the engine's next `w` = n write answer 202, and nothing is
+/// pruned while writes do).
 async fn plant_settled(l: &Ledger, id: &str, settled: Vec<Value>) {
+    // After the transfers' markers are settled: a settle landing after the planting would add
+    // an entry of its own, dated now (a cluster's copies make that window wider).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let mut doc = account_doc(l, id).await;
+    while doc["pending"].as_array().is_some_and(|p| !p.is_empty()) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "account {id} still holds markers after 30 s: {doc}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        doc = account_doc(l, id).await;
+    }
     doc["settled"] = Value::Array(settled);
+    let every = support::every_copy(l.hot_client()).await;
     l.hot_client()
-        .put(&format!("account:{id}"), &doc)
+        .put_with(&format!("account:{id}"), &doc, &every)
         .await
         .unwrap();
 }

@@ -541,6 +541,7 @@ async fn a_stepwise_drive_over_one_write_markers_moves_the_money_once_on_one_cop
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_submits_of_one_id_apply_it_once() {
     let l = support::ledger("ow_concurrent").await;
+    let several = support::copies(l.hot_client().database()).await > 1;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let workers = [
@@ -558,14 +559,32 @@ async fn concurrent_submits_of_one_id_apply_it_once() {
             tasks.push(tokio::spawn(async move { w.submit(r, true).await }));
         }
         let mut created = 0;
+        let mut unconfirmed = 0;
         for t in tasks {
-            let o = t.await.unwrap().unwrap_or_else(|e| panic!("{id}: {e}"));
+            let o = match t.await.unwrap() {
+                Ok(o) => o,
+                // On a cluster the racing decisions can each reach only some copies (a
+                // conflict of the transfer's document): nobody is told an outcome that could
+                // still flip. Once swept, sending the id again tells how it ended.
+                Err(e) if several && e.is_unconfirmed() => {
+                    unconfirmed += 1;
+                    continue;
+                }
+                Err(e) => panic!("{id}: {e}"),
+            };
             assert_eq!((o.state, o.reason.as_deref()), (State::Done, None), "{id}");
             if o.status == RecordStatus::Created {
                 created += 1;
             }
         }
-        assert!(created >= 1, "{id}: nobody answered Created");
+        if unconfirmed > 0 {
+            eprintln!("{id}: {unconfirmed} of 8 answered unconfirmed; sweeping, then asking again");
+            support::sweep_until_none_open(&l, Duration::from_secs(120)).await;
+            let o = l.submit(request(&id, "A", "B", 100), true).await.unwrap();
+            assert_eq!((o.state, o.reason.as_deref()), (State::Done, None), "{id}");
+        } else {
+            assert!(created >= 1, "{id}: nobody answered Created");
+        }
         assert_done_once(&raw_txn(&l, &id).await, 1);
         let n = i64::from(round) + 1;
         assert_eq!(
