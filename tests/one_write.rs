@@ -602,6 +602,7 @@ async fn concurrent_submits_of_one_id_apply_it_once() {
 async fn the_same_id_with_other_terms_at_once_is_one_transfer() {
     let lease = Duration::from_millis(300);
     let l = support::ledger("ow_terms").await;
+    let several = support::copies(l.hot_client().database()).await > 1;
     let accounts = ["A", "B", "C"];
     open(&l, "A", 10_000).await;
     open(&l, "B", 0).await;
@@ -652,13 +653,21 @@ async fn the_same_id_with_other_terms_at_once_is_one_transfer() {
                         assert!(decided.is_none(), "{id}: both decided: {answers:?}");
                         decided = Some((**terms, o.state));
                     }
+                    // On a cluster the two decisions can each reach only some copies: neither
+                    // is told, and the sweep below ends the transfer.
+                    Err(e) if several && e.is_unconfirmed() => {}
                     Err(e) => assert!(e.is_mismatch(), "{id} {terms:?}: {e}"),
                 }
             }
             // Past the lease: what nobody decided, the sweeper drives.
             wait_past("the lease", answered, lease + Duration::from_millis(50)).await;
             let swept = sweeper.sweep_once(now_sweep()).await.unwrap();
-            assert_eq!(swept.failed, 0, "{id}: {swept:?}");
+            if several {
+                // A pass can leave the transfer's conflict, or its accounts', to the next one.
+                support::sweep_until_none_open(&sweeper, Duration::from_secs(120)).await;
+            } else {
+                assert_eq!(swept.failed, 0, "{id}: {swept:?}");
+            }
 
             let doc = raw_txn(&l, &id).await;
             let value = doc["value"].as_i64().unwrap();

@@ -712,6 +712,7 @@ fn now_ms() -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hot_accounts_never_overdraw() {
     let l = support::ledger("hot_accounts").await;
+    let several = support::copies(l.hot_client().database()).await > 1;
     let accounts = ["h0", "h1", "h2", "h3", "h4"];
     for a in accounts {
         open(&l, a, 2_000, Some(0)).await;
@@ -778,7 +779,14 @@ async fn hot_accounts_never_overdraw() {
                 let value = rng.i64(1..=700);
                 let wait = rng.u8(..4) != 0;
                 let req = request(Some(&format!("x{n}")), accounts[from], accounts[to], value);
-                outcomes.push(l.submit(req, wait).await.unwrap());
+                match l.submit(req, wait).await {
+                    Ok(o) => outcomes.push(Some(o)),
+                    // On a cluster the submit's decision and the sweeper's, racing, can each
+                    // reach only some copies: the transfer exists and the sweeper ends it, which
+                    // the wait below checks.
+                    Err(e) if several && e.is_unconfirmed() => outcomes.push(None),
+                    Err(e) => panic!("x{n}: {e}"),
+                }
             }
             outcomes
         }));
