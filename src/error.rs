@@ -63,6 +63,64 @@ pub(crate) enum Kind {
     Transition(crate::state::TransitionError),
     /// An invariant of the ledger does not hold (found by a check, never assumed).
     Invariant(String),
+    /// A condition of the ledger itself, said by this program and not by the server.
+    Ledger {
+        condition: Condition,
+        message: String,
+    },
+}
+
+/// A condition of the ledger itself (not a server's answer): [`Error::condition`]. Each has a
+/// code (the `error` of the CLI's `--json` and of the service) and the HTTP status the service
+/// answers it with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Condition {
+    /// An account holds as many pending markers as its document may: the transfer waits until
+    /// earlier ones are settled and pruned (transient).
+    AccountFull,
+    /// A transfer could not be decided within its worker's lease; the sweeper finishes it.
+    Undecided,
+    /// A transfer's decision reached some copies of a cluster's database but not every one:
+    /// not final; the same id sent again later answers how it ended.
+    Unconfirmed,
+    /// A write a cluster accepted (202) that a read back did not find yet: send it again.
+    Uncertain,
+    /// A conflict (of an account or a transfer) that cannot be merged or resolved now; a later
+    /// try, or the sweeper, can.
+    Conflicted,
+    /// The database's copies could not be read to decide how to resolve a conflict (transient).
+    Unavailable,
+    /// A transfer the ledger was asked about does not exist.
+    NotFound,
+}
+
+impl Condition {
+    /// The code callers see (`unconfirmed`, `account_full`…).
+    pub fn code(self) -> &'static str {
+        match self {
+            Condition::AccountFull => "account_full",
+            Condition::Undecided => "undecided",
+            Condition::Unconfirmed => "unconfirmed",
+            Condition::Uncertain => "uncertain",
+            Condition::Conflicted => "conflict",
+            Condition::Unavailable => "unavailable",
+            Condition::NotFound => "not_found",
+        }
+    }
+
+    /// The HTTP status the service answers it with (the ledger's choice, not a server's).
+    pub fn http_status(self) -> u16 {
+        match self {
+            Condition::AccountFull => 429,
+            Condition::Undecided
+            | Condition::Unconfirmed
+            | Condition::Uncertain
+            | Condition::Unavailable => 503,
+            Condition::Conflicted => 409,
+            Condition::NotFound => 404,
+        }
+    }
 }
 
 impl Error {
@@ -107,6 +165,14 @@ impl Error {
     pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Error {
         self.inner.source = Some(source.into());
         self
+    }
+
+    /// A condition of the ledger itself, explained by `message`.
+    pub(crate) fn ledger(condition: Condition, message: impl Into<String>) -> Error {
+        Error::new(Kind::Ledger {
+            condition,
+            message: message.into(),
+        })
     }
 
     pub(crate) fn status(status: u16, error: Option<String>, reason: Option<String>) -> Error {
@@ -208,6 +274,21 @@ impl Error {
         }
     }
 
+    /// The ledger's own condition, when that is what this error is (not a server's answer).
+    pub fn condition(&self) -> Option<Condition> {
+        match self.inner.kind {
+            Kind::Ledger { condition, .. } => Some(condition),
+            _ => None,
+        }
+    }
+
+    /// The status that says what kind of failure this is: the server's, or the one the ledger
+    /// gives its own condition ([`Condition::http_status`]).
+    fn kind_status(&self) -> Option<u16> {
+        self.status_code()
+            .or_else(|| self.condition().map(Condition::http_status))
+    }
+
     /// CouchDB's `error` field of the reply (`conflict`, `not_found`, `forbidden`…).
     pub fn couch_error(&self) -> Option<&str> {
         match &self.inner.kind {
@@ -225,9 +306,10 @@ impl Error {
         }
     }
 
-    /// 409: the document changed under us (a stale `_rev`, or it already exists).
+    /// 409: the document changed under us (a stale `_rev`, or it already exists), or a conflict
+    /// of a cluster that cannot be merged now ([`Condition::Conflicted`]).
     pub fn is_conflict(&self) -> bool {
-        self.status_code() == Some(409)
+        self.kind_status() == Some(409)
     }
 
     /// 413: the request (a `_bulk_docs`, a document) is larger than the server accepts. Never
@@ -236,9 +318,10 @@ impl Error {
         self.status_code() == Some(413)
     }
 
-    /// 404: no such document or database.
+    /// 404: no such document or database (the server's), or no such transfer
+    /// ([`Condition::NotFound`]).
     pub fn is_not_found(&self) -> bool {
-        self.status_code() == Some(404)
+        self.kind_status() == Some(404)
     }
 
     /// 403: refused by `validate_doc_update` or by the server's security.
@@ -257,11 +340,14 @@ impl Error {
         self.status_code() == Some(401)
     }
 
-    /// A failure that may go away by itself: 429, 500, 502, 503, 504, or a network error.
+    /// A failure that may go away by itself: 429, 500, 502, 503, 504, a network error, or a
+    /// condition of the ledger that a later try can pass (account full, undecided,
+    /// unconfirmed, uncertain, copies unreadable).
     pub fn is_transient(&self) -> bool {
         match self.inner.kind {
             Kind::Status { status, .. } => is_transient_status(status),
             Kind::Transport { .. } => true,
+            Kind::Ledger { condition, .. } => is_transient_status(condition.http_status()),
             _ => false,
         }
     }
@@ -324,7 +410,7 @@ impl Error {
     /// A transfer's decision reached some copies of a cluster's database but not yet every one:
     /// not final; the same id sent again later answers how it ended.
     pub fn is_unconfirmed(&self) -> bool {
-        self.couch_error() == Some("unconfirmed")
+        self.condition() == Some(Condition::Unconfirmed)
     }
 
     /// The field an input error or a mismatch is about.
@@ -418,6 +504,7 @@ impl fmt::Display for Error {
             Kind::Config(m) => write!(f, "invalid configuration: {m}")?,
             Kind::Transition(t) => write!(f, "{t}")?,
             Kind::Invariant(m) => write!(f, "invariant violated: {m}")?,
+            Kind::Ledger { condition, message } => write!(f, "{}: {message}", condition.code())?,
         }
         if let Some(request) = &self.inner.request {
             write!(f, " ({request})")?;

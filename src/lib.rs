@@ -87,7 +87,7 @@ pub use couch::{
     ChangesStream, Client, Leaves, ViewQuery, ViewResponse, ViewRow, WriteOptions, Written,
 };
 pub use engine::WriteQuorum;
-pub use error::{plain_seconds, Error, Result};
+pub use error::{plain_seconds, Condition, Error, Result};
 pub use ledger::{
     ConflictCounts, HotReport, InitReport, Ledger, Progress, ProgressFn, ProgressHook,
 };

@@ -26,7 +26,7 @@ use serde_json::Map;
 use crate::account_doc::Attempt;
 use crate::couch::RawDoc;
 use crate::engine::{now_ms, AccountOp, Decide, OpKind, OpResult};
-use crate::error::{Error, Result};
+use crate::error::{Condition, Error, Result};
 use crate::ledger::{Finishing, Ledger};
 use crate::limits::{DRIVE_PHASES_MAX, SETTLE_HOLD_LEASE_DIVISOR, SETTLE_HOLD_MS};
 use crate::orders::RecordStatus;
@@ -115,13 +115,12 @@ fn judge(attempt: Attempt, debit: OpResult, credit: OpResult) -> Next {
 /// "Not decided in time": the worker's deadline passed before its accounts were applied (the
 /// sweeper's pass, whose transfer's document exists already, tries again next pass).
 fn undecided(id: &str) -> Error {
-    Error::status(
-        503,
-        Some("undecided".to_owned()),
-        Some(format!(
+    Error::ledger(
+        Condition::Undecided,
+        format!(
             "transfer {id} could not be applied within this worker's lease; the sweeper \
              finishes it"
-        )),
+        ),
     )
 }
 
@@ -440,13 +439,12 @@ impl Ledger {
                 Err(e) if e.is_not_found() => {
                     return Err(match tried {
                         // A create answered 202 whose revision this read did not reach yet.
-                        Some(_) => Error::status(
-                            503,
-                            Some("uncertain".to_owned()),
-                            Some(format!(
+                        Some(_) => Error::ledger(
+                            Condition::Uncertain,
+                            format!(
                                 "the decision of transfer {id} was accepted but not confirmed; \
                                  submit it again with the same id"
-                            )),
+                            ),
                         ),
                         None => Error::invariant(format!(
                             "an account shows transfer {id} decided, but its document does \

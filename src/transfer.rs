@@ -39,7 +39,7 @@ use crate::account_doc::Attempt;
 use crate::accounts::validate_id;
 use crate::conflict::{choose_transfer_leaf, Evidence};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
-use crate::error::{Error, Result};
+use crate::error::{Condition, Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::{
     DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SETTLE_HOLD_LEASE_DIVISOR,
@@ -248,14 +248,13 @@ fn terms_rank(state: State) -> u8 {
 
 /// The answer to a caller whose decision reached only some copies of a cluster.
 pub(crate) fn unconfirmed(id: &str) -> Error {
-    Error::status(
-        503,
-        Some("unconfirmed".to_owned()),
-        Some(format!(
+    Error::ledger(
+        Condition::Unconfirmed,
+        format!(
             "the decision of transfer {id} reached some copies of the database but not every \
              one (a copy is down or behind), so it is not final yet; the sweeper finishes it \
              once the copies agree: send the same id again later to learn how it ended"
-        )),
+        ),
     )
 }
 
@@ -571,12 +570,10 @@ impl Ledger {
     pub(crate) async fn read_txn(&self, txn_id: &str) -> Result<TxnDoc> {
         let id = txn_doc_id(txn_id);
         let Some(leaves) = self.inner.hot.leaves(&id).await? else {
-            return Err(Error::status(
-                404,
-                Some("not_found".to_owned()),
-                Some("missing".to_owned()),
-            )
-            .with_request("GET", &id));
+            return Err(
+                Error::ledger(Condition::NotFound, format!("no transfer {txn_id}"))
+                    .with_request("GET", &id),
+            );
         };
         let winner = leaves
             .winner
@@ -687,13 +684,12 @@ impl Ledger {
             match self.inner.quorum.keeps_entries(&self.inner.hot).await {
                 Some(true) => {}
                 None => {
-                    return Err(Error::status(
-                        503,
-                        Some("unavailable".to_owned()),
-                        Some(format!(
+                    return Err(Error::ledger(
+                        Condition::Unavailable,
+                        format!(
                             "{id} holds a conflict, and the database's copies could not be \
                              read to tell how to resolve it; tried again later"
-                        )),
+                        ),
                     ))
                 }
                 Some(false) => {
@@ -1027,15 +1023,14 @@ impl Ledger {
                         // leave it committed for a later settle (the sweeper's).
                         d.doc = self.read_txn(&d.doc.txn_id).await?;
                         if d.doc.state == State::Committed {
-                            return Err(Stop::Fail(Error::status(
-                                409,
-                                Some("conflict".to_owned()),
-                                Some(format!(
+                            return Err(Stop::Fail(Error::ledger(
+                                Condition::Conflicted,
+                                format!(
                                     "transfer {} is committed, but an account read shows no \
                                      marker of it (a copy behind); left committed for a later \
                                      settle",
                                     d.doc.txn_id
-                                )),
+                                ),
                             )));
                         }
                         continue;
@@ -1573,6 +1568,11 @@ mod tests {
         assert!(!e.is_invalid_input() && !e.is_mismatch(), "{e}");
         assert!(e.to_string().contains("send the same id again"), "{e}");
         assert!(!Error::invalid("id", "x").is_unconfirmed());
+        // The ledger said it, not the server: no server status, a transient 503 of its own.
+        assert_eq!(e.status_code(), None, "{e}");
+        assert_eq!(e.condition(), Some(crate::Condition::Unconfirmed));
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().starts_with("unconfirmed: "), "{e}");
     }
 
     #[test]

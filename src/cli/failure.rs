@@ -221,8 +221,9 @@ fn code_for(err: &anyhow::Error) -> &'static str {
     };
     if e.is_mismatch() {
         "mismatch"
-    } else if e.is_unconfirmed() {
-        "unconfirmed"
+    } else if let Some(c) = e.condition() {
+        // The ledger's own condition, in its own words (`unconfirmed`, `undecided`…).
+        c.code()
     } else if e.is_invalid_input() {
         "invalid_input"
     } else if e.is_missing_database() {

@@ -261,7 +261,8 @@ async fn account_create(a: AccountCreateArgs, ctx: &mut Context) -> anyhow::Resu
 /// A 404 for the document itself (not for the database: "no_db_file", "Database does not
 /// exist.").
 fn is_missing_doc(e: &couch_ledger::Error) -> bool {
-    e.is_not_found() && matches!(e.reason(), Some("missing" | "deleted"))
+    e.condition() == Some(couch_ledger::Condition::NotFound)
+        || (e.is_not_found() && matches!(e.reason(), Some("missing" | "deleted")))
 }
 
 /// `err`, or a usage error saying `missing` when the document does not exist: naming a

@@ -35,7 +35,8 @@ pub(crate) struct ErrorBody {
     /// A stable code: `invalid_input`, `invalid_json`, `not_found`, `method_not_allowed`,
     /// `mismatch`, `not_cancellable`, `not_reversible`, `invalid_state`, `unauthorized`,
     /// `couchdb_unavailable`, `busy`, `not_ready`, `couchdb_refused`, `bad_gateway`,
-    /// `internal`, `too_large`.
+    /// `internal`, `too_large`, `unconfirmed`, `undecided`, `uncertain`, `account_full`,
+    /// `unavailable`.
     #[schema(example = "invalid_input")]
     pub(crate) error: String,
     /// What went wrong, for people.

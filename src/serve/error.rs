@@ -4,7 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use couch_ledger::TransitionError;
+use couch_ledger::{Condition, TransitionError};
 
 use super::api::ErrorBody;
 use super::TransferId;
@@ -97,8 +97,16 @@ impl ApiError {
                 _ => "invalid_state",
             };
             ApiError::new(StatusCode::CONFLICT, code, message)
-        } else if e.is_not_found() && matches!(e.reason(), Some("missing" | "deleted")) {
+        } else if e.condition() == Some(Condition::NotFound)
+            || (e.is_not_found() && matches!(e.reason(), Some("missing" | "deleted")))
+        {
             ApiError::not_found(missing())
+        } else if let Some(c) = e.condition().filter(|c| c.http_status() == 503) {
+            // The ledger's own "not final yet" (a decision on some copies of a cluster, a
+            // transfer not decided within its lease): said in its words, to be tried again.
+            let mut n = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, c.code(), message);
+            n.retry_after_s = Some(RETRY_AFTER_UNAVAILABLE_S);
+            n
         } else if e.is_not_found() {
             // The database itself is missing: the service is not ready (run init).
             let mut n = ApiError::new(

@@ -323,9 +323,11 @@ const BAD_GATEWAY: (&str, &str, &str) = (
 const UNAVAILABLE: (&str, &str, &str) = (
     "503",
     "Unavailable",
-    "CouchDB unreachable (`couchdb_unavailable`), the database missing (`not_ready`), or the \
-     same documents kept changing under the write (`busy`); `Retry-After` says when to try \
-     again. Sending the same id or ref again never applies it twice",
+    "CouchDB unreachable (`couchdb_unavailable`), the database missing (`not_ready`), the \
+     same documents kept changing under the write (`busy`), a transfer's decision on some \
+     copies of a cluster only (`unconfirmed`), or a transfer not decided within its lease \
+     (`undecided`, the sweeper finishes it); `Retry-After` says when to try again. Sending the \
+     same id or ref again never applies it twice",
 );
 
 impl SharedAnswers {
