@@ -2,14 +2,16 @@
 //! pruned: pure functions on an account document in memory, no I/O.
 
 use std::collections::HashSet;
+use std::ops::ControlFlow;
 
 use super::ops::{AccountOp, OpKind, OpResult};
-use crate::account_doc::{marker_bytes, pending_bytes, AccountDoc, Marker, Settled};
+use crate::account_doc::{marker_bytes, pending_bytes, AccountDoc, Attempt, Marker, Settled};
 use crate::error::{Error, Result};
 use crate::limits::{
     CLOCK_SKEW_MAX_MS, ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_UNDO_SLACK_BYTES,
     MARKER_OVERHEAD_BYTES, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN,
 };
+use crate::money::Amount;
 
 /// An account whose markers reached [`MARKERS_BYTES_MAX`] refuses new applies until pruning
 /// made room: 429, transient (the transfer is retried, by its worker or the sweeper).
@@ -37,8 +39,6 @@ pub(crate) fn evaluate_with(
     let Some(doc) = doc else {
         return Ok(OpResult::UnknownAccount);
     };
-    let in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
-    let in_settled = doc.settled.iter().any(|s| s.txn == op.txn);
     match &op.kind {
         OpKind::Resolve => Ok(OpResult::Finished),
         OpKind::Apply {
@@ -49,190 +49,295 @@ pub(crate) fn evaluate_with(
             peer,
             exists,
             ..
-        } => {
-            // On one node a debit's own check keeps `available >= min_balance` for good; below
-            // it, a conflict merge added a rival debit.
-            let merged_overdraft = |doc: &AccountDoc| {
-                *check_funds
-                    && delta.minor() < 0
-                    && doc
-                        .min_balance
-                        .is_some_and(|min| doc.available().is_ok_and(|a| a < min))
-            };
-            let mut in_pending = in_pending;
-            if let Some(pos) = in_pending {
-                let found = &doc.pending[pos];
-                let other_peer = found.peer.is_some() && peer.is_some() && found.peer != *peer;
-                let other_terms = found.delta != *delta || other_peer;
-                if other_terms && *exists && found.attempt.is_some() {
-                    // A one-write attempt of this id with other terms than its document's: no
-                    // decision can name it. Taken back (no undone entry: this apply follows).
-                    let stray = doc.pending.remove(pos);
-                    doc.balance = doc.balance.checked_sub(stray.delta)?;
-                    tracing::warn!(
-                        account = %doc.account_id,
-                        txn = %op.txn,
-                        "undid a marker of this transfer's id with other terms than its document's"
-                    );
-                    in_pending = None;
-                } else if other_terms && attempt.is_some() {
-                    let term = if found.delta != *delta {
-                        "value"
-                    } else if delta.minor() < 0 {
-                        "destination"
-                    } else {
-                        "source"
-                    };
-                    return Ok(OpResult::Mismatch(term));
-                }
-            }
-            if let (Some(_), Some(pos)) = (attempt, in_pending) {
-                // The one-write path: the marker of an attempt of this very transfer (a retry
-                // still running, or one that died before deciding) counts as this one's; a
-                // stepwise marker means the transfer's document exists and is followed. Never
-                // undone here: no marker is undone before its transfer is decided
-                // (docs/ONE_WRITE.md).
-                let Some(theirs) = doc.pending[pos].attempt else {
-                    return Ok(OpResult::AlreadyPending);
-                };
-                if merged_overdraft(doc) {
-                    return Ok(OpResult::Overdrawn);
-                }
-                return Ok(OpResult::Adopted(theirs));
-            }
-            if attempt.is_some() && in_settled {
-                // Settled or undone here: the transfer was decided; its document says how.
-                return Ok(OpResult::Finished);
-            }
-            if let Some(pos) = in_pending {
-                // This op's issuer holds the transfer's lease and has not committed (it waits
-                // for this answer): its debit is the one to take back.
-                if merged_overdraft(doc) {
-                    let applied = doc.pending[pos].delta;
-                    doc.balance = doc.balance.checked_sub(applied)?;
-                    doc.pending.remove(pos);
-                    doc.settled.push(Settled::new(&op.txn, now, true));
-                    tracing::warn!(
-                        account = %doc.account_id,
-                        txn = %op.txn,
-                        "a merged conflict overdrew the account; taking this transfer's debit back"
-                    );
-                    return Ok(OpResult::Withdrawn);
-                }
-                return Ok(OpResult::AlreadyPending);
-            }
-            if in_settled {
-                // Undone while the transfer is being applied: a cancel undid it (the commit
-                // CAS of this drive will fail and follow), or an earlier attempt's debit was
-                // taken back after a merged overdraft and that worker stopped before writing
-                // `canceling`. Either way only a cancel is consistent: a commit now would keep
-                // the other account's delta alone (money from nowhere).
-                let undone = doc.settled.iter().any(|s| s.txn == op.txn && s.undone);
-                return Ok(if undone {
-                    OpResult::Withdrawn
-                } else {
-                    OpResult::Finished
-                });
-            }
-            if op.link.is_some_and(|l| failed_links.contains(&l)) {
-                return Ok(OpResult::NotApplied);
-            }
-            if doc.currency != *currency {
-                return Ok(OpResult::CurrencyMismatch);
-            }
-            let marker = Marker {
-                txn: op.txn.clone(),
-                delta: *delta,
-                at: Some(now),
-                attempt: *attempt,
-                peer: peer.clone(),
-                aliases: Vec::new(),
-            };
-            let bytes = doc.markers_bytes();
-            if bytes + pending_bytes(&marker) > MARKERS_BYTES_MAX {
-                return Err(account_full(&doc.account_id, bytes));
-            }
-            if *check_funds && delta.minor() < 0 {
-                if let Some(min) = doc.min_balance {
-                    let Ok(after) = doc.available().and_then(|a| a.checked_add(*delta)) else {
-                        return Ok(OpResult::Overflow);
-                    };
-                    if after < min {
-                        return Ok(OpResult::Insufficient);
-                    }
-                }
-            }
-            // Past 2^53 − 1 the server could not hold the balance exactly: refused like an
-            // overdraft, so the transfer is cancelled instead of failing on every retry.
-            let Ok(balance) = doc.balance.checked_add(*delta) else {
-                return Ok(OpResult::Overflow);
-            };
-            doc.balance = balance;
-            doc.pending.push(marker);
-            Ok(OpResult::Applied)
+        } => Apply {
+            delta: *delta,
+            currency,
+            check_funds: *check_funds,
+            attempt: *attempt,
+            peer,
+            exists: *exists,
         }
-        OpKind::Settle { named, delta } => match in_pending {
-            Some(pos)
-                if doc.pending[pos].delta != *delta
-                    || named.is_some_and(|n| !doc.pending[pos].carries(n)) =>
-            {
-                // Not the marker the document counts: a late apply of a decided transfer, or
-                // the same id sent with other terms (a cluster let both apply, each on its own
-                // branch). A marker without attempt under a named decision is a stepwise
-                // drive's, which a conflicted document let run beside the decision.
-                let delta = doc.pending[pos].delta;
-                doc.balance = doc.balance.checked_sub(delta)?;
-                doc.pending.remove(pos);
-                if entries {
-                    doc.settled.push(Settled::new(&op.txn, now, true));
-                }
+        .evaluate(doc, op, now, failed_links),
+        OpKind::Settle { named, delta } => settle(doc, op, now, entries, *named, *delta),
+        OpKind::Undo { decided } => undo(doc, op, now, entries, *decided),
+    }
+}
+
+/// The terms of an apply ([`OpKind::Apply`]) that decide what it comes to.
+struct Apply<'a> {
+    delta: Amount,
+    currency: &'a str,
+    check_funds: bool,
+    attempt: Option<Attempt>,
+    peer: &'a Option<String>,
+    exists: bool,
+}
+
+impl Apply<'_> {
+    /// A marker of this transfer's id with other terms is dealt with first, then one of it that
+    /// is there already (pending or settled); else the apply lands, unless a linked apply
+    /// failed or a check refuses it.
+    fn evaluate(
+        &self,
+        doc: &mut AccountDoc,
+        op: &AccountOp,
+        now: i64,
+        failed_links: &HashSet<u64>,
+    ) -> Result<OpResult> {
+        let in_pending = match self.other_terms(doc, op)? {
+            ControlFlow::Break(answer) => return Ok(answer),
+            ControlFlow::Continue(in_pending) => in_pending,
+        };
+        if let Some(answer) = self.found(doc, op, in_pending, now)? {
+            return Ok(answer);
+        }
+        if op.link.is_some_and(|l| failed_links.contains(&l)) {
+            return Ok(OpResult::NotApplied);
+        }
+        self.land(doc, op, now)
+    }
+
+    /// On one node a debit's own check keeps `available >= min_balance` for good; below it, a
+    /// conflict merge added a rival debit.
+    fn merged_overdraft(&self, doc: &AccountDoc) -> bool {
+        self.check_funds
+            && self.delta.minor() < 0
+            && doc
+                .min_balance
+                .is_some_and(|min| doc.available().is_ok_and(|a| a < min))
+    }
+
+    /// A pending marker of this transfer with other terms than this apply's: taken back when
+    /// the transfer's document exists (no decision can name it), else a mismatch on the
+    /// one-write path. The place of the transfer's pending marker still there, or the answer.
+    fn other_terms(
+        &self,
+        doc: &mut AccountDoc,
+        op: &AccountOp,
+    ) -> Result<ControlFlow<OpResult, Option<usize>>> {
+        let mut in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
+        if let Some(pos) = in_pending {
+            let found = &doc.pending[pos];
+            let other_peer =
+                found.peer.is_some() && self.peer.is_some() && found.peer != *self.peer;
+            let other_terms = found.delta != self.delta || other_peer;
+            if other_terms && self.exists && found.attempt.is_some() {
+                // A one-write attempt of this id with other terms than its document's: no
+                // decision can name it. Taken back (no undone entry: this apply follows).
+                let stray = doc.pending.remove(pos);
+                doc.balance = doc.balance.checked_sub(stray.delta)?;
                 tracing::warn!(
                     account = %doc.account_id,
                     txn = %op.txn,
-                    "undid a marker the transfer's document does not count"
+                    "undid a marker of this transfer's id with other terms than its document's"
                 );
-                Ok(OpResult::Repaired)
+                in_pending = None;
+            } else if other_terms && self.attempt.is_some() {
+                let term = if found.delta != self.delta {
+                    "value"
+                } else if self.delta.minor() < 0 {
+                    "destination"
+                } else {
+                    "source"
+                };
+                return Ok(ControlFlow::Break(OpResult::Mismatch(term)));
             }
-            Some(pos) => {
-                let marker = doc.pending.remove(pos);
-                // Only a one-write settle (of the marker its decision names) may go without an
-                // entry: the stepwise protocol's settle (`named` None) leaves one whatever
-                // marker it settles — a stepwise drive adopts a one-write marker of the same
-                // terms, and its next settle, or a late apply, must find the entry.
-                if entries || named.is_none() || marker.attempt.is_none() {
-                    doc.settled.push(Settled::new(&op.txn, now, false));
-                }
-                Ok(OpResult::Applied)
+        }
+        Ok(ControlFlow::Continue(in_pending))
+    }
+
+    /// The answer when the transfer is on the account already, pending (at `in_pending`) or
+    /// settled; `None` when it is not there.
+    fn found(
+        &self,
+        doc: &mut AccountDoc,
+        op: &AccountOp,
+        in_pending: Option<usize>,
+        now: i64,
+    ) -> Result<Option<OpResult>> {
+        let in_settled = doc.settled.iter().any(|s| s.txn == op.txn);
+        if let (Some(_), Some(pos)) = (self.attempt, in_pending) {
+            // The one-write path: the marker of an attempt of this very transfer (a retry
+            // still running, or one that died before deciding) counts as this one's; a
+            // stepwise marker means the transfer's document exists and is followed. Never
+            // undone here: no marker is undone before its transfer is decided
+            // (docs/ONE_WRITE.md).
+            let Some(theirs) = doc.pending[pos].attempt else {
+                return Ok(Some(OpResult::AlreadyPending));
+            };
+            if self.merged_overdraft(doc) {
+                return Ok(Some(OpResult::Overdrawn));
             }
-            None if in_settled => Ok(OpResult::Finished),
-            None => Ok(OpResult::Absent),
-        },
-        OpKind::Undo { decided } => match in_pending {
-            Some(pos) => {
-                let marker = doc.pending.remove(pos);
-                doc.balance = doc.balance.checked_sub(marker.delta)?;
-                // Recorded like a settle so that a late apply of this transfer is skipped
-                // instead of re-adding a marker someone would have to undo again (a one-write
-                // marker's late apply is not counted anyway: no decision names it).
-                if entries || !decided || marker.attempt.is_none() {
-                    doc.settled.push(Settled::new(&op.txn, now, true));
-                }
-                Ok(OpResult::Applied)
-            }
-            None if in_settled => Ok(OpResult::Finished),
-            None => {
-                let bytes = doc.markers_bytes();
-                if bytes + marker_bytes(&op.txn) > MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES {
-                    return Err(account_full(&doc.account_id, bytes));
-                }
-                // Nothing was applied here, but an apply of this transfer may still be on its
-                // way (a worker that read it pending): the undone entry makes it skip, instead
-                // of landing for a moment (a wrong balance, a spurious insufficient_funds) until
-                // an orphan repair takes it back.
+            return Ok(Some(OpResult::Adopted(theirs)));
+        }
+        if self.attempt.is_some() && in_settled {
+            // Settled or undone here: the transfer was decided; its document says how.
+            return Ok(Some(OpResult::Finished));
+        }
+        if let Some(pos) = in_pending {
+            // This op's issuer holds the transfer's lease and has not committed (it waits
+            // for this answer): its debit is the one to take back.
+            if self.merged_overdraft(doc) {
+                let applied = doc.pending[pos].delta;
+                doc.balance = doc.balance.checked_sub(applied)?;
+                doc.pending.remove(pos);
                 doc.settled.push(Settled::new(&op.txn, now, true));
-                Ok(OpResult::Applied)
+                tracing::warn!(
+                    account = %doc.account_id,
+                    txn = %op.txn,
+                    "a merged conflict overdrew the account; taking this transfer's debit back"
+                );
+                return Ok(Some(OpResult::Withdrawn));
             }
-        },
+            return Ok(Some(OpResult::AlreadyPending));
+        }
+        if in_settled {
+            // Undone while the transfer is being applied: a cancel undid it (the commit
+            // CAS of this drive will fail and follow), or an earlier attempt's debit was
+            // taken back after a merged overdraft and that worker stopped before writing
+            // `canceling`. Either way only a cancel is consistent: a commit now would keep
+            // the other account's delta alone (money from nowhere).
+            let undone = doc.settled.iter().any(|s| s.txn == op.txn && s.undone);
+            return Ok(Some(if undone {
+                OpResult::Withdrawn
+            } else {
+                OpResult::Finished
+            }));
+        }
+        Ok(None)
+    }
+
+    /// A new pending marker and the balance moved — unless the currency differs, the markers
+    /// are full, funds are short or the balance would overflow.
+    fn land(&self, doc: &mut AccountDoc, op: &AccountOp, now: i64) -> Result<OpResult> {
+        if doc.currency != self.currency {
+            return Ok(OpResult::CurrencyMismatch);
+        }
+        let marker = Marker {
+            txn: op.txn.clone(),
+            delta: self.delta,
+            at: Some(now),
+            attempt: self.attempt,
+            peer: self.peer.clone(),
+            aliases: Vec::new(),
+        };
+        let bytes = doc.markers_bytes();
+        if bytes + pending_bytes(&marker) > MARKERS_BYTES_MAX {
+            return Err(account_full(&doc.account_id, bytes));
+        }
+        if self.check_funds && self.delta.minor() < 0 {
+            if let Some(min) = doc.min_balance {
+                let Ok(after) = doc.available().and_then(|a| a.checked_add(self.delta)) else {
+                    return Ok(OpResult::Overflow);
+                };
+                if after < min {
+                    return Ok(OpResult::Insufficient);
+                }
+            }
+        }
+        // Past 2^53 − 1 the server could not hold the balance exactly: refused like an
+        // overdraft, so the transfer is cancelled instead of failing on every retry.
+        let Ok(balance) = doc.balance.checked_add(self.delta) else {
+            return Ok(OpResult::Overflow);
+        };
+        doc.balance = balance;
+        doc.pending.push(marker);
+        Ok(OpResult::Applied)
+    }
+}
+
+/// Where `txn` is on the account: the place of its pending marker, and whether it has a settled
+/// (or undone) entry.
+fn place(doc: &AccountDoc, txn: &str) -> (Option<usize>, bool) {
+    let in_pending = doc.pending.iter().position(|m| m.txn == txn);
+    let in_settled = doc.settled.iter().any(|s| s.txn == txn);
+    (in_pending, in_settled)
+}
+
+/// A settle ([`OpKind::Settle`]) of the marker of `delta` (and of the attempt `named`, on the
+/// one-write path); any other pending marker of the transfer is undone.
+fn settle(
+    doc: &mut AccountDoc,
+    op: &AccountOp,
+    now: i64,
+    entries: bool,
+    named: Option<Attempt>,
+    delta: Amount,
+) -> Result<OpResult> {
+    let (in_pending, in_settled) = place(doc, &op.txn);
+    match in_pending {
+        Some(pos)
+            if doc.pending[pos].delta != delta
+                || named.is_some_and(|n| !doc.pending[pos].carries(n)) =>
+        {
+            // Not the marker the document counts: a late apply of a decided transfer, or
+            // the same id sent with other terms (a cluster let both apply, each on its own
+            // branch). A marker without attempt under a named decision is a stepwise
+            // drive's, which a conflicted document let run beside the decision.
+            let delta = doc.pending[pos].delta;
+            doc.balance = doc.balance.checked_sub(delta)?;
+            doc.pending.remove(pos);
+            if entries {
+                doc.settled.push(Settled::new(&op.txn, now, true));
+            }
+            tracing::warn!(
+                account = %doc.account_id,
+                txn = %op.txn,
+                "undid a marker the transfer's document does not count"
+            );
+            Ok(OpResult::Repaired)
+        }
+        Some(pos) => {
+            let marker = doc.pending.remove(pos);
+            // Only a one-write settle (of the marker its decision names) may go without an
+            // entry: the stepwise protocol's settle (`named` None) leaves one whatever
+            // marker it settles — a stepwise drive adopts a one-write marker of the same
+            // terms, and its next settle, or a late apply, must find the entry.
+            if entries || named.is_none() || marker.attempt.is_none() {
+                doc.settled.push(Settled::new(&op.txn, now, false));
+            }
+            Ok(OpResult::Applied)
+        }
+        None if in_settled => Ok(OpResult::Finished),
+        None => Ok(OpResult::Absent),
+    }
+}
+
+/// An undo ([`OpKind::Undo`]): the pending marker's delta reversed, the transfer recorded
+/// undone here.
+fn undo(
+    doc: &mut AccountDoc,
+    op: &AccountOp,
+    now: i64,
+    entries: bool,
+    decided: bool,
+) -> Result<OpResult> {
+    let (in_pending, in_settled) = place(doc, &op.txn);
+    match in_pending {
+        Some(pos) => {
+            let marker = doc.pending.remove(pos);
+            doc.balance = doc.balance.checked_sub(marker.delta)?;
+            // Recorded like a settle so that a late apply of this transfer is skipped
+            // instead of re-adding a marker someone would have to undo again (a one-write
+            // marker's late apply is not counted anyway: no decision names it).
+            if entries || !decided || marker.attempt.is_none() {
+                doc.settled.push(Settled::new(&op.txn, now, true));
+            }
+            Ok(OpResult::Applied)
+        }
+        None if in_settled => Ok(OpResult::Finished),
+        None => {
+            let bytes = doc.markers_bytes();
+            if bytes + marker_bytes(&op.txn) > MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES {
+                return Err(account_full(&doc.account_id, bytes));
+            }
+            // Nothing was applied here, but an apply of this transfer may still be on its
+            // way (a worker that read it pending): the undone entry makes it skip, instead
+            // of landing for a moment (a wrong balance, a spurious insufficient_funds) until
+            // an orphan repair takes it back.
+            doc.settled.push(Settled::new(&op.txn, now, true));
+            Ok(OpResult::Applied)
+        }
     }
 }
 
@@ -309,9 +414,7 @@ pub(crate) fn evaluate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::account_doc::Attempt;
     use crate::engine::fixtures::{apply, once, op, settle};
-    use crate::money::Amount;
     use serde_json::json;
 
     fn account(balance: i64, min: Option<i64>) -> AccountDoc {
