@@ -3,6 +3,7 @@
 //! entries may be pruned.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 
 use serde_json::Value;
@@ -94,46 +95,13 @@ impl AccountEngine {
         let id = winner.id.clone();
         self.conflicts.met.fetch_add(1, Ordering::Relaxed);
         self.unconfirm(&winner.account_id);
-        match self.quorum.keeps_entries(&self.client).await {
-            Some(true) => {}
-            Some(false) => return Ok(AccountRead::Failed(unmergeable(&id, losers.len()))),
-            None => {
-                return Ok(AccountRead::Failed(Error::status(
-                    503,
-                    Some("unavailable".to_owned()),
-                    Some(format!(
-                        "{id} holds a conflict, and the database's copies could not be read to \
-                         tell whether its branches can be merged; tried again later"
-                    )),
-                )))
-            }
+        if let Some(e) = self.not_mergeable(&id, losers.len()).await {
+            return Ok(AccountRead::Failed(e));
         }
-        // Leaves this branch joined already are not read again.
-        let unread: Vec<String> = losers
-            .iter()
-            .filter(|r| !winner.merged.contains(r))
-            .cloned()
-            .collect();
-        let bodies = self.client.revisions(&id, &unread).await?;
-        let mut leaves = Vec::with_capacity(bodies.len());
-        let mut revs = Vec::with_capacity(bodies.len());
-        for mut body in bodies {
-            take_conflicts(&mut body);
-            let rev = body.get("_rev").and_then(Value::as_str).map(str::to_owned);
-            match (AccountDoc::from_value(body), rev) {
-                (Ok(doc), Some(rev)) => {
-                    leaves.push(doc);
-                    revs.push(rev);
-                }
-                (Err(e), _) => {
-                    return Ok(AccountRead::Failed(Error::invariant(format!(
-                        "{id} holds a conflict with a leaf that is not a valid account ({e}); \
-                         a person must resolve it"
-                    ))))
-                }
-                (Ok(_), None) => return Err(Error::decode(format!("a leaf of {id} has no _rev"))),
-            }
-        }
+        let (leaves, revs) = match self.read_leaves(&winner, &losers).await? {
+            ControlFlow::Continue(read) => read,
+            ControlFlow::Break(failed) => return Ok(failed),
+        };
         // A leaf another leaf joined already is not joined again either.
         let folded: HashSet<String> = winner
             .merged
@@ -155,53 +123,10 @@ impl AccountEngine {
             })));
         }
         let needed = facts_needed(&winner, &leaves);
-        let mut facts = HashMap::new();
-        if !needed.is_empty() {
-            let keys: Vec<String> = needed.iter().map(|t| format!("txn:{t}")).collect();
-            let rows = self.client.all_docs_with_conflicts(&keys).await?;
-            for (txn, row) in needed.iter().zip(rows) {
-                let Some(doc) = row.doc.filter(Value::is_object) else {
-                    continue;
-                };
-                if doc.get("_conflicts").is_some() {
-                    return Ok(AccountRead::Failed(Error::blocked_by_transfer(&id, txn)));
-                }
-                let state = doc
-                    .get("state")
-                    .and_then(Value::as_str)
-                    .and_then(crate::state::State::parse);
-                let value = doc
-                    .get("value")
-                    .and_then(Value::as_i64)
-                    .and_then(|v| Amount::new(v).ok());
-                let side = if doc.get("source").and_then(Value::as_str) == Some(&winner.account_id)
-                {
-                    Some(true)
-                } else if doc.get("destination").and_then(Value::as_str) == Some(&winner.account_id)
-                {
-                    Some(false)
-                } else {
-                    None
-                };
-                if let (Some(state), Some(value), Some(debit)) = (state, value, side) {
-                    let delta = if debit { value.neg() } else { value };
-                    let role = if debit { "source" } else { "destination" };
-                    let named = doc
-                        .get("markers")
-                        .and_then(|m| m.get(role))
-                        .and_then(Value::as_str)
-                        .and_then(|a| a.parse().ok());
-                    facts.insert(
-                        txn.clone(),
-                        TxnFacts {
-                            state,
-                            delta,
-                            named,
-                        },
-                    );
-                }
-            }
-        }
+        let facts = match self.read_facts(&winner, &needed).await? {
+            ControlFlow::Continue(facts) => facts,
+            ControlFlow::Break(failed) => return Ok(failed),
+        };
         match merge_account(&winner, &leaves, &facts, now_ms()) {
             Ok(mut merged) => {
                 // Every leaf joined here is recorded on the merged branch while it lasts: a
@@ -238,6 +163,92 @@ impl AccountEngine {
                 )),
             ))),
         }
+    }
+
+    /// Why the conflict of `id` cannot be merged now, if it cannot: its database keeps one copy
+    /// of each document ([`unmergeable`]), or how many it keeps could not be read.
+    async fn not_mergeable(&self, id: &str, losers: usize) -> Option<Error> {
+        match self.quorum.keeps_entries(&self.client).await {
+            Some(true) => None,
+            Some(false) => Some(unmergeable(id, losers)),
+            None => Some(Error::status(
+                503,
+                Some("unavailable".to_owned()),
+                Some(format!(
+                    "{id} holds a conflict, and the database's copies could not be read to \
+                     tell whether its branches can be merged; tried again later"
+                )),
+            )),
+        }
+    }
+
+    /// The losing leaves of `winner`'s conflict, and their revisions, but for those this branch
+    /// joined already (not read again). `Break`: a leaf is not a valid account, the merge
+    /// waits for a person.
+    async fn read_leaves(
+        &self,
+        winner: &AccountDoc,
+        losers: &[String],
+    ) -> Result<ControlFlow<AccountRead, (Vec<AccountDoc>, Vec<String>)>> {
+        let id = &winner.id;
+        let unread: Vec<String> = losers
+            .iter()
+            .filter(|r| !winner.merged.contains(r))
+            .cloned()
+            .collect();
+        let bodies = self.client.revisions(id, &unread).await?;
+        let mut leaves = Vec::with_capacity(bodies.len());
+        let mut revs = Vec::with_capacity(bodies.len());
+        for mut body in bodies {
+            take_conflicts(&mut body);
+            let rev = body.get("_rev").and_then(Value::as_str).map(str::to_owned);
+            match (AccountDoc::from_value(body), rev) {
+                (Ok(doc), Some(rev)) => {
+                    leaves.push(doc);
+                    revs.push(rev);
+                }
+                (Err(e), _) => {
+                    return Ok(ControlFlow::Break(AccountRead::Failed(Error::invariant(
+                        format!(
+                            "{id} holds a conflict with a leaf that is not a valid account \
+                             ({e}); a person must resolve it"
+                        ),
+                    ))))
+                }
+                (Ok(_), None) => return Err(Error::decode(format!("a leaf of {id} has no _rev"))),
+            }
+        }
+        Ok(ControlFlow::Continue((leaves, revs)))
+    }
+
+    /// What the merge needs of the transfers `needed`, from their documents (one not there,
+    /// or not about this account, is left out). `Break`: a transfer holds a conflict itself,
+    /// to be resolved first.
+    async fn read_facts(
+        &self,
+        winner: &AccountDoc,
+        needed: &[String],
+    ) -> Result<ControlFlow<AccountRead, HashMap<String, TxnFacts>>> {
+        let mut facts = HashMap::new();
+        if needed.is_empty() {
+            return Ok(ControlFlow::Continue(facts));
+        }
+        let keys: Vec<String> = needed.iter().map(|t| format!("txn:{t}")).collect();
+        let rows = self.client.all_docs_with_conflicts(&keys).await?;
+        for (txn, row) in needed.iter().zip(rows) {
+            let Some(doc) = row.doc.filter(Value::is_object) else {
+                continue;
+            };
+            if doc.get("_conflicts").is_some() {
+                return Ok(ControlFlow::Break(AccountRead::Failed(
+                    Error::blocked_by_transfer(&winner.id, txn),
+                )));
+            }
+            if let Some(f) = txn_facts(&doc, &winner.account_id) {
+                facts.insert(txn.clone(), f);
+            }
+        }
+        Ok(ControlFlow::Continue(facts))
     }
 
     /// Deletes the losing leaves of a conflict whose merge now stands as the winner. A leaf
@@ -292,6 +303,42 @@ impl AccountEngine {
             }
         }
     }
+}
+
+/// What a transfer's document says to the merge of `account`: its state, its delta on the
+/// account, and the attempt a one-write decision names there. `None` when the document does
+/// not say, or names the account on neither side.
+fn txn_facts(doc: &Value, account: &str) -> Option<TxnFacts> {
+    let state = doc
+        .get("state")
+        .and_then(Value::as_str)
+        .and_then(crate::state::State::parse);
+    let value = doc
+        .get("value")
+        .and_then(Value::as_i64)
+        .and_then(|v| Amount::new(v).ok());
+    let side = if doc.get("source").and_then(Value::as_str) == Some(account) {
+        Some(true)
+    } else if doc.get("destination").and_then(Value::as_str) == Some(account) {
+        Some(false)
+    } else {
+        None
+    };
+    let (Some(state), Some(value), Some(debit)) = (state, value, side) else {
+        return None;
+    };
+    let delta = if debit { value.neg() } else { value };
+    let role = if debit { "source" } else { "destination" };
+    let named = doc
+        .get("markers")
+        .and_then(|m| m.get(role))
+        .and_then(Value::as_str)
+        .and_then(|a| a.parse().ok());
+    Some(TxnFacts {
+        state,
+        delta,
+        named,
+    })
 }
 
 /// One account as [`AccountEngine::read`] found it.
