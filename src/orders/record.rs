@@ -7,6 +7,7 @@ use super::model::{
     purchase_id, unknown_order, Adjustment, Delivered, EntryKind, Payment, Purchase, RecordStatus,
     Recorded, Refund, Shipment,
 };
+use crate::couch::Leaves;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::money::{Amount, Currency};
@@ -50,6 +51,17 @@ fn purchase_doc(p: &Purchase) -> Value {
         "tax": p.tax,
         "total": p.total,
     })
+}
+
+/// A money entry of an order, as [`Ledger::record_money`] writes it.
+struct MoneyEntry<'a> {
+    kind: EntryKind,
+    order_id: &'a str,
+    reference: &'a str,
+    currency: Currency,
+    amount: Amount,
+    /// The kind's own fields, in the order they follow the common ones.
+    fields: [(&'static str, Value); 2],
 }
 
 /// What a money entry needs from its order's purchase.
@@ -119,6 +131,15 @@ fn difference(path: &str, a: &Value, b: &Value) -> Option<String> {
     }
 }
 
+/// The first field in which some leaf of a document differs from `doc`, if any.
+fn differing(leaves: &Leaves, doc: &Value) -> Option<String> {
+    leaves
+        .winner
+        .iter()
+        .chain(&leaves.losers)
+        .find_map(|stored| first_difference(doc, stored))
+}
+
 impl Ledger {
     /// Records a purchase as `purchase:{order_id}`.
     ///
@@ -141,23 +162,18 @@ impl Ledger {
     /// failed.
     pub async fn record_payment(&self, payment: &Payment) -> Result<Recorded> {
         payment.validate()?;
-        let order = self
-            .order_terms(&payment.order_id, Some(payment.currency))
-            .await?;
-        let id = entry_id("payment", &payment.order_id, &payment.reference);
-        self.check_order_room(&payment.order_id, &id, EntryKind::Payment, payment.amount)
-            .await?;
-        let doc = json!({
-            "_id": id,
-            "type": "payment",
-            "order_id": payment.order_id,
-            "account_id": order.account_id,
-            "currency": payment.currency,
-            "value": payment.amount,
-            "method": payment.method,
-            "payment_reference": payment.reference,
-        });
-        self.write_once(&id, doc).await
+        self.record_money(MoneyEntry {
+            kind: EntryKind::Payment,
+            order_id: &payment.order_id,
+            reference: &payment.reference,
+            currency: payment.currency,
+            amount: payment.amount,
+            fields: [
+                ("method", json!(payment.method)),
+                ("payment_reference", json!(payment.reference)),
+            ],
+        })
+        .await
     }
 
     /// Records a refund as `refund:{order_id}:{reference}`: money given back, so it adds to
@@ -169,23 +185,18 @@ impl Ledger {
     /// As [`Ledger::record_payment`].
     pub async fn record_refund(&self, refund: &Refund) -> Result<Recorded> {
         refund.validate()?;
-        let order = self
-            .order_terms(&refund.order_id, Some(refund.currency))
-            .await?;
-        let id = entry_id("refund", &refund.order_id, &refund.reference);
-        self.check_order_room(&refund.order_id, &id, EntryKind::Refund, refund.amount)
-            .await?;
-        let doc = json!({
-            "_id": id,
-            "type": "refund",
-            "order_id": refund.order_id,
-            "account_id": order.account_id,
-            "currency": refund.currency,
-            "value": refund.amount,
-            "reason": refund.reason,
-            "refund_reference": refund.reference,
-        });
-        self.write_once(&id, doc).await
+        self.record_money(MoneyEntry {
+            kind: EntryKind::Refund,
+            order_id: &refund.order_id,
+            reference: &refund.reference,
+            currency: refund.currency,
+            amount: refund.amount,
+            fields: [
+                ("reason", json!(refund.reason)),
+                ("refund_reference", json!(refund.reference)),
+            ],
+        })
+        .await
     }
 
     /// Records an adjustment as `adjustment:{order_id}:{reference}`; its signed amount is added
@@ -196,28 +207,18 @@ impl Ledger {
     /// As [`Ledger::record_payment`] (the amount must not be zero).
     pub async fn record_adjustment(&self, adjustment: &Adjustment) -> Result<Recorded> {
         adjustment.validate()?;
-        let order = self
-            .order_terms(&adjustment.order_id, Some(adjustment.currency))
-            .await?;
-        let id = entry_id("adjustment", &adjustment.order_id, &adjustment.reference);
-        self.check_order_room(
-            &adjustment.order_id,
-            &id,
-            EntryKind::Adjustment,
-            adjustment.amount,
-        )
-        .await?;
-        let doc = json!({
-            "_id": id,
-            "type": "adjustment",
-            "order_id": adjustment.order_id,
-            "account_id": order.account_id,
-            "currency": adjustment.currency,
-            "value": adjustment.amount,
-            "reason": adjustment.reason,
-            "reference": adjustment.reference,
-        });
-        self.write_once(&id, doc).await
+        self.record_money(MoneyEntry {
+            kind: EntryKind::Adjustment,
+            order_id: &adjustment.order_id,
+            reference: &adjustment.reference,
+            currency: adjustment.currency,
+            amount: adjustment.amount,
+            fields: [
+                ("reason", json!(adjustment.reason)),
+                ("reference", json!(adjustment.reference)),
+            ],
+        })
+        .await
     }
 
     /// Records a shipment as `shipment:{order_id}:{reference}` (no money).
@@ -228,16 +229,14 @@ impl Ledger {
     /// the server failed.
     pub async fn record_shipment(&self, shipment: &Shipment) -> Result<Recorded> {
         shipment.validate()?;
-        self.order_terms(&shipment.order_id, None).await?;
-        let id = entry_id("shipment", &shipment.order_id, &shipment.reference);
-        let doc = json!({
-            "_id": id,
-            "type": "shipment",
-            "order_id": shipment.order_id,
-            "reference": shipment.reference,
-            "carrier": shipment.carrier,
-        });
-        self.write_once(&id, doc).await
+        let carrier = ("carrier", json!(shipment.carrier));
+        self.record_status(
+            "shipment",
+            &shipment.order_id,
+            &shipment.reference,
+            Some(carrier),
+        )
+        .await
     }
 
     /// Records a delivery as `delivery:{order_id}:{reference}` (no money).
@@ -247,14 +246,56 @@ impl Ledger {
     /// Invalid ids, an unknown order, or the server failed.
     pub async fn record_delivery(&self, delivered: &Delivered) -> Result<Recorded> {
         delivered.validate()?;
-        self.order_terms(&delivered.order_id, None).await?;
-        let id = entry_id("delivery", &delivered.order_id, &delivered.reference);
-        let doc = json!({
+        self.record_status("delivery", &delivered.order_id, &delivered.reference, None)
+            .await
+    }
+
+    /// Records a money entry of an order (a payment, refund or adjustment, validated) as
+    /// `{kind}:{order_id}:{reference}`, once its order is known, in its currency, and has room
+    /// for the amount: the order's account, the currency and the amount, then the kind's own
+    /// fields.
+    async fn record_money(&self, entry: MoneyEntry<'_>) -> Result<Recorded> {
+        let order = self
+            .order_terms(entry.order_id, Some(entry.currency))
+            .await?;
+        let id = entry_id(entry.kind.as_str(), entry.order_id, entry.reference);
+        self.check_order_room(entry.order_id, &id, entry.kind, entry.amount)
+            .await?;
+        let mut doc = json!({
             "_id": id,
-            "type": "delivery",
-            "order_id": delivered.order_id,
-            "reference": delivered.reference,
+            "type": entry.kind.as_str(),
+            "order_id": entry.order_id,
+            "account_id": order.account_id,
+            "currency": entry.currency,
+            "value": entry.amount,
         });
+        for (name, value) in entry.fields {
+            doc[name] = value;
+        }
+        self.write_once(&id, doc).await
+    }
+
+    /// Records a status entry of an order (a shipment or delivery, validated; no money) as
+    /// `{kind}:{order_id}:{reference}` once its order is known, with the kind's own field if
+    /// it has one.
+    async fn record_status(
+        &self,
+        kind: &str,
+        order_id: &str,
+        reference: &str,
+        field: Option<(&str, Value)>,
+    ) -> Result<Recorded> {
+        self.order_terms(order_id, None).await?;
+        let id = entry_id(kind, order_id, reference);
+        let mut doc = json!({
+            "_id": id,
+            "type": kind,
+            "order_id": order_id,
+            "reference": reference,
+        });
+        if let Some((name, value)) = field {
+            doc[name] = value;
+        }
         self.write_once(&id, doc).await
     }
 
@@ -361,12 +402,7 @@ impl Ledger {
                 Err(e) if e.is_conflict() || e.is_forbidden() => {
                     match client.leaves(id).await? {
                         Some(leaves) => {
-                            let difference = leaves
-                                .winner
-                                .iter()
-                                .chain(&leaves.losers)
-                                .find_map(|stored| first_difference(&doc, stored));
-                            return match difference {
+                            return match differing(&leaves, &doc) {
                                 None => Ok(Recorded {
                                     id: id.to_owned(),
                                     status: RecordStatus::Exists,
@@ -389,13 +425,12 @@ impl Ledger {
 
     /// The first field in which some leaf of `id` differs from `doc`, if any.
     async fn differing_leaf(&self, id: &str, doc: &Value) -> Result<Option<String>> {
-        Ok(self.inner.client.leaves(id).await?.and_then(|leaves| {
-            leaves
-                .winner
-                .iter()
-                .chain(&leaves.losers)
-                .find_map(|stored| first_difference(doc, stored))
-        }))
+        Ok(self
+            .inner
+            .client
+            .leaves(id)
+            .await?
+            .and_then(|leaves| differing(&leaves, doc)))
     }
 }
 
