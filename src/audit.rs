@@ -153,6 +153,21 @@ fn named(list: &[String]) -> String {
     s
 }
 
+/// A check that holds when nothing was `found` (`(document id, what is wrong)` pairs): then its
+/// detail is `fine`'s, else it names what was found, and the documents.
+fn check_found(name: &str, found: &[(String, String)], fine: impl FnOnce() -> String) -> Check {
+    check_with(
+        name,
+        found.is_empty(),
+        if found.is_empty() {
+            fine()
+        } else {
+            named(&found.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
+        },
+        found.iter().map(|(id, _)| id.clone()).collect(),
+    )
+}
+
 impl Ledger {
     /// Every account, read in pages from the `transactions/account_balances` view.
     ///
@@ -374,16 +389,9 @@ impl Ledger {
         let (detail, ok, docs) = scan.compare_orders(&view);
         checks.push(check_with("order_balances", ok, detail, docs));
 
-        checks.push(check_with(
-            "account_documents",
-            malformed.is_empty(),
-            if malformed.is_empty() {
-                format!("{} valid account documents", accounts.len())
-            } else {
-                named(&malformed.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
-            },
-            malformed.iter().map(|(id, _)| id.clone()).collect(),
-        ));
+        checks.push(check_found("account_documents", &malformed, || {
+            format!("{} valid account documents", accounts.len())
+        }));
         checks.push(self.check_opening_records(&accounts, &malformed, &scan));
         checks.push(audit.transfer_documents());
         checks.push(audit.conflicts());
@@ -399,25 +407,18 @@ impl Ledger {
     async fn check_design_documents(&self) -> Result<Check> {
         let drift = self.design_drift().await?;
         let expected = crate::design::design_docs().len();
-        Ok(check_with(
-            "design_documents",
-            drift.is_empty(),
-            if drift.is_empty() {
-                match self.hot_database() {
-                    None => format!(
-                        "{expected} design documents installed and unchanged, validation included"
-                    ),
-                    Some(hot) => format!(
-                        "{expected} design documents installed and unchanged, validation \
-                         included; in {hot} (accounts and transfers, no validation) {}",
-                        crate::design::Scope::Hot.design_docs().len()
-                    ),
-                }
-            } else {
-                named(&drift.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
-            },
-            drift.into_iter().map(|(id, _)| id).collect(),
-        ))
+        Ok(check_found("design_documents", &drift, || {
+            match self.hot_database() {
+                None => format!(
+                    "{expected} design documents installed and unchanged, validation included"
+                ),
+                Some(hot) => format!(
+                    "{expected} design documents installed and unchanged, validation \
+                     included; in {hot} (accounts and transfers, no validation) {}",
+                    crate::design::Scope::Hot.design_docs().len()
+                ),
+            }
+        }))
     }
 }
 
@@ -714,49 +715,20 @@ impl Audit<'_> {
     /// 6. Immutable documents.
     fn immutable_documents(&self) -> Check {
         let scan = self.scan;
-        check_with(
-            "immutable_documents",
-            scan.rewritten.is_empty(),
-            if scan.rewritten.is_empty() {
-                format!(
-                    "{} write-once documents (order entries, opening records), all at revision 1",
-                    scan.immutable_seen
-                )
-            } else {
-                named(
-                    &scan
-                        .rewritten
-                        .iter()
-                        .map(|(_, m)| m.clone())
-                        .collect::<Vec<_>>(),
-                )
-            },
-            scan.rewritten.iter().map(|(id, _)| id.clone()).collect(),
-        )
+        check_found("immutable_documents", &scan.rewritten, || {
+            format!(
+                "{} write-once documents (order entries, opening records), all at revision 1",
+                scan.immutable_seen
+            )
+        })
     }
 
     /// Every transfer document is one this program can read.
     fn transfer_documents(&self) -> Check {
         let scan = self.scan;
-        check_with(
-            "transfer_documents",
-            scan.bad_transfers.is_empty(),
-            if scan.bad_transfers.is_empty() {
-                format!("{} valid transfer documents", scan.transfers.len())
-            } else {
-                named(
-                    &scan
-                        .bad_transfers
-                        .iter()
-                        .map(|(_, m)| m.clone())
-                        .collect::<Vec<_>>(),
-                )
-            },
-            scan.bad_transfers
-                .iter()
-                .map(|(id, _)| id.clone())
-                .collect(),
-        )
+        check_found("transfer_documents", &scan.bad_transfers, || {
+            format!("{} valid transfer documents", scan.transfers.len())
+        })
     }
 
     /// 8. No unresolved conflict: on a cluster (or after replication into the database) two
