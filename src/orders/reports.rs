@@ -55,21 +55,11 @@ impl Ledger {
     /// An invalid or unknown order id (invalid input); a reduced value that is not an exact
     /// integer in range; the server failed.
     pub async fn order_balance(&self, order_id: &str) -> Result<Amount> {
-        check_id_part("order_id", order_id)?;
-        let reply = self
-            .inner
-            .client
-            .view(
-                "orders",
-                "ledger",
-                &ViewQuery {
-                    key: Some(json!(order_id)),
-                    group: Some(true),
-                    ..ViewQuery::default()
-                },
-            )
-            .await?;
-        match reply.rows.as_slice() {
+        let query = ViewQuery {
+            group: Some(true),
+            ..ViewQuery::default()
+        };
+        match self.ledger_of(order_id, query).await?.as_slice() {
             [] => Err(unknown_order(order_id)),
             [row] => {
                 if row_key_str(row, "orders/ledger")? != order_id {
@@ -97,22 +87,27 @@ impl Ledger {
     /// purchase, mixed currencies, a view row that disagrees with its document: an invariant
     /// error); the server failed.
     pub async fn order(&self, order_id: &str) -> Result<OrderSummary> {
+        let query = ViewQuery {
+            reduce: Some(false),
+            include_docs: Some(true),
+            ..ViewQuery::default()
+        };
+        summarize(order_id, &self.ledger_of(order_id, query).await?)
+    }
+
+    /// The `orders/ledger` rows of one order (its id checked first): `query` keyed by it.
+    async fn ledger_of(&self, order_id: &str, query: ViewQuery) -> Result<Vec<ViewRow>> {
         check_id_part("order_id", order_id)?;
-        let reply = self
+        let query = ViewQuery {
+            key: Some(json!(order_id)),
+            ..query
+        };
+        Ok(self
             .inner
             .client
-            .view(
-                "orders",
-                "ledger",
-                &ViewQuery {
-                    key: Some(json!(order_id)),
-                    reduce: Some(false),
-                    include_docs: Some(true),
-                    ..ViewQuery::default()
-                },
-            )
-            .await?;
-        summarize(order_id, &reply.rows)
+            .view("orders", "ledger", &query)
+            .await?
+            .rows)
     }
 
     /// [`Ledger::order`] read from the order's documents instead of the `orders/ledger` view:
