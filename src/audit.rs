@@ -153,6 +153,21 @@ fn named(list: &[String]) -> String {
     s
 }
 
+/// A check that holds when nothing was `found` (`(document id, what is wrong)` pairs): then its
+/// detail is `fine`'s, else it names what was found, and the documents.
+fn check_found(name: &str, found: &[(String, String)], fine: impl FnOnce() -> String) -> Check {
+    check_with(
+        name,
+        found.is_empty(),
+        if found.is_empty() {
+            fine()
+        } else {
+            named(&found.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
+        },
+        found.iter().map(|(id, _)| id.clone()).collect(),
+    )
+}
+
 impl Ledger {
     /// Every account, read in pages from the `transactions/account_balances` view.
     ///
@@ -350,13 +365,84 @@ impl Ledger {
         let scan = self.scan_documents().await?;
         let moves = scan.moves();
         let terms: Vec<Terms<'_>> = accounts.iter().map(|a| scan.terms_of(a)).collect();
-        let mut checks = Vec::new();
+        let audit = Audit {
+            accounts: &accounts,
+            terms: &terms,
+            scan: &scan,
+            moves: &moves,
+            now,
+            age_max,
+            at_rest: options.at_rest,
+        };
+        // 1–6: the invariants, each a method of `Audit`.
+        let mut checks = vec![
+            audit.conservation(),
+            audit.exactly_once(self).await?,
+            audit.no_overdraft(),
+            audit.termination(),
+            audit.no_pending_markers(),
+            audit.immutable_documents(),
+        ];
 
-        // 1. Conservation, per currency. A violation names the accounts whose balance is not
-        //    explained by their opening, their committed/done transfers and their pending
-        //    markers — or, when every account is explained that way, the markers in flight.
+        // 7. Order balances: the view against the documents.
+        let view = self.order_view_sums().await?;
+        let (detail, ok, docs) = scan.compare_orders(&view);
+        checks.push(check_with("order_balances", ok, detail, docs));
+
+        checks.push(check_found("account_documents", &malformed, || {
+            format!("{} valid account documents", accounts.len())
+        }));
+        checks.push(self.check_opening_records(&accounts, &malformed, &scan));
+        checks.push(audit.transfer_documents());
+        checks.push(audit.conflicts());
+        checks.push(self.check_design_documents().await?);
+        Ok(VerifyReport {
+            ok: checks.iter().all(|c| c.ok),
+            checks,
+        })
+    }
+
+    /// The `design_documents` check, the server-side guarantees themselves: the views and the
+    /// validation this version installs are there and unchanged.
+    async fn check_design_documents(&self) -> Result<Check> {
+        let drift = self.design_drift().await?;
+        let expected = crate::design::design_docs().len();
+        Ok(check_found("design_documents", &drift, || {
+            match self.hot_database() {
+                None => format!(
+                    "{expected} design documents installed and unchanged, validation included"
+                ),
+                Some(hot) => format!(
+                    "{expected} design documents installed and unchanged, validation \
+                     included; in {hot} (accounts and transfers, no validation) {}",
+                    crate::design::Scope::Hot.design_docs().len()
+                ),
+            }
+        }))
+    }
+}
+
+/// What the checks of one `verify` read: the accounts with their terms, the documents scanned
+/// and the transfers' moves per account, at `now`.
+struct Audit<'a> {
+    accounts: &'a [AccountDoc],
+    terms: &'a [Terms<'a>],
+    scan: &'a Scan,
+    moves: &'a HashMap<String, i128>,
+    now: i64,
+    /// How old an open transfer or a pending marker may be, ms.
+    age_max: i64,
+    at_rest: bool,
+}
+
+impl Audit<'_> {
+    /// 1. Conservation, per currency. A violation names the accounts whose balance is not
+    ///    explained by their opening, their committed/done transfers and their pending
+    ///    markers — or, when every account is explained that way, the markers in flight.
+    fn conservation(&self) -> Check {
+        let (accounts, terms, scan, moves) = (self.accounts, self.terms, self.scan, self.moves);
         let mut totals: BTreeMap<&str, (i128, i128)> = BTreeMap::new();
-        for (a, t) in accounts.iter().zip(&terms) {
+        for (a, t) in accounts.iter().zip(terms) {
             let total = totals.entry(t.currency).or_default();
             total.0 += i128::from(t.opening.minor());
             total.1 += i128::from(a.balance.minor());
@@ -371,7 +457,7 @@ impl Ledger {
             let in_currency = || {
                 accounts
                     .iter()
-                    .zip(&terms)
+                    .zip(terms)
                     .filter(|(_, t)| t.currency == *currency)
             };
             for (a, t) in in_currency() {
@@ -416,7 +502,7 @@ impl Ledger {
             .map(|(c, (o, b))| format!("{c}: Σ balance {b}, Σ opening {o}"))
             .collect::<Vec<_>>()
             .join("; ");
-        checks.push(check_with(
+        check_with(
             "conservation",
             unbalanced.is_empty(),
             if unbalanced.is_empty() {
@@ -425,86 +511,101 @@ impl Ledger {
                 unbalanced.join(" | ")
             },
             conservation_docs,
-        ));
+        )
+    }
 
-        // 2. Exactly-once.
-        let markers: usize = accounts.iter().map(|a| a.pending.len()).sum();
-        if markers > 0 && !options.at_rest {
-            checks.push(check(
+    /// Pending markers held by the accounts.
+    fn markers(&self) -> usize {
+        self.accounts.iter().map(|a| a.pending.len()).sum()
+    }
+
+    /// 2. Exactly-once: every account's balance is its opening plus its committed or done
+    ///    transfers, and `transactions/by_account` agrees (read only when the check runs).
+    async fn exactly_once(&self, ledger: &Ledger) -> Result<Check> {
+        let markers = self.markers();
+        if markers > 0 && !self.at_rest {
+            return Ok(check(
                 "exactly_once",
                 true,
                 format!(
                     "not checked: {markers} pending markers (transfers in flight); run at rest"
                 ),
             ));
-        } else {
-            let mut view_sums = self.transfer_sums().await?;
-            let mut wrong = Vec::new();
-            let mut docs = Vec::new();
-            let mut doc_moves = moves.clone();
-            for (a, t) in accounts.iter().zip(&terms) {
-                let moved = doc_moves.remove(&a.account_id).unwrap_or(0);
-                let viewed = view_sums.remove(&a.account_id).unwrap_or(0);
-                let expected = i128::from(t.opening.minor()) + moved;
-                if i128::from(a.balance.minor()) != expected {
-                    let (why, involved) = scan.suspects(a, now);
-                    wrong.push(format!(
-                        "{}: balance {} ≠ opening {} + transfers {moved}; {why}",
-                        a.id,
-                        a.balance.minor(),
-                        t.opening.minor()
-                    ));
-                    docs.push(a.id.clone());
-                    docs.extend(involved);
-                }
-                if viewed != moved {
-                    wrong.push(format!(
-                        "{}: transactions/by_account says {viewed}, the transfer documents {moved} ({})",
-                        a.id,
-                        scan.touching(&a.account_id, NAMED_MAX).join(", ")
-                    ));
-                    docs.push(a.id.clone());
-                }
-            }
-            let mut strays: BTreeMap<String, i128> = doc_moves.into_iter().collect();
-            for (account, sum) in view_sums {
-                strays.entry(account).or_insert(sum);
-            }
-            for (account, moved) in strays {
-                if moved != 0 {
-                    let involved = scan.touching(&account, NAMED_MAX);
-                    wrong.push(format!(
-                        "transfers move {moved} on {}, which does not exist ({})",
-                        account_doc_id(&account),
-                        involved.join(", ")
-                    ));
-                    docs.extend(involved);
-                }
-            }
-            checks.push(check_with(
-                "exactly_once",
-                wrong.is_empty(),
-                if wrong.is_empty() {
-                    format!(
-                        "{} accounts match opening + {} committed or done transfer documents, and transactions/by_account agrees",
-                        accounts.len(),
-                        scan.committed_count()
-                    )
-                } else {
-                    named(&wrong)
-                },
-                docs,
-            ));
         }
+        let (accounts, scan) = (self.accounts, self.scan);
+        let mut view_sums = ledger.transfer_sums().await?;
+        let mut wrong = Vec::new();
+        let mut docs = Vec::new();
+        let mut doc_moves = self.moves.clone();
+        for (a, t) in accounts.iter().zip(self.terms) {
+            let moved = doc_moves.remove(&a.account_id).unwrap_or(0);
+            let viewed = view_sums.remove(&a.account_id).unwrap_or(0);
+            let expected = i128::from(t.opening.minor()) + moved;
+            if i128::from(a.balance.minor()) != expected {
+                let (why, involved) = scan.suspects(a, self.now);
+                wrong.push(format!(
+                    "{}: balance {} ≠ opening {} + transfers {moved}; {why}",
+                    a.id,
+                    a.balance.minor(),
+                    t.opening.minor()
+                ));
+                docs.push(a.id.clone());
+                docs.extend(involved);
+            }
+            if viewed != moved {
+                wrong.push(format!(
+                    "{}: transactions/by_account says {viewed}, the transfer documents {moved} ({})",
+                    a.id,
+                    scan.touching(&a.account_id, NAMED_MAX).join(", ")
+                ));
+                docs.push(a.id.clone());
+            }
+        }
+        let mut strays: BTreeMap<String, i128> = doc_moves.into_iter().collect();
+        for (account, sum) in view_sums {
+            strays.entry(account).or_insert(sum);
+        }
+        for (account, moved) in strays {
+            if moved != 0 {
+                let involved = scan.touching(&account, NAMED_MAX);
+                wrong.push(format!(
+                    "transfers move {moved} on {}, which does not exist ({})",
+                    account_doc_id(&account),
+                    involved.join(", ")
+                ));
+                docs.extend(involved);
+            }
+        }
+        Ok(check_with(
+            "exactly_once",
+            wrong.is_empty(),
+            if wrong.is_empty() {
+                format!(
+                    "{} accounts match opening + {} committed or done transfer documents, and transactions/by_account agrees",
+                    accounts.len(),
+                    scan.committed_count()
+                )
+            } else {
+                named(&wrong)
+            },
+            docs,
+        ))
+    }
 
-        // 3. No overdraft.
-        let overdrawn: Vec<(&AccountDoc, Amount)> = accounts
+    /// 3. No overdraft.
+    fn no_overdraft(&self) -> Check {
+        let overdrawn: Vec<(&AccountDoc, Amount)> = self
+            .accounts
             .iter()
-            .zip(&terms)
+            .zip(self.terms)
             .filter_map(|(a, t)| t.min_balance.filter(|min| a.balance < *min).map(|m| (a, m)))
             .collect();
-        let limited = terms.iter().filter(|t| t.min_balance.is_some()).count();
-        checks.push(check_with(
+        let limited = self
+            .terms
+            .iter()
+            .filter(|t| t.min_balance.is_some())
+            .count();
+        check_with(
             "no_overdraft",
             overdrawn.is_empty(),
             if overdrawn.is_empty() {
@@ -526,11 +627,15 @@ impl Ledger {
                 )
             },
             overdrawn.iter().map(|(a, _)| a.id.clone()).collect(),
-        ));
+        )
+    }
 
-        // 4. Termination, from the transfer documents (oldest open first).
-        let counts = scan.state_counts();
-        let mut open: Vec<&TxnFacts> = scan
+    /// 4. Termination, from the transfer documents (oldest open first).
+    fn termination(&self) -> Check {
+        let now = self.now;
+        let counts = self.scan.state_counts();
+        let mut open: Vec<&TxnFacts> = self
+            .scan
             .transfers
             .iter()
             .filter(|t| t.state.is_some_and(|s| !s.is_terminal()))
@@ -539,7 +644,7 @@ impl Ledger {
         let stuck: Vec<&TxnFacts> = open
             .iter()
             .copied()
-            .filter(|t| options.at_rest || now.saturating_sub(t.last_modified) > age_max)
+            .filter(|t| self.at_rest || now.saturating_sub(t.last_modified) > self.age_max)
             .collect();
         let oldest_age = open.first().map(|t| now.saturating_sub(t.last_modified));
         let mut detail = format!(
@@ -567,107 +672,72 @@ impl Ledger {
                 .collect();
             detail.push_str(&format!("; not finished: {}", named(&lines)));
         }
-        checks.push(check_with(
+        check_with(
             "termination",
             stuck.is_empty(),
             detail,
             stuck.iter().map(|t| t.doc_id.clone()).collect(),
-        ));
+        )
+    }
 
-        // 5. Pending markers.
+    /// 5. Pending markers.
+    fn no_pending_markers(&self) -> Check {
         let mut old_markers = Vec::new();
         let mut marker_docs = Vec::new();
-        for a in &accounts {
+        for a in self.accounts {
             for m in &a.pending {
-                let age = m.at.map_or(i64::MAX, |at| now.saturating_sub(at));
-                if options.at_rest || age > age_max {
+                let age = m.at.map_or(i64::MAX, |at| self.now.saturating_sub(at));
+                if self.at_rest || age > self.age_max {
                     old_markers.push(format!(
                         "{} holds {} ({:+}, transfer {})",
                         a.id,
                         txn_doc_id(&m.txn),
                         m.delta.minor(),
-                        scan.state_of(&m.txn)
+                        self.scan.state_of(&m.txn)
                     ));
                     marker_docs.push(a.id.clone());
                     marker_docs.push(txn_doc_id(&m.txn));
                 }
             }
         }
-        checks.push(check_with(
+        check_with(
             "no_pending_markers",
             old_markers.is_empty(),
             if old_markers.is_empty() {
-                format!("{markers} pending markers, none too old")
+                format!("{} pending markers, none too old", self.markers())
             } else {
                 named(&old_markers)
             },
             marker_docs,
-        ));
+        )
+    }
 
-        // 6. Immutable documents.
-        checks.push(check_with(
-            "immutable_documents",
-            scan.rewritten.is_empty(),
-            if scan.rewritten.is_empty() {
-                format!(
-                    "{} write-once documents (order entries, opening records), all at revision 1",
-                    scan.immutable_seen
-                )
-            } else {
-                named(
-                    &scan
-                        .rewritten
-                        .iter()
-                        .map(|(_, m)| m.clone())
-                        .collect::<Vec<_>>(),
-                )
-            },
-            scan.rewritten.iter().map(|(id, _)| id.clone()).collect(),
-        ));
+    /// 6. Immutable documents.
+    fn immutable_documents(&self) -> Check {
+        let scan = self.scan;
+        check_found("immutable_documents", &scan.rewritten, || {
+            format!(
+                "{} write-once documents (order entries, opening records), all at revision 1",
+                scan.immutable_seen
+            )
+        })
+    }
 
-        // 7. Order balances: the view against the documents.
-        let view = self.order_view_sums().await?;
-        let (detail, ok, docs) = scan.compare_orders(&view);
-        checks.push(check_with("order_balances", ok, detail, docs));
+    /// Every transfer document is one this program can read.
+    fn transfer_documents(&self) -> Check {
+        let scan = self.scan;
+        check_found("transfer_documents", &scan.bad_transfers, || {
+            format!("{} valid transfer documents", scan.transfers.len())
+        })
+    }
 
-        checks.push(check_with(
-            "account_documents",
-            malformed.is_empty(),
-            if malformed.is_empty() {
-                format!("{} valid account documents", accounts.len())
-            } else {
-                named(&malformed.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
-            },
-            malformed.iter().map(|(id, _)| id.clone()).collect(),
-        ));
-
-        checks.push(self.check_opening_records(&accounts, &malformed, &scan));
-
-        checks.push(check_with(
-            "transfer_documents",
-            scan.bad_transfers.is_empty(),
-            if scan.bad_transfers.is_empty() {
-                format!("{} valid transfer documents", scan.transfers.len())
-            } else {
-                named(
-                    &scan
-                        .bad_transfers
-                        .iter()
-                        .map(|(_, m)| m.clone())
-                        .collect::<Vec<_>>(),
-                )
-            },
-            scan.bad_transfers
-                .iter()
-                .map(|(id, _)| id.clone())
-                .collect(),
-        ));
-
-        // 8. No unresolved conflict: on a cluster (or after replication into the database) two
-        //    writers of one revision can both succeed; the losing revision is kept beside the
-        //    winner until someone resolves it, and until then the winner may not hold every
-        //    effect (docs/CLUSTER.md).
-        checks.push(check_with(
+    /// 8. No unresolved conflict: on a cluster (or after replication into the database) two
+    ///    writers of one revision can both succeed; the losing revision is kept beside the
+    ///    winner until someone resolves it, and until then the winner may not hold every
+    ///    effect (docs/CLUSTER.md).
+    fn conflicts(&self) -> Check {
+        let scan = self.scan;
+        check_with(
             "conflicts",
             scan.conflicts.is_empty(),
             if scan.conflicts.is_empty() {
@@ -688,36 +758,7 @@ impl Ledger {
                 )
             },
             scan.conflicts.iter().map(|(id, _)| id.clone()).collect(),
-        ));
-
-        // The server-side guarantees themselves: the views and the validation this version
-        // installs are there and unchanged.
-        let drift = self.design_drift().await?;
-        let expected = crate::design::design_docs().len();
-        checks.push(check_with(
-            "design_documents",
-            drift.is_empty(),
-            if drift.is_empty() {
-                match self.hot_database() {
-                    None => format!(
-                        "{expected} design documents installed and unchanged, validation included"
-                    ),
-                    Some(hot) => format!(
-                        "{expected} design documents installed and unchanged, validation \
-                         included; in {hot} (accounts and transfers, no validation) {}",
-                        crate::design::Scope::Hot.design_docs().len()
-                    ),
-                }
-            } else {
-                named(&drift.iter().map(|(_, m)| m.clone()).collect::<Vec<_>>())
-            },
-            drift.into_iter().map(|(id, _)| id).collect(),
-        ));
-
-        Ok(VerifyReport {
-            ok: checks.iter().all(|c| c.ok),
-            checks,
-        })
+        )
     }
 }
 

@@ -160,7 +160,6 @@ pub(crate) fn merge_account(
     facts: &HashMap<String, TxnFacts>,
     now: i64,
 ) -> Result<AccountDoc, Blocked> {
-    let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
     let winner = &without_strays(winner, facts)?;
     let losers = &losers
         .iter()
@@ -170,181 +169,23 @@ pub(crate) fn merge_account(
     let mut pending: Vec<Marker> = Vec::new();
     let mut settled: BTreeMap<usize, Settled> = BTreeMap::new();
     let mut balance = winner.balance;
-    let blocked = |txn: &str, why: String| Blocked {
-        txn: txn.to_owned(),
-        why,
-    };
     for (order, t) in transfers(winner, losers).into_iter().enumerate() {
+        let leaves = OnLeaves {
+            txn: &t,
+            winner,
+            losers,
+            fact: facts.get(&t),
+        };
         let mine = Status::of(winner, &t);
         let theirs: Vec<Status> = losers.iter().map(|d| Status::of(d, &t)).collect();
-        let fact = facts.get(&t);
-        // Whether some leaf's pending marker of `t` is the one of attempt `n`.
-        let carried = |t: &str, n: Attempt| {
-            std::iter::once(winner)
-                .chain(losers.iter())
-                .flat_map(|d| d.pending.iter())
-                .any(|m| m.txn == t && m.carries(n))
-        };
-        // The join over all leaves.
-        let mut joined = mine;
-        for s in theirs.iter().copied() {
-            joined = match (joined, s) {
-                (Status::Absent, x) | (x, Status::Absent) => x,
-                (Status::Pending(a, at, x), Status::Pending(b, bt, y)) => {
-                    if a != b {
-                        return Err(blocked(
-                            &t,
-                            format!(
-                                "two leaves hold different deltas ({} and {}) for one transfer",
-                                a.minor(),
-                                b.minor()
-                            ),
-                        ));
-                    }
-                    // Two attempts of one transfer, each on its own branch (one-write path,
-                    // docs/ONE_WRITE.md): one marker, the delta counted once, carrying both
-                    // attempts (written below), so whichever a decision names is this one.
-                    Status::Pending(a, at.or(bt), x.min(y).or(x).or(y))
-                }
-                // A one-write `done` names the marker it counts: an undone entry beside it can
-                // only be another attempt's (undone entries carry no attempt), never the named
-                // marker's end — which is settling, not undoing.
-                (p @ Status::Pending(..), Status::Undone(_))
-                | (Status::Undone(_), p @ Status::Pending(..))
-                    if fact.is_some_and(|f| {
-                        f.state == State::Done && f.named.is_some_and(|n| carried(&t, n))
-                    }) =>
-                {
-                    p
-                }
-                (Status::Pending(..), x @ (Status::Settled(_) | Status::Undone(_)))
-                | (x @ (Status::Settled(_) | Status::Undone(_)), Status::Pending(..)) => x,
-                (Status::Settled(a), Status::Settled(b)) => Status::Settled(a.min(b)),
-                (Status::Undone(a), Status::Undone(b)) => Status::Undone(a.min(b)),
-                (Status::Settled(a), Status::Undone(b))
-                | (Status::Undone(b), Status::Settled(a)) => match fact.map(|f| f.state) {
-                    Some(State::Committed | State::Done) => Status::Settled(a),
-                    Some(State::Canceling | State::Cancelled) => Status::Undone(b),
-                    other => {
-                        return Err(blocked(
-                            &t,
-                            format!(
-                                "one leaf settled it and another undid it, and the \
-                                     transfer reads {other:?}"
-                            ),
-                        ))
-                    }
-                },
-            };
+        let joined = leaves.join(mine, &theirs)?;
+        if leaves.counts_nothing(mine, joined, now) {
+            continue;
         }
-        // A marker the winner lacks, of a transfer that ended without counting it (cancelled;
-        // a one-write `done` naming another attempt; a stepwise `done`, written only after its
-        // markers were settled, so a pending one is a late repeat or a stale copy of one
-        // settled elsewhere): its contribution is nothing, whichever branch it came from — the
-        // winner never had it, or had it and took it back (settled and pruned, undone and
-        // pruned). Only the marker a one-write `done` names is joined as pending; that the
-        // winner cannot have pruned it is the prune rule's to ensure (docs/CLUSTER.md).
-        if mine == Status::Absent {
-            if let (Status::Pending(delta, ..), Some(f)) = (joined, fact) {
-                let counted = f.state == State::Done
-                    && f.delta == delta
-                    && f.named.is_some_and(|n| carried(&t, n));
-                if f.state.is_terminal() && !counted {
-                    continue;
-                }
-            }
-        }
-        // A settled entry the winner lacks may be one it pruned (only old entries of finished
-        // transfers are pruned): then its delta is in the winner's balance already.
-        if mine == Status::Absent {
-            if let Status::Settled(at) | Status::Undone(at) = joined {
-                let pruned = at <= now.saturating_sub(age_min)
-                    && fact.is_some_and(|f| f.state.is_terminal());
-                if pruned {
-                    continue;
-                }
-            }
-        }
-        // A settled entry's delta: its document's (a leaf's pending marker of the same id may
-        // hold other terms), else any leaf's marker.
-        let delta_of = |s: Status| -> Result<Amount, Blocked> {
-            match s {
-                Status::Pending(d, ..) => Ok(d),
-                _ => fact
-                    .map(|f| f.delta)
-                    .or_else(|| {
-                        theirs
-                            .iter()
-                            .chain(std::iter::once(&mine))
-                            .find_map(|x| match x {
-                                Status::Pending(d, ..) => Some(*d),
-                                _ => None,
-                            })
-                    })
-                    .ok_or_else(|| {
-                        blocked(
-                            &t,
-                            "its delta is on no leaf and its document was not read".into(),
-                        )
-                    }),
-            }
-        };
-        let contribution = |s: Status| -> Result<Amount, Blocked> {
-            match s {
-                Status::Absent | Status::Undone(_) => Ok(Amount::ZERO),
-                Status::Pending(d, ..) => Ok(d),
-                Status::Settled(_) => delta_of(s),
-            }
-        };
-        // Only a change of status can change the balance (and need the delta).
-        let (before, after) = if same_kind(mine, joined) {
-            (Amount::ZERO, Amount::ZERO)
-        } else {
-            (contribution(mine)?, contribution(joined)?)
-        };
-        if before != after {
-            tracing::debug!(
-                account = %winner.account_id,
-                txn = %t,
-                winner = ?mine,
-                merged = ?joined,
-                change = after.minor() - before.minor(),
-                "a merge moved the balance"
-            );
-            balance = after
-                .checked_sub(before)
-                .and_then(|d| balance.checked_add(d))
-                .map_err(|e| blocked(&t, format!("the merged balance is out of range: {e}")))?;
-        }
+        balance = leaves.rebalance(balance, mine, joined, &theirs)?;
         match joined {
             Status::Absent => {}
-            Status::Pending(delta, at, attempt) => {
-                // Every leaf's marker of it: one marker carrying all their attempts, the one a
-                // decision names first; the peer from any of them.
-                let markers: Vec<&Marker> = std::iter::once(winner)
-                    .chain(losers.iter())
-                    .flat_map(|d| d.pending.iter())
-                    .filter(|m| m.txn == t && m.delta == delta)
-                    .collect();
-                let mut all: Vec<Attempt> = markers
-                    .iter()
-                    .flat_map(|m| m.attempt.into_iter().chain(m.aliases.iter().copied()))
-                    .collect();
-                all.sort_unstable();
-                all.dedup();
-                let named = fact.and_then(|f| f.named).filter(|n| all.contains(n));
-                let primary = named.or(attempt);
-                all.retain(|a| Some(*a) != primary);
-                let peer = markers.iter().find_map(|m| m.peer.clone());
-                pending.push(Marker {
-                    txn: t.clone(),
-                    delta,
-                    at,
-                    attempt: primary,
-                    peer,
-                    aliases: all,
-                });
-            }
+            Status::Pending(delta, at, attempt) => pending.push(leaves.marker(delta, at, attempt)),
             Status::Settled(at) => {
                 settled.insert(
                     order,
@@ -371,6 +212,203 @@ pub(crate) fn merge_account(
     merged.pending = pending;
     merged.settled = settled.into_values().collect();
     Ok(merged)
+}
+
+/// One transfer of a merge, over every leaf of the account.
+struct OnLeaves<'a> {
+    txn: &'a str,
+    winner: &'a AccountDoc,
+    losers: &'a [AccountDoc],
+    /// Its document, where the merge read it.
+    fact: Option<&'a TxnFacts>,
+}
+
+impl OnLeaves<'_> {
+    fn blocked(&self, why: String) -> Blocked {
+        Blocked {
+            txn: self.txn.to_owned(),
+            why,
+        }
+    }
+
+    /// Whether some leaf's pending marker of the transfer is the one of attempt `n`.
+    fn carried(&self, n: Attempt) -> bool {
+        std::iter::once(self.winner)
+            .chain(self.losers.iter())
+            .flat_map(|d| d.pending.iter())
+            .any(|m| m.txn == self.txn && m.carries(n))
+    }
+
+    /// The join of the winner's status (`mine`) and the losers' (`theirs`).
+    fn join(&self, mine: Status, theirs: &[Status]) -> Result<Status, Blocked> {
+        let fact = self.fact;
+        let mut joined = mine;
+        for s in theirs.iter().copied() {
+            joined = match (joined, s) {
+                (Status::Absent, x) | (x, Status::Absent) => x,
+                (Status::Pending(a, at, x), Status::Pending(b, bt, y)) => {
+                    if a != b {
+                        return Err(self.blocked(format!(
+                            "two leaves hold different deltas ({} and {}) for one transfer",
+                            a.minor(),
+                            b.minor()
+                        )));
+                    }
+                    // Two attempts of one transfer, each on its own branch (one-write path,
+                    // docs/ONE_WRITE.md): one marker, the delta counted once, carrying both
+                    // attempts (written below), so whichever a decision names is this one.
+                    Status::Pending(a, at.or(bt), x.min(y).or(x).or(y))
+                }
+                // A one-write `done` names the marker it counts: an undone entry beside it can
+                // only be another attempt's (undone entries carry no attempt), never the named
+                // marker's end — which is settling, not undoing.
+                (p @ Status::Pending(..), Status::Undone(_))
+                | (Status::Undone(_), p @ Status::Pending(..))
+                    if fact.is_some_and(|f| {
+                        f.state == State::Done && f.named.is_some_and(|n| self.carried(n))
+                    }) =>
+                {
+                    p
+                }
+                (Status::Pending(..), x @ (Status::Settled(_) | Status::Undone(_)))
+                | (x @ (Status::Settled(_) | Status::Undone(_)), Status::Pending(..)) => x,
+                (Status::Settled(a), Status::Settled(b)) => Status::Settled(a.min(b)),
+                (Status::Undone(a), Status::Undone(b)) => Status::Undone(a.min(b)),
+                (Status::Settled(a), Status::Undone(b))
+                | (Status::Undone(b), Status::Settled(a)) => match fact.map(|f| f.state) {
+                    Some(State::Committed | State::Done) => Status::Settled(a),
+                    Some(State::Canceling | State::Cancelled) => Status::Undone(b),
+                    other => {
+                        return Err(self.blocked(format!(
+                            "one leaf settled it and another undid it, and the \
+                             transfer reads {other:?}"
+                        )))
+                    }
+                },
+            };
+        }
+        Ok(joined)
+    }
+
+    /// Whether the joined status is left out of the merge: what the winner lacks and whose
+    /// contribution is in its balance already, or never was.
+    fn counts_nothing(&self, mine: Status, joined: Status, now: i64) -> bool {
+        if mine != Status::Absent {
+            return false;
+        }
+        let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
+        // A marker the winner lacks, of a transfer that ended without counting it (cancelled;
+        // a one-write `done` naming another attempt; a stepwise `done`, written only after its
+        // markers were settled, so a pending one is a late repeat or a stale copy of one
+        // settled elsewhere): its contribution is nothing, whichever branch it came from — the
+        // winner never had it, or had it and took it back (settled and pruned, undone and
+        // pruned). Only the marker a one-write `done` names is joined as pending; that the
+        // winner cannot have pruned it is the prune rule's to ensure (docs/CLUSTER.md).
+        if let (Status::Pending(delta, ..), Some(f)) = (joined, self.fact) {
+            let counted = f.state == State::Done
+                && f.delta == delta
+                && f.named.is_some_and(|n| self.carried(n));
+            if f.state.is_terminal() && !counted {
+                return true;
+            }
+        }
+        // A settled entry the winner lacks may be one it pruned (only old entries of finished
+        // transfers are pruned): then its delta is in the winner's balance already.
+        if let Status::Settled(at) | Status::Undone(at) = joined {
+            let pruned = at <= now.saturating_sub(age_min)
+                && self.fact.is_some_and(|f| f.state.is_terminal());
+            if pruned {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `balance` moved by the change from the winner's status to the joined one.
+    fn rebalance(
+        &self,
+        balance: Amount,
+        mine: Status,
+        joined: Status,
+        theirs: &[Status],
+    ) -> Result<Amount, Blocked> {
+        // Only a change of status can change the balance (and need the delta).
+        let (before, after) = if same_kind(mine, joined) {
+            (Amount::ZERO, Amount::ZERO)
+        } else {
+            (
+                self.contribution(mine, mine, theirs)?,
+                self.contribution(joined, mine, theirs)?,
+            )
+        };
+        if before == after {
+            return Ok(balance);
+        }
+        tracing::debug!(
+            account = %self.winner.account_id,
+            txn = %self.txn,
+            winner = ?mine,
+            merged = ?joined,
+            change = after.minor() - before.minor(),
+            "a merge moved the balance"
+        );
+        after
+            .checked_sub(before)
+            .and_then(|d| balance.checked_add(d))
+            .map_err(|e| self.blocked(format!("the merged balance is out of range: {e}")))
+    }
+
+    /// What status `s` adds to the balance. A settled entry's delta: its document's (a leaf's
+    /// pending marker of the same id may hold other terms), else any leaf's marker.
+    fn contribution(&self, s: Status, mine: Status, theirs: &[Status]) -> Result<Amount, Blocked> {
+        match s {
+            Status::Absent | Status::Undone(_) => Ok(Amount::ZERO),
+            Status::Pending(d, ..) => Ok(d),
+            Status::Settled(_) => self
+                .fact
+                .map(|f| f.delta)
+                .or_else(|| {
+                    theirs
+                        .iter()
+                        .chain(std::iter::once(&mine))
+                        .find_map(|x| match x {
+                            Status::Pending(d, ..) => Some(*d),
+                            _ => None,
+                        })
+                })
+                .ok_or_else(|| {
+                    self.blocked("its delta is on no leaf and its document was not read".into())
+                }),
+        }
+    }
+
+    /// The joined pending marker: every leaf's marker of it as one, carrying all their attempts,
+    /// the one a decision names first; the peer from any of them.
+    fn marker(&self, delta: Amount, at: Option<i64>, attempt: Option<Attempt>) -> Marker {
+        let markers: Vec<&Marker> = std::iter::once(self.winner)
+            .chain(self.losers.iter())
+            .flat_map(|d| d.pending.iter())
+            .filter(|m| m.txn == self.txn && m.delta == delta)
+            .collect();
+        let mut all: Vec<Attempt> = markers
+            .iter()
+            .flat_map(|m| m.attempt.into_iter().chain(m.aliases.iter().copied()))
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        let named = self.fact.and_then(|f| f.named).filter(|n| all.contains(n));
+        let primary = named.or(attempt);
+        all.retain(|a| Some(*a) != primary);
+        let peer = markers.iter().find_map(|m| m.peer.clone());
+        Marker {
+            txn: self.txn.to_owned(),
+            delta,
+            at,
+            attempt: primary,
+            peer,
+            aliases: all,
+        }
+    }
 }
 
 /// Which path of the graph a state is on, and how far along it.

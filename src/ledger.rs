@@ -34,7 +34,7 @@ pub(crate) struct LedgerInner {
     pub(crate) worker_id: String,
     /// How long this worker's claims last (at most [`LEASE_MS`]).
     pub(crate) lease: Duration,
-    /// Group commit of account steps (src/engine.rs).
+    /// Group commit of account steps (src/engine/).
     pub(crate) accounts: Arc<AccountEngine>,
     /// Group commit of transfer-document writes.
     pub(crate) txns: Arc<TxnWriter>,

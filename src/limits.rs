@@ -152,7 +152,7 @@ pub const ENGINE_ROUNDS_MAX: u32 = 10_000;
 pub const DRIVE_PHASES_MAX: u32 = 32;
 
 /// The most times a batching queue yields to the runtime before taking its batch, so the tasks
-/// its last answers woke can queue their next steps into it (src/engine.rs, `gather`). Halved
+/// its last answers woke can queue their next steps into it (src/engine/queue.rs, `gather`). Halved
 /// the requests per transfer under `p8`'s load (0.24 → 0.12, BENCHMARKS.md).
 pub const GATHER_YIELDS_MAX: u32 = 16;
 

@@ -247,7 +247,6 @@ impl Ledger {
                 format!("must be between 1 and {SWEEP_LIMIT_MAX}"),
             ));
         }
-        let client = &self.inner.hot;
         let now = now_ms();
         let stale_ms = i64::try_from(options.stale_after.as_millis()).unwrap_or(i64::MAX);
         let cutoff = now.saturating_sub(stale_ms);
@@ -260,12 +259,77 @@ impl Ledger {
 
         // 1. Open transfers not modified since the cutoff, oldest first — past the malformed
         //    ones, which would otherwise fill every batch (they sort oldest and never move).
-        //    Those found by earlier passes are passed over by id; new ones are told by the
-        //    document the view row carries, remembered, and paged past within this pass, so one
-        //    pass reaches `limit` real candidates however many malformed ones stand before them.
         let mut skip = self.read_skip_list().await?;
+        let (queue, mut fetched) = self
+            .stale_transfers(cutoff, limit, &mut skip, &mut out)
+            .await?;
+        phases.mark("candidates (by_state)");
+        // The open transfers now, from the index the query above brought up to date (cheap);
+        // `remaining` is these less the ones this pass ends. A count after the pass would first
+        // make the index take in every document the pass wrote: a third of a pass's time on
+        // CouchDB 3.4.3, more than half on pouchdb-server (docs/bench/HISTORY.md).
+        let at_start = self.count_open(&mut out).await?;
+        phases.mark("count");
+        let (mut candidates, mut seen) = oldest_first(queue, options.limit);
+
+        // 2. Markers applied before the cutoff and still pending: orphans, or markers of
+        //    transfers that are themselves stuck.
+        let markers = self.stale_markers(cutoff, limit, &mut out).await?;
+        phases.mark("account_pending");
+
+        // 3. Re-read every transfer involved (views lag).
+        let docs = self
+            .reread(&candidates, &markers, &mut seen, &mut fetched, &mut out)
+            .await?;
+        phases.mark("re-read");
+
+        // 4. Orphan markers: converge those of decided transfers (undo, or settle the marker a
+        //    one-write decision names); decide `abandoned` the one-write transfers nobody
+        //    decided; drive the stuck ones.
+        let (mut undo, undecided) = sort_markers(&markers, &docs, &mut candidates, &mut out);
+        let recovered = if undecided.is_empty() {
+            Vec::new()
+        } else {
+            self.recover_undecided(&undecided, &mut undo, &mut out)
+                .await?
+        };
+
+        // 5. Take over and drive the stale ones, a bounded number at a time (and the undecided
+        //    ones given their document above).
+        let recovered_opened = recovered.len() as u64;
+        let pass = self
+            .drive_stale(&candidates, recovered, &docs, cutoff, &mut skip, &mut out)
+            .await;
+        phases.mark("drives");
+        self.finish_held(&pass).await;
+        phases.mark("held settles");
+
+        // 6. Orphan undos (and settles of named markers), all in one engine call.
+        self.converge_orphans(undo, &mut out).await?;
+        self.keep_skip_list(&skip, &mut out).await;
+        phases.mark("repairs");
+        // Open at the start, and those the pass opened itself (undecided markers given their
+        // document), less those it ended.
+        out.remaining =
+            (at_start.open() + recovered_opened).saturating_sub(out.advanced + out.cancelled);
+        Ok(out)
+    }
+
+    /// Step 1 of a pass: per open state, the transfers not modified since `cutoff` (their last
+    /// change and id), and the documents the rows carried (with their conflicts), by id. Those
+    /// on the skip list found by earlier passes are passed over by id; new malformed ones are
+    /// told by the document the view row carries, remembered, and paged past within this pass,
+    /// so one pass reaches `limit` real candidates however many malformed ones stand before
+    /// them.
+    async fn stale_transfers(
+        &self,
+        cutoff: i64,
+        limit: u64,
+        skip: &mut SkipList,
+        out: &mut SweepOutcome,
+    ) -> Result<(Vec<(i64, String)>, HashMap<String, Value>)> {
+        let client = &self.inner.hot;
         let mut queue: Vec<(i64, String)> = Vec::new();
-        // The documents the rows carried (with their conflicts), by id.
         let mut fetched: HashMap<String, Value> = HashMap::new();
         for state in OPEN_STATES {
             let mut found: u64 = 0;
@@ -313,29 +377,29 @@ impl Ledger {
                 }
             }
         }
-        phases.mark("candidates (by_state)");
-        // The open transfers now, from the index the query above brought up to date (cheap);
-        // `remaining` is these less the ones this pass ends. A count after the pass would first
-        // make the index take in every document the pass wrote: a third of a pass's time on
-        // CouchDB 3.4.3, more than half on pouchdb-server (docs/bench/HISTORY.md).
+        Ok((queue, fetched))
+    }
+
+    /// The open transfers per state; a state this program does not know is a problem of the
+    /// pass.
+    async fn count_open(&self, out: &mut SweepOutcome) -> Result<StateCounts> {
         let (at_start, unknown) = state_counts_and_unknown(self).await?;
         for (name, n) in unknown {
             out.problem(format!(
                 "{n} transfers in state {name:?}, which this program does not know"
             ));
         }
-        phases.mark("count");
-        queue.sort();
-        let mut candidates: Vec<String> = Vec::new();
-        let mut seen: HashSet<String> = HashSet::new();
-        for (_, id) in queue {
-            if candidates.len() < options.limit && seen.insert(id.clone()) {
-                candidates.push(id);
-            }
-        }
+        Ok(at_start)
+    }
 
-        // 2. Markers applied before the cutoff and still pending: orphans, or markers of
-        //    transfers that are themselves stuck.
+    /// Step 2 of a pass: the markers applied before `cutoff` and still pending (account
+    /// document id, transfer).
+    async fn stale_markers(
+        &self,
+        cutoff: i64,
+        limit: u64,
+        out: &mut SweepOutcome,
+    ) -> Result<Vec<(String, String)>> {
         let q = ViewQuery {
             end_key: Some(json!([cutoff, {}])),
             reduce: Some(false),
@@ -343,7 +407,9 @@ impl Ledger {
             ..ViewQuery::default()
         };
         let mut markers: Vec<(String, String)> = Vec::new();
-        for row in client
+        for row in self
+            .inner
+            .hot
             .view("transactions", "account_pending", &q)
             .await?
             .rows
@@ -355,22 +421,31 @@ impl Ledger {
                 )),
             }
         }
+        Ok(markers)
+    }
 
-        phases.mark("account_pending");
-        // 3. Re-read every transfer involved (views lag). Where the database keeps one copy of
-        //    each document, the candidates' documents came with the rows above: read by id, from
-        //    the only copy, when the query ran (after the index caught up) — that is the
-        //    re-read, and reading them again cost a fifth of a pass on CouchDB 3.4.3
-        //    (docs/bench/HISTORY.md). Where it keeps several, a view's row and its document
-        //    come from one copy, which may lag: every one is read again by id.
-        let mut ids: Vec<String> = candidates.clone();
-        for (_, txn) in &markers {
+    /// Step 3 of a pass: the documents of the candidates and of the markers' transfers, by id.
+    /// Where the database keeps one copy of each document, the candidates' documents came with
+    /// the rows of step 1: read by id, from the only copy, when the query ran (after the index
+    /// caught up) — that is the re-read, and reading them again cost a fifth of a pass on
+    /// CouchDB 3.4.3 (docs/bench/HISTORY.md). Where it keeps several, a view's row and its
+    /// document come from one copy, which may lag: every one is read again by id.
+    async fn reread(
+        &self,
+        candidates: &[String],
+        markers: &[(String, String)],
+        seen: &mut HashSet<String>,
+        fetched: &mut HashMap<String, Value>,
+        out: &mut SweepOutcome,
+    ) -> Result<HashMap<String, Option<Value>>> {
+        let mut ids: Vec<String> = candidates.to_vec();
+        for (_, txn) in markers {
             let id = txn_doc_id(txn);
             if seen.insert(id.clone()) {
                 ids.push(id);
             }
         }
-        let one_copy = self.inner.quorum.one_copy(client).await == Some(true);
+        let one_copy = self.inner.quorum.one_copy(&self.inner.hot).await == Some(true);
         let (read_now, came_with_rows): (Vec<String>, Vec<String>) = ids
             .iter()
             .cloned()
@@ -381,76 +456,26 @@ impl Ledger {
             docs.insert(id, doc);
         }
         out.examined = ids.len() as u64;
-        phases.mark("re-read");
+        Ok(docs)
+    }
 
-        // 4. Orphan markers: converge those of decided transfers (undo, or settle the marker a
-        //    one-write decision names); decide `abandoned` the one-write transfers nobody
-        //    decided; drive the stuck ones.
-        let mut in_candidates: HashSet<String> = candidates.iter().cloned().collect();
-        let mut reported: HashSet<String> = HashSet::new();
-        let mut undo: Vec<AccountOp> = Vec::new();
-        let mut undecided: Vec<(String, String)> = Vec::new();
-        for (account_doc, txn) in &markers {
-            let id = txn_doc_id(txn);
-            let Some(account) = account_doc.strip_prefix("account:") else {
-                out.problem(format!(
-                    "{account_doc}: pending marker on a non-account document"
-                ));
-                continue;
-            };
-            let Some(Some(value)) = docs.get(&id) else {
-                undecided.push((account.to_owned(), txn.clone()));
-                continue;
-            };
-            let doc = match TxnDoc::from_value(value.clone()) {
-                Ok(doc) => doc,
-                Err(e) => {
-                    // A candidate reports its own problem in step 5.
-                    if !in_candidates.contains(&id) && reported.insert(id.clone()) {
-                        out.skipped += 1;
-                        out.problem(format!("{id}: {e}"));
-                    }
-                    continue;
-                }
-            };
-            match doc.state {
-                // A one-write `done` names the marker it counts: settled, any other undone. The
-                // stepwise `done` is written only after both markers were settled: a pending
-                // one is a late repeat; undoing it keeps the transfer exactly-once.
-                State::Done | State::Cancelled => {
-                    if let Some(kind) = doc.convergence(account) {
-                        undo.push(AccountOp {
-                            account: account.to_owned(),
-                            txn: txn.clone(),
-                            kind,
-                            link: None,
-                        });
-                    }
-                }
-                State::Committed | State::Canceling => {
-                    if in_candidates.insert(id.clone()) {
-                        candidates.push(id);
-                    }
-                }
-                // Its own drive applies or undoes it; by_state finds it if it is stuck (an
-                // `initial` one's driver, on the one-write path, adopts the marker).
-                State::Pending | State::Initial => {}
-            }
-        }
-        let recovered = if undecided.is_empty() {
-            Vec::new()
-        } else {
-            self.recover_undecided(&undecided, &mut undo, &mut out)
-                .await?
-        };
-
-        // 5. Take over and drive the stale ones, a bounded number at a time (and the undecided
-        //    ones given their document above).
-        let progress_total = handled(&out) + (candidates.len() + recovered.len()) as u64;
+    /// Step 5 of a pass: takes over and drives each candidate still stale and unclaimed, and
+    /// the recovered transfers, at most [`SWEEP_CONCURRENCY_MAX`] at a time, until every drive
+    /// ended. What the drives left to finish in the background is in the pass returned.
+    async fn drive_stale(
+        &self,
+        candidates: &[String],
+        recovered: Vec<TxnDoc>,
+        docs: &HashMap<String, Option<Value>>,
+        cutoff: i64,
+        skip: &mut SkipList,
+        out: &mut SweepOutcome,
+    ) -> Arc<Finishing> {
+        let progress_total = handled(out) + (candidates.len() + recovered.len()) as u64;
         let mut tasks: JoinSet<Swept> = JoinSet::new();
         // The settles the drives left to finish in the background.
         let pass = Arc::new(Finishing::default());
-        for id in &candidates {
+        for id in candidates {
             let doc = match docs.get(id) {
                 Some(Some(value)) => match TxnDoc::from_value(value.clone()) {
                     Ok(doc) => doc,
@@ -474,30 +499,34 @@ impl Ledger {
                 out.skipped += 1;
                 continue;
             }
-            self.start_drive(&mut tasks, &mut out, progress_total, doc, &pass)
+            self.start_drive(&mut tasks, out, progress_total, doc, &pass)
                 .await;
         }
-        let recovered_opened = recovered.len() as u64;
         for doc in recovered {
-            self.start_drive(&mut tasks, &mut out, progress_total, doc, &pass)
+            self.start_drive(&mut tasks, out, progress_total, doc, &pass)
                 .await;
         }
         while let Some(done) = tasks.join_next().await {
-            tally(&mut out, done);
-            self.report_progress("sweep", handled(&out), Some(progress_total));
+            tally(out, done);
+            self.report_progress("sweep", handled(out), Some(progress_total));
         }
-        phases.mark("drives");
-        // The drives left their settles held for their accounts' next writes, finishing in
-        // the background; none is coming now: out they go, and the pass waits for them (its
-        // own: not for transfers other callers of this ledger are finishing, as `serve`'s).
+        pass
+    }
+
+    /// The drives left their settles held for their accounts' next writes, finishing in the
+    /// background; none is coming now: out they go, and the pass waits for them (its own: not
+    /// for transfers other callers of this ledger are finishing, as `serve`'s).
+    async fn finish_held(&self, pass: &Finishing) {
         pass.drain(|| {
             let txns = pass.txns.lock().unwrap_or_else(|e| e.into_inner());
             self.inner.accounts.release_held_of(&txns);
         })
         .await;
-        phases.mark("held settles");
+    }
 
-        // 6. Orphan undos (and settles of named markers), all in one engine call.
+    /// Step 6 of a pass: the orphan undos (and settles of named markers), all in one engine
+    /// call.
+    async fn converge_orphans(&self, undo: Vec<AccountOp>, out: &mut SweepOutcome) -> Result<()> {
         if !undo.is_empty() {
             let answers = self.inner.accounts.run(undo.clone()).await;
             for (answer, op) in answers.into_iter().zip(&undo) {
@@ -520,9 +549,14 @@ impl Ledger {
                 "sweeper-after-repair"
             )));
         }
+        Ok(())
+    }
 
+    /// Remembers the malformed transfers this pass found for the next passes, and reports
+    /// those it passed over by that list.
+    async fn keep_skip_list(&self, skip: &SkipList, out: &mut SweepOutcome) {
         if skip.changed {
-            self.write_skip_list(&skip).await;
+            self.write_skip_list(skip).await;
         }
         if out.skipped_malformed > 0 {
             out.problem(format!(
@@ -531,13 +565,6 @@ impl Ledger {
                 out.skipped_malformed
             ));
         }
-
-        phases.mark("repairs");
-        // Open at the start, and those the pass opened itself (undecided markers given their
-        // document), less those it ended.
-        out.remaining =
-            (at_start.open() + recovered_opened).saturating_sub(out.advanced + out.cancelled);
-        Ok(out)
     }
 
     /// Resolves up to `limit` conflicted ledger documents the `transactions/conflicts` view
@@ -1117,6 +1144,83 @@ fn tally(out: &mut SweepOutcome, done: std::result::Result<Swept, tokio::task::J
 /// Candidates a pass has dealt with so far, one way or another (its progress).
 fn handled(out: &SweepOutcome) -> u64 {
     out.advanced + out.cancelled + out.skipped + out.failed
+}
+
+/// The first `limit` stale transfers, oldest first, each once; and the ids taken.
+fn oldest_first(mut queue: Vec<(i64, String)>, limit: usize) -> (Vec<String>, HashSet<String>) {
+    queue.sort();
+    let mut candidates: Vec<String> = Vec::new();
+    let mut seen: HashSet<String> = HashSet::new();
+    for (_, id) in queue {
+        if candidates.len() < limit && seen.insert(id.clone()) {
+            candidates.push(id);
+        }
+    }
+    (candidates, seen)
+}
+
+/// Step 4 of a pass, the stale markers (account document, transfer): of a decided transfer,
+/// the op that converges it; of a transfer stuck `committed` or `canceling`, the transfer
+/// joins the candidates; of a transfer with no document, the account and transfer, to
+/// recover. Returns the converging ops and the markers to recover.
+fn sort_markers(
+    markers: &[(String, String)],
+    docs: &HashMap<String, Option<Value>>,
+    candidates: &mut Vec<String>,
+    out: &mut SweepOutcome,
+) -> (Vec<AccountOp>, Vec<(String, String)>) {
+    let mut in_candidates: HashSet<String> = candidates.iter().cloned().collect();
+    let mut reported: HashSet<String> = HashSet::new();
+    let mut undo: Vec<AccountOp> = Vec::new();
+    let mut undecided: Vec<(String, String)> = Vec::new();
+    for (account_doc, txn) in markers {
+        let id = txn_doc_id(txn);
+        let Some(account) = account_doc.strip_prefix("account:") else {
+            out.problem(format!(
+                "{account_doc}: pending marker on a non-account document"
+            ));
+            continue;
+        };
+        let Some(Some(value)) = docs.get(&id) else {
+            undecided.push((account.to_owned(), txn.clone()));
+            continue;
+        };
+        let doc = match TxnDoc::from_value(value.clone()) {
+            Ok(doc) => doc,
+            Err(e) => {
+                // A candidate reports its own problem in step 5.
+                if !in_candidates.contains(&id) && reported.insert(id.clone()) {
+                    out.skipped += 1;
+                    out.problem(format!("{id}: {e}"));
+                }
+                continue;
+            }
+        };
+        match doc.state {
+            // A one-write `done` names the marker it counts: settled, any other undone. The
+            // stepwise `done` is written only after both markers were settled: a pending
+            // one is a late repeat; undoing it keeps the transfer exactly-once.
+            State::Done | State::Cancelled => {
+                if let Some(kind) = doc.convergence(account) {
+                    undo.push(AccountOp {
+                        account: account.to_owned(),
+                        txn: txn.clone(),
+                        kind,
+                        link: None,
+                    });
+                }
+            }
+            State::Committed | State::Canceling => {
+                if in_candidates.insert(id.clone()) {
+                    candidates.push(id);
+                }
+            }
+            // Its own drive applies or undoes it; by_state finds it if it is stuck (an
+            // `initial` one's driver, on the one-write path, adopts the marker).
+            State::Pending | State::Initial => {}
+        }
+    }
+    (undo, undecided)
 }
 
 /// Transfers per state (`transactions/by_state`, `group_level=1`).

@@ -70,7 +70,7 @@ pub const GOAL_P8: Goal = Goal::AtLeast(0.5);
 
 /// Transfers/s of 64 concurrent `submit(…, wait = true)` callers between random accounts of a
 /// pool ÷ (raw bulk docs/s ÷ documents written per transfer). The group-commit engine
-/// (src/engine.rs) gathers what the callers queue while its previous request is in flight, so
+/// (src/engine/) gathers what the callers queue while its previous request is in flight, so
 /// each protocol phase of a whole group is about one `_bulk_docs`; every caller still gets its
 /// own transfer's outcome. The grouping is checked, not assumed: requests per transfer.
 ///

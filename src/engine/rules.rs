@@ -1,0 +1,869 @@
+//! The rules of docs/PROTOCOL.md for one op on one account, and which settled entries may be
+//! pruned: pure functions on an account document in memory, no I/O.
+
+use std::collections::HashSet;
+use std::ops::ControlFlow;
+
+use super::ops::{AccountOp, OpKind, OpResult};
+use crate::account_doc::{marker_bytes, pending_bytes, AccountDoc, Attempt, Marker, Settled};
+use crate::error::{Error, Result};
+use crate::limits::{
+    CLOCK_SKEW_MAX_MS, ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_UNDO_SLACK_BYTES,
+    MARKER_OVERHEAD_BYTES, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN,
+};
+use crate::money::Amount;
+
+/// An account whose markers reached [`MARKERS_BYTES_MAX`] refuses new applies until pruning
+/// made room: 429, transient (the transfer is retried, by its worker or the sweeper).
+fn account_full(account: &str, bytes: usize) -> Error {
+    Error::status(
+        429,
+        Some("account_full".to_owned()),
+        Some(format!(
+            "account {account} holds {bytes} bytes of transfer markers, the most it may \
+             ({MARKERS_BYTES_MAX}); retry once its settled transfers are done and pruned"
+        )),
+    )
+}
+
+/// [`evaluate`]; with `entries` false (a database of one copy) a one-write marker's settle or
+/// undo leaves no settled entry: the attempts its transfer's decision names keep a late apply
+/// from counting (docs/ONE_WRITE.md), and no merge of branches needs the entry.
+pub(crate) fn evaluate_with(
+    doc: Option<&mut AccountDoc>,
+    op: &AccountOp,
+    now: i64,
+    failed_links: &HashSet<u64>,
+    entries: bool,
+) -> Result<OpResult> {
+    let Some(doc) = doc else {
+        return Ok(OpResult::UnknownAccount);
+    };
+    match &op.kind {
+        OpKind::Resolve => Ok(OpResult::Finished),
+        OpKind::Apply {
+            delta,
+            currency,
+            check_funds,
+            attempt,
+            peer,
+            exists,
+            ..
+        } => Apply {
+            delta: *delta,
+            currency,
+            check_funds: *check_funds,
+            attempt: *attempt,
+            peer,
+            exists: *exists,
+        }
+        .evaluate(doc, op, now, failed_links),
+        OpKind::Settle { named, delta } => settle(doc, op, now, entries, *named, *delta),
+        OpKind::Undo { decided } => undo(doc, op, now, entries, *decided),
+    }
+}
+
+/// The terms of an apply ([`OpKind::Apply`]) that decide what it comes to.
+struct Apply<'a> {
+    delta: Amount,
+    currency: &'a str,
+    check_funds: bool,
+    attempt: Option<Attempt>,
+    peer: &'a Option<String>,
+    exists: bool,
+}
+
+impl Apply<'_> {
+    /// A marker of this transfer's id with other terms is dealt with first, then one of it that
+    /// is there already (pending or settled); else the apply lands, unless a linked apply
+    /// failed or a check refuses it.
+    fn evaluate(
+        &self,
+        doc: &mut AccountDoc,
+        op: &AccountOp,
+        now: i64,
+        failed_links: &HashSet<u64>,
+    ) -> Result<OpResult> {
+        let in_pending = match self.other_terms(doc, op)? {
+            ControlFlow::Break(answer) => return Ok(answer),
+            ControlFlow::Continue(in_pending) => in_pending,
+        };
+        if let Some(answer) = self.found(doc, op, in_pending, now)? {
+            return Ok(answer);
+        }
+        if op.link.is_some_and(|l| failed_links.contains(&l)) {
+            return Ok(OpResult::NotApplied);
+        }
+        self.land(doc, op, now)
+    }
+
+    /// On one node a debit's own check keeps `available >= min_balance` for good; below it, a
+    /// conflict merge added a rival debit.
+    fn merged_overdraft(&self, doc: &AccountDoc) -> bool {
+        self.check_funds
+            && self.delta.minor() < 0
+            && doc
+                .min_balance
+                .is_some_and(|min| doc.available().is_ok_and(|a| a < min))
+    }
+
+    /// A pending marker of this transfer with other terms than this apply's: taken back when
+    /// the transfer's document exists (no decision can name it), else a mismatch on the
+    /// one-write path. The place of the transfer's pending marker still there, or the answer.
+    fn other_terms(
+        &self,
+        doc: &mut AccountDoc,
+        op: &AccountOp,
+    ) -> Result<ControlFlow<OpResult, Option<usize>>> {
+        let mut in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
+        if let Some(pos) = in_pending {
+            let found = &doc.pending[pos];
+            let other_peer =
+                found.peer.is_some() && self.peer.is_some() && found.peer != *self.peer;
+            let other_terms = found.delta != self.delta || other_peer;
+            if other_terms && self.exists && found.attempt.is_some() {
+                // A one-write attempt of this id with other terms than its document's: no
+                // decision can name it. Taken back (no undone entry: this apply follows).
+                let stray = doc.pending.remove(pos);
+                doc.balance = doc.balance.checked_sub(stray.delta)?;
+                tracing::warn!(
+                    account = %doc.account_id,
+                    txn = %op.txn,
+                    "undid a marker of this transfer's id with other terms than its document's"
+                );
+                in_pending = None;
+            } else if other_terms && self.attempt.is_some() {
+                let term = if found.delta != self.delta {
+                    "value"
+                } else if self.delta.minor() < 0 {
+                    "destination"
+                } else {
+                    "source"
+                };
+                return Ok(ControlFlow::Break(OpResult::Mismatch(term)));
+            }
+        }
+        Ok(ControlFlow::Continue(in_pending))
+    }
+
+    /// The answer when the transfer is on the account already, pending (at `in_pending`) or
+    /// settled; `None` when it is not there.
+    fn found(
+        &self,
+        doc: &mut AccountDoc,
+        op: &AccountOp,
+        in_pending: Option<usize>,
+        now: i64,
+    ) -> Result<Option<OpResult>> {
+        let in_settled = doc.settled.iter().any(|s| s.txn == op.txn);
+        if let (Some(_), Some(pos)) = (self.attempt, in_pending) {
+            // The one-write path: the marker of an attempt of this very transfer (a retry
+            // still running, or one that died before deciding) counts as this one's; a
+            // stepwise marker means the transfer's document exists and is followed. Never
+            // undone here: no marker is undone before its transfer is decided
+            // (docs/ONE_WRITE.md).
+            let Some(theirs) = doc.pending[pos].attempt else {
+                return Ok(Some(OpResult::AlreadyPending));
+            };
+            if self.merged_overdraft(doc) {
+                return Ok(Some(OpResult::Overdrawn));
+            }
+            return Ok(Some(OpResult::Adopted(theirs)));
+        }
+        if self.attempt.is_some() && in_settled {
+            // Settled or undone here: the transfer was decided; its document says how.
+            return Ok(Some(OpResult::Finished));
+        }
+        if let Some(pos) = in_pending {
+            // This op's issuer holds the transfer's lease and has not committed (it waits
+            // for this answer): its debit is the one to take back.
+            if self.merged_overdraft(doc) {
+                let applied = doc.pending[pos].delta;
+                doc.balance = doc.balance.checked_sub(applied)?;
+                doc.pending.remove(pos);
+                doc.settled.push(Settled::new(&op.txn, now, true));
+                tracing::warn!(
+                    account = %doc.account_id,
+                    txn = %op.txn,
+                    "a merged conflict overdrew the account; taking this transfer's debit back"
+                );
+                return Ok(Some(OpResult::Withdrawn));
+            }
+            return Ok(Some(OpResult::AlreadyPending));
+        }
+        if in_settled {
+            // Undone while the transfer is being applied: a cancel undid it (the commit
+            // CAS of this drive will fail and follow), or an earlier attempt's debit was
+            // taken back after a merged overdraft and that worker stopped before writing
+            // `canceling`. Either way only a cancel is consistent: a commit now would keep
+            // the other account's delta alone (money from nowhere).
+            let undone = doc.settled.iter().any(|s| s.txn == op.txn && s.undone);
+            return Ok(Some(if undone {
+                OpResult::Withdrawn
+            } else {
+                OpResult::Finished
+            }));
+        }
+        Ok(None)
+    }
+
+    /// A new pending marker and the balance moved — unless the currency differs, the markers
+    /// are full, funds are short or the balance would overflow.
+    fn land(&self, doc: &mut AccountDoc, op: &AccountOp, now: i64) -> Result<OpResult> {
+        if doc.currency != self.currency {
+            return Ok(OpResult::CurrencyMismatch);
+        }
+        let marker = Marker {
+            txn: op.txn.clone(),
+            delta: self.delta,
+            at: Some(now),
+            attempt: self.attempt,
+            peer: self.peer.clone(),
+            aliases: Vec::new(),
+        };
+        let bytes = doc.markers_bytes();
+        if bytes + pending_bytes(&marker) > MARKERS_BYTES_MAX {
+            return Err(account_full(&doc.account_id, bytes));
+        }
+        if self.check_funds && self.delta.minor() < 0 {
+            if let Some(min) = doc.min_balance {
+                let Ok(after) = doc.available().and_then(|a| a.checked_add(self.delta)) else {
+                    return Ok(OpResult::Overflow);
+                };
+                if after < min {
+                    return Ok(OpResult::Insufficient);
+                }
+            }
+        }
+        // Past 2^53 − 1 the server could not hold the balance exactly: refused like an
+        // overdraft, so the transfer is cancelled instead of failing on every retry.
+        let Ok(balance) = doc.balance.checked_add(self.delta) else {
+            return Ok(OpResult::Overflow);
+        };
+        doc.balance = balance;
+        doc.pending.push(marker);
+        Ok(OpResult::Applied)
+    }
+}
+
+/// Where `txn` is on the account: the place of its pending marker, and whether it has a settled
+/// (or undone) entry.
+fn place(doc: &AccountDoc, txn: &str) -> (Option<usize>, bool) {
+    let in_pending = doc.pending.iter().position(|m| m.txn == txn);
+    let in_settled = doc.settled.iter().any(|s| s.txn == txn);
+    (in_pending, in_settled)
+}
+
+/// A settle ([`OpKind::Settle`]) of the marker of `delta` (and of the attempt `named`, on the
+/// one-write path); any other pending marker of the transfer is undone.
+fn settle(
+    doc: &mut AccountDoc,
+    op: &AccountOp,
+    now: i64,
+    entries: bool,
+    named: Option<Attempt>,
+    delta: Amount,
+) -> Result<OpResult> {
+    let (in_pending, in_settled) = place(doc, &op.txn);
+    match in_pending {
+        Some(pos)
+            if doc.pending[pos].delta != delta
+                || named.is_some_and(|n| !doc.pending[pos].carries(n)) =>
+        {
+            // Not the marker the document counts: a late apply of a decided transfer, or
+            // the same id sent with other terms (a cluster let both apply, each on its own
+            // branch). A marker without attempt under a named decision is a stepwise
+            // drive's, which a conflicted document let run beside the decision.
+            let delta = doc.pending[pos].delta;
+            doc.balance = doc.balance.checked_sub(delta)?;
+            doc.pending.remove(pos);
+            if entries {
+                doc.settled.push(Settled::new(&op.txn, now, true));
+            }
+            tracing::warn!(
+                account = %doc.account_id,
+                txn = %op.txn,
+                "undid a marker the transfer's document does not count"
+            );
+            Ok(OpResult::Repaired)
+        }
+        Some(pos) => {
+            let marker = doc.pending.remove(pos);
+            // Only a one-write settle (of the marker its decision names) may go without an
+            // entry: the stepwise protocol's settle (`named` None) leaves one whatever
+            // marker it settles — a stepwise drive adopts a one-write marker of the same
+            // terms, and its next settle, or a late apply, must find the entry.
+            if entries || named.is_none() || marker.attempt.is_none() {
+                doc.settled.push(Settled::new(&op.txn, now, false));
+            }
+            Ok(OpResult::Applied)
+        }
+        None if in_settled => Ok(OpResult::Finished),
+        None => Ok(OpResult::Absent),
+    }
+}
+
+/// An undo ([`OpKind::Undo`]): the pending marker's delta reversed, the transfer recorded
+/// undone here.
+fn undo(
+    doc: &mut AccountDoc,
+    op: &AccountOp,
+    now: i64,
+    entries: bool,
+    decided: bool,
+) -> Result<OpResult> {
+    let (in_pending, in_settled) = place(doc, &op.txn);
+    match in_pending {
+        Some(pos) => {
+            let marker = doc.pending.remove(pos);
+            doc.balance = doc.balance.checked_sub(marker.delta)?;
+            // Recorded like a settle so that a late apply of this transfer is skipped
+            // instead of re-adding a marker someone would have to undo again (a one-write
+            // marker's late apply is not counted anyway: no decision names it).
+            if entries || !decided || marker.attempt.is_none() {
+                doc.settled.push(Settled::new(&op.txn, now, true));
+            }
+            Ok(OpResult::Applied)
+        }
+        None if in_settled => Ok(OpResult::Finished),
+        None => {
+            let bytes = doc.markers_bytes();
+            if bytes + marker_bytes(&op.txn) > MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES {
+                return Err(account_full(&doc.account_id, bytes));
+            }
+            // Nothing was applied here, but an apply of this transfer may still be on its
+            // way (a worker that read it pending): the undone entry makes it skip, instead
+            // of landing for a moment (a wrong balance, a spurious insufficient_funds) until
+            // an orphan repair takes it back.
+            doc.settled.push(Settled::new(&op.txn, now, true));
+            Ok(OpResult::Applied)
+        }
+    }
+}
+
+/// The settled entries of `doc` worth reading the transfer of, to prune them: those older than
+/// [`SETTLED_AGE_MIN_MS`] (the youngest the rule lets go), once at least
+/// [`SETTLED_PRUNE_BATCH_MIN`] of them have gathered (one read serves them all) or the account
+/// is about full — so most writes read nothing more, and a busy account carries about a
+/// minute of entries rather than an hour's (each one rewritten by every write of the account:
+/// docs/bench/HISTORY.md). None either when a marker is dated more than [`CLOCK_SKEW_MAX_MS`] ahead of
+/// this host: a clock is off by more than the pruning rule allows for.
+pub(crate) fn prune_candidates(
+    doc: &AccountDoc,
+    now: i64,
+    eligible: impl Fn(&str) -> bool,
+) -> Vec<String> {
+    let skew = i64::try_from(CLOCK_SKEW_MAX_MS).expect("fits");
+    let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
+    let ahead = doc
+        .pending
+        .iter()
+        .filter_map(|m| m.at)
+        .chain(doc.settled.iter().map(|s| s.at))
+        .any(|at| at > now.saturating_add(skew));
+    if ahead {
+        tracing::warn!(
+            account = %doc.account_id,
+            "a marker is dated more than {CLOCK_SKEW_MAX_MS} ms ahead of this host; not pruning"
+        );
+        return Vec::new();
+    }
+    let old: Vec<&Settled> = doc
+        .settled
+        .iter()
+        .filter(|s| s.at <= now.saturating_sub(age_min) && eligible(&s.txn))
+        .collect();
+    if old.is_empty() {
+        return Vec::new();
+    }
+    let nearly_full =
+        doc.markers_bytes() + 4 * ID_CHARS_MAX + MARKER_OVERHEAD_BYTES > MARKERS_BYTES_MAX;
+    if nearly_full || old.len() >= SETTLED_PRUNE_BATCH_MIN {
+        old.into_iter().map(|s| s.txn.clone()).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// Drops the settled entries `prunable` allows (their transfer read `done` or `cancelled`, every
+/// copy known to hold them) that are older than [`SETTLED_AGE_MIN_MS`]; never any other (age
+/// alone would trust other hosts' clocks). `true` when it dropped something.
+pub(crate) fn prune_settled(
+    doc: &mut AccountDoc,
+    now: i64,
+    prunable: impl Fn(&str) -> bool,
+) -> bool {
+    let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
+    let before = doc.settled.len();
+    doc.settled
+        .retain(|s| !(prunable(&s.txn) && s.at <= now.saturating_sub(age_min)));
+    doc.settled.len() != before
+}
+
+/// The rules of docs/PROTOCOL.md for one op on one account, in memory. `Applied` means `doc` changed.
+#[cfg(test)]
+pub(crate) fn evaluate(
+    doc: Option<&mut AccountDoc>,
+    op: &AccountOp,
+    now: i64,
+    failed_links: &HashSet<u64>,
+) -> Result<OpResult> {
+    evaluate_with(doc, op, now, failed_links, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::fixtures::{apply, once, op, settle};
+    use serde_json::json;
+
+    fn account(balance: i64, min: Option<i64>) -> AccountDoc {
+        AccountDoc::from_value(json!({
+            "_id": "account:a", "_rev": "1-x", "type": "account", "account_id": "a",
+            "currency": "EUR", "opening": balance, "balance": balance, "min_balance": min,
+            "pending": [], "settled": []
+        }))
+        .unwrap()
+    }
+
+    fn settle_named(txn: &str, a: u64, delta: i64) -> AccountOp {
+        op(
+            txn,
+            OpKind::Settle {
+                named: Some(Attempt::from_bits(a)),
+                delta: Amount::new(delta).unwrap(),
+            },
+        )
+    }
+
+    #[test]
+    fn a_one_write_apply_adopts_the_marker_of_another_attempt_with_the_same_terms() {
+        let none = HashSet::new();
+        let mut doc = account(1_000, Some(0));
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 1, "b", false), 1, &none).unwrap(),
+            OpResult::Applied
+        );
+        let m = &doc.pending[0];
+        assert_eq!(
+            (m.attempt, m.peer.as_deref()),
+            (Some(Attempt::from_bits(1)), Some("b"))
+        );
+        // A second attempt: the first's marker counts as its own, nothing changes.
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 2, "b", false), 2, &none).unwrap(),
+            OpResult::Adopted(Attempt::from_bits(1))
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
+        // Other terms under the same id: a mismatch naming the term, nothing changes.
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -200, 3, "b", false), 3, &none).unwrap(),
+            OpResult::Mismatch("value")
+        );
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 3, "c", false), 3, &none).unwrap(),
+            OpResult::Mismatch("destination")
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
+        // Where the transfer's document says other terms, that marker can never be named: it
+        // is taken back and this apply lands.
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t", -300, 4, "c", true), 4, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(doc.pending.len(), 1);
+        assert_eq!(doc.pending[0].peer.as_deref(), Some("c"));
+        assert!(
+            doc.settled.is_empty(),
+            "no entry: this transfer is being applied"
+        );
+    }
+
+    #[test]
+    fn a_one_write_apply_follows_a_decided_transfer_and_a_stepwise_marker() {
+        let none = HashSet::new();
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &apply("s", -100, true, None), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("s", -100, 1, "b", false), 2, &none).unwrap(),
+            OpResult::AlreadyPending,
+            "a stepwise marker: its document exists, follow it"
+        );
+        evaluate(Some(&mut doc), &op("s", settle(-100)), 3, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("s", -100, 1, "b", false), 4, &none).unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(doc.balance.minor(), 900);
+    }
+
+    #[test]
+    fn a_named_settle_settles_its_marker_and_undoes_another_attempts() {
+        let none = HashSet::new();
+        // The named attempt: settled, with an entry (several copies) or none (one copy).
+        for entries in [true, false] {
+            let mut doc = account(1_000, Some(0));
+            evaluate(Some(&mut doc), &once("t", 250, 7, "b", false), 1, &none).unwrap();
+            assert_eq!(
+                evaluate_with(
+                    Some(&mut doc),
+                    &settle_named("t", 7, 250),
+                    2,
+                    &none,
+                    entries
+                )
+                .unwrap(),
+                OpResult::Applied
+            );
+            assert_eq!((doc.balance.minor(), doc.pending.len()), (1_250, 0));
+            assert_eq!(doc.settled.len(), usize::from(entries));
+            // Again: nothing left to do.
+            let again = evaluate_with(
+                Some(&mut doc),
+                &settle_named("t", 7, 250),
+                3,
+                &none,
+                entries,
+            );
+            let expect = if entries {
+                OpResult::Finished
+            } else {
+                OpResult::Absent
+            };
+            assert_eq!(again.unwrap(), expect);
+        }
+        // Another attempt's marker (a late apply after the entry went): undone, never counted.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", 250, 8, "b", false), 1, &none).unwrap();
+        assert_eq!(
+            evaluate_with(Some(&mut doc), &settle_named("t", 7, 250), 2, &none, false).unwrap(),
+            OpResult::Repaired
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
+        // A marker that carries the named attempt among its merged ones is the decision's
+        // marker; one without attempt (a stepwise drive's, beside the decision) or with other
+        // terms is not: undone.
+        for (attempt, aliases, delta, settled) in [
+            (Some(9), vec![7], 250, true),
+            (None, vec![], 250, false),
+            (Some(7), vec![], 240, false),
+        ] {
+            let mut doc = account(1_000, Some(0));
+            doc.balance = Amount::new(1_000 + delta).unwrap();
+            doc.pending.push(Marker {
+                txn: "t".into(),
+                delta: Amount::new(delta).unwrap(),
+                at: Some(1),
+                attempt: attempt.map(Attempt::from_bits),
+                peer: Some("b".into()),
+                aliases: aliases.into_iter().map(Attempt::from_bits).collect(),
+            });
+            let (answer, balance) = if settled {
+                (OpResult::Applied, 1_250)
+            } else {
+                (OpResult::Repaired, 1_000)
+            };
+            assert_eq!(
+                evaluate(Some(&mut doc), &settle_named("t", 7, 250), 2, &none).unwrap(),
+                answer
+            );
+            assert_eq!((doc.balance.minor(), doc.pending.len()), (balance, 0));
+        }
+    }
+
+    #[test]
+    fn a_stepwise_settle_settles_only_a_marker_of_its_terms() {
+        let none = HashSet::new();
+        // A one-write marker of the same terms (adopted by the stepwise drive): settled.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", -300, 1, "b", false), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", settle(-300)), 2, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 0));
+        // One of the same id with other terms: undone, this transfer's marker still to settle.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", -270, 1, "b", false), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", settle(-300)), 2, &none).unwrap(),
+            OpResult::Repaired
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
+    }
+
+    #[test]
+    fn an_adopted_debit_on_an_account_a_merge_overdrew_is_refused_not_taken_back() {
+        let none = HashSet::new();
+        let mut doc = account(500, Some(0));
+        evaluate(Some(&mut doc), &once("t1", -300, 1, "b", false), 1, &none).unwrap();
+        // A rival branch's debit merged in: below the minimum.
+        doc.balance = Amount::new(-100).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("t1", -300, 2, "b", false), 2, &none).unwrap(),
+            OpResult::Overdrawn
+        );
+        assert_eq!(
+            doc.pending.len(),
+            1,
+            "undone only after its transfer is decided"
+        );
+        assert_eq!(doc.balance.minor(), -100);
+    }
+
+    #[test]
+    fn a_debit_found_on_an_account_a_merge_overdrew_is_taken_back() {
+        let none = HashSet::new();
+        // Two debits of 300 on a balance of 500, each checked on its own copy, merged.
+        let mut doc = account(500, Some(0));
+        evaluate(Some(&mut doc), &apply("t1", -300, true, None), 1, &none).unwrap();
+        doc.balance = Amount::new(-100).unwrap();
+        doc.pending.push(Marker {
+            txn: "t2".into(),
+            delta: Amount::new(-300).unwrap(),
+            at: Some(1),
+            attempt: None,
+            peer: None,
+            aliases: Vec::new(),
+        });
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t2", -300, true, None), 2, &none).unwrap(),
+            OpResult::Withdrawn
+        );
+        assert_eq!(doc.balance.minor(), 200);
+        assert_eq!(doc.pending.len(), 1);
+        assert!(doc.settled.iter().any(|s| s.txn == "t2" && s.undone));
+        // Back above the minimum: the other debit's repeat is a plain skip.
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t1", -300, true, None), 3, &none).unwrap(),
+            OpResult::AlreadyPending
+        );
+        assert_eq!(doc.balance.minor(), 200);
+    }
+
+    #[test]
+    fn apply_settle_undo_are_idempotent() {
+        let none = HashSet::new();
+        let mut doc = account(1000, Some(0));
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t", -300, true, None), 1, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t", -300, true, None), 2, &none).unwrap(),
+            OpResult::AlreadyPending
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("t", settle(-300)), 3, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert!(doc.pending.is_empty());
+        // A late apply after the settle finds the settled entry and skips.
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("t", -300, true, None), 4, &none).unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(
+            evaluate(
+                Some(&mut doc),
+                &op("t", OpKind::Undo { decided: false }),
+                5,
+                &none
+            )
+            .unwrap(),
+            OpResult::Finished
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        // An undo that finds nothing leaves an undone entry, so a late apply of that transfer
+        // skips instead of landing
+        assert_eq!(
+            evaluate(
+                Some(&mut doc),
+                &op("u", OpKind::Undo { decided: false }),
+                5,
+                &none
+            )
+            .unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert!(doc.settled.iter().any(|s| s.txn == "u" && s.undone));
+        // (answered as a failure, so its drive cancels: the transfer is being cancelled)
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("u", -100, true, None), 6, &none).unwrap(),
+            OpResult::Withdrawn
+        );
+        assert_eq!(doc.balance.minor(), 700);
+        assert_eq!(
+            evaluate(Some(&mut doc), &op("v", settle(-100)), 7, &none).unwrap(),
+            OpResult::Absent
+        );
+    }
+
+    #[test]
+    fn undo_reverses_and_blocks_a_late_apply() {
+        let none = HashSet::new();
+        let mut doc = account(1000, Some(0));
+        evaluate(Some(&mut doc), &apply("t", 250, false, None), 1, &none).unwrap();
+        assert_eq!(doc.balance.minor(), 1250);
+        assert_eq!(
+            doc.available().unwrap().minor(),
+            1000,
+            "a pending credit is not spendable"
+        );
+        assert_eq!(
+            evaluate(
+                Some(&mut doc),
+                &op("t", OpKind::Undo { decided: false }),
+                2,
+                &none
+            )
+            .unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(doc.balance.minor(), 1000);
+        assert!(doc.settled[0].undone);
+        // A late apply of an undone transfer is refused as a failure: its drive cancels, never
+        // commits the other account's delta alone.
+        let late = evaluate(Some(&mut doc), &apply("t", 250, false, None), 3, &none).unwrap();
+        assert_eq!(late, OpResult::Withdrawn);
+        assert_eq!(doc.balance.minor(), 1000);
+        assert_eq!(doc.settled.len(), 1);
+    }
+
+    #[test]
+    fn funds_are_checked_against_available_and_links_stop_the_pair() {
+        let mut links = HashSet::new();
+        let mut doc = account(100, Some(0));
+        evaluate(Some(&mut doc), &apply("c", 500, false, None), 1, &links).unwrap();
+        // 600 on the books, but only 100 available.
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("d", -101, true, Some(7)), 2, &links).unwrap(),
+            OpResult::Insufficient
+        );
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("d", -100, true, None), 2, &links).unwrap(),
+            OpResult::Applied
+        );
+        links.insert(9);
+        assert_eq!(
+            evaluate(Some(&mut doc), &apply("e", 5, false, Some(9)), 3, &links).unwrap(),
+            OpResult::NotApplied
+        );
+        // Unlimited accounts go negative; other currencies and missing accounts are refused.
+        let mut issuer = account(0, None);
+        assert_eq!(
+            evaluate(Some(&mut issuer), &apply("f", -5, true, None), 1, &links).unwrap(),
+            OpResult::Applied
+        );
+        let mut usd = apply("g", 5, false, None);
+        if let OpKind::Apply { currency, .. } = &mut usd.kind {
+            *currency = "USD".into();
+        }
+        assert_eq!(
+            evaluate(Some(&mut issuer), &usd, 1, &links).unwrap(),
+            OpResult::CurrencyMismatch
+        );
+        assert_eq!(
+            evaluate(None, &usd, 1, &links).unwrap(),
+            OpResult::UnknownAccount
+        );
+    }
+
+    #[test]
+    fn pruning_needs_a_terminal_transfer_and_an_old_entry() {
+        let now = 10_000_000_000i64;
+        let old = now - i64::try_from(SETTLED_AGE_MIN_MS).unwrap() - 1;
+        let young = now - 1;
+        let mut doc = account(0, None);
+        for i in 0..SETTLED_PRUNE_BATCH_MIN {
+            doc.settled.push(Settled {
+                txn: format!("old{i}"),
+                at: old,
+                undone: false,
+            });
+        }
+        for txn in ["open", "young"] {
+            doc.settled.push(Settled {
+                txn: txn.into(),
+                at: if txn == "young" { young } else { old },
+                undone: false,
+            });
+        }
+        let every = |_: &str| true;
+        let candidates = prune_candidates(&doc, now, every);
+        assert_eq!(candidates.len(), SETTLED_PRUNE_BATCH_MIN + 1);
+        // Entries not known to be on every copy are not candidates.
+        assert!(prune_candidates(&doc, now, |t| t == "open").is_empty());
+        assert!(!candidates.contains(&"young".to_owned()));
+        // The transfer read says: every `old*` ended, `open` did not; `young` ended too.
+        let mut terminal: HashSet<String> = (0..SETTLED_PRUNE_BATCH_MIN)
+            .map(|i| format!("old{i}"))
+            .collect();
+        terminal.insert("young".into());
+        // Nothing the copies rule forbids goes, whatever its transfer.
+        assert!(!prune_settled(&mut doc, now, |_| false));
+        assert!(prune_settled(&mut doc, now, |t| terminal.contains(t)));
+        let left: Vec<&str> = doc.settled.iter().map(|s| s.txn.as_str()).collect();
+        assert_eq!(left, ["open", "young"]);
+        // Too few old entries on a small account: nothing to read.
+        assert!(prune_candidates(&doc, now, every).is_empty());
+        // A marker dated far ahead of this host: a clock is off, no pruning at all.
+        let mut skewed = account(0, None);
+        for i in 0..SETTLED_PRUNE_BATCH_MIN {
+            skewed.settled.push(Settled {
+                txn: format!("old{i}"),
+                at: old,
+                undone: false,
+            });
+        }
+        skewed.settled.push(Settled {
+            txn: "future".into(),
+            at: now + i64::try_from(CLOCK_SKEW_MAX_MS).unwrap() + 1,
+            undone: false,
+        });
+        assert!(prune_candidates(&skewed, now, every).is_empty());
+    }
+
+    #[test]
+    fn applies_stop_at_the_size_cap_and_undos_at_the_slack() {
+        let none = HashSet::new();
+        let mut doc = account(0, None);
+        let id = "x".repeat(100);
+        let per = marker_bytes(&id);
+        let n = MARKERS_BYTES_MAX / per;
+        for i in 0..n {
+            doc.settled.push(Settled {
+                txn: format!("{i:0>100}"),
+                at: 1,
+                undone: false,
+            });
+        }
+        assert!(doc.markers_bytes() <= MARKERS_BYTES_MAX);
+        let e = evaluate(
+            Some(&mut doc),
+            &apply(&"t".repeat(100), 5, false, None),
+            2,
+            &none,
+        )
+        .unwrap_err();
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().contains("account_full"), "{e}");
+        assert_eq!(doc.balance.minor(), 0);
+        // An undo that finds nothing still records its entry, within the slack.
+        assert_eq!(
+            evaluate(
+                Some(&mut doc),
+                &op("u", OpKind::Undo { decided: false }),
+                3,
+                &none
+            )
+            .unwrap(),
+            OpResult::Applied
+        );
+        assert!(doc.markers_bytes() <= MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES);
+    }
+}

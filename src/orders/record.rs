@@ -1,0 +1,455 @@
+//! Recording: each entry of an order written once under its deterministic id, and a retried
+//! write told from a different one by comparing what is stored.
+
+use serde_json::{json, Map, Value};
+
+use super::model::{
+    purchase_id, unknown_order, Adjustment, Delivered, EntryKind, Payment, Purchase, RecordStatus,
+    Recorded, Refund, Shipment,
+};
+use crate::couch::Leaves;
+use crate::error::{Error, Result};
+use crate::ledger::Ledger;
+use crate::money::{Amount, Currency};
+
+/// Attempts at a write-once document (a create that conflicts with a document that is gone by
+/// the time we read it is written again).
+const WRITE_ATTEMPTS_MAX: usize = 3;
+
+fn entry_id(kind: &str, order_id: &str, reference: &str) -> String {
+    format!("{kind}:{order_id}:{reference}")
+}
+
+fn purchase_doc(p: &Purchase) -> Value {
+    let basket: Vec<Value> = p
+        .basket
+        .iter()
+        .map(|i| {
+            json!({
+                "product_id": i.product_id,
+                "title": i.title,
+                "category": i.category,
+                "price": i.price,
+                "tax": i.tax,
+                "quantity": i.quantity,
+            })
+        })
+        .collect();
+    json!({
+        "_id": purchase_id(&p.order_id),
+        "type": "purchase",
+        "order_id": p.order_id,
+        "account_id": p.account_id,
+        "currency": p.currency,
+        "basket": basket,
+        "delivery": {
+            "option": p.delivery.option,
+            "price": p.delivery.price,
+            "address": p.delivery.address,
+        },
+        "pretax": p.pretax,
+        "tax": p.tax,
+        "total": p.total,
+    })
+}
+
+/// A money entry of an order, as [`Ledger::record_money`] writes it.
+struct MoneyEntry<'a> {
+    kind: EntryKind,
+    order_id: &'a str,
+    reference: &'a str,
+    currency: Currency,
+    amount: Amount,
+    /// The kind's own fields, in the order they follow the common ones.
+    fields: [(&'static str, Value); 2],
+}
+
+/// What a money entry needs from its order's purchase.
+struct OrderTerms {
+    account_id: String,
+}
+
+/// The first field where `ours` and `stored` differ, as a path (`value`, `basket[1].price`),
+/// ignoring CouchDB's own top-level fields (`_id`, `_rev`…). `None` when they are the same.
+fn first_difference(ours: &Value, stored: &Value) -> Option<String> {
+    let strip = |v: &Value| -> Value {
+        match v {
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .filter(|(k, _)| !k.starts_with('_'))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect::<Map<_, _>>(),
+            ),
+            other => other.clone(),
+        }
+    };
+    difference("", &strip(ours), &strip(stored))
+}
+
+fn difference(path: &str, a: &Value, b: &Value) -> Option<String> {
+    let join = |k: &str| {
+        if path.is_empty() {
+            k.to_owned()
+        } else {
+            format!("{path}.{k}")
+        }
+    };
+    match (a, b) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, av) in a {
+                match b.get(k) {
+                    None => return Some(join(k)),
+                    Some(bv) => {
+                        if let Some(d) = difference(&join(k), av, bv) {
+                            return Some(d);
+                        }
+                    }
+                }
+            }
+            b.keys().find(|k| !a.contains_key(*k)).map(|k| join(k))
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for i in 0..a.len().max(b.len()) {
+                let at = format!("{path}[{i}]");
+                match (a.get(i), b.get(i)) {
+                    (Some(x), Some(y)) => {
+                        if let Some(d) = difference(&at, x, y) {
+                            return Some(d);
+                        }
+                    }
+                    _ => return Some(at),
+                }
+            }
+            None
+        }
+        _ if a == b => None,
+        _ => Some(if path.is_empty() {
+            "document".to_owned()
+        } else {
+            path.to_owned()
+        }),
+    }
+}
+
+/// The first field in which some leaf of a document differs from `doc`, if any.
+fn differing(leaves: &Leaves, doc: &Value) -> Option<String> {
+    leaves
+        .winner
+        .iter()
+        .chain(&leaves.losers)
+        .find_map(|stored| first_difference(doc, stored))
+}
+
+impl Ledger {
+    /// Records a purchase as `purchase:{order_id}`.
+    ///
+    /// # Errors
+    ///
+    /// Invalid input (see [`Purchase::validate`]); the order exists with other content
+    /// ([`Error::is_mismatch`], naming the first field that differs); the server failed.
+    pub async fn record_purchase(&self, purchase: &Purchase) -> Result<Recorded> {
+        purchase.validate()?;
+        let id = purchase_id(&purchase.order_id);
+        self.write_once(&id, purchase_doc(purchase)).await
+    }
+
+    /// Records a payment as `payment:{order_id}:{reference}`; it takes the order's balance down.
+    ///
+    /// # Errors
+    ///
+    /// Invalid input: see [`Payment::validate`], an unknown order, a currency other than the
+    /// order's. This reference recorded with other content ([`Error::is_mismatch`]). The server
+    /// failed.
+    pub async fn record_payment(&self, payment: &Payment) -> Result<Recorded> {
+        payment.validate()?;
+        self.record_money(MoneyEntry {
+            kind: EntryKind::Payment,
+            order_id: &payment.order_id,
+            reference: &payment.reference,
+            currency: payment.currency,
+            amount: payment.amount,
+            fields: [
+                ("method", json!(payment.method)),
+                ("payment_reference", json!(payment.reference)),
+            ],
+        })
+        .await
+    }
+
+    /// Records a refund as `refund:{order_id}:{reference}`: money given back, so it adds to
+    /// the order's balance. When goods come back, a negative adjustment takes them off the
+    /// order first (the balance goes below zero: the merchant owes), and the refund settles it.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::record_payment`].
+    pub async fn record_refund(&self, refund: &Refund) -> Result<Recorded> {
+        refund.validate()?;
+        self.record_money(MoneyEntry {
+            kind: EntryKind::Refund,
+            order_id: &refund.order_id,
+            reference: &refund.reference,
+            currency: refund.currency,
+            amount: refund.amount,
+            fields: [
+                ("reason", json!(refund.reason)),
+                ("refund_reference", json!(refund.reference)),
+            ],
+        })
+        .await
+    }
+
+    /// Records an adjustment as `adjustment:{order_id}:{reference}`; its signed amount is added
+    /// to the order's balance.
+    ///
+    /// # Errors
+    ///
+    /// As [`Ledger::record_payment`] (the amount must not be zero).
+    pub async fn record_adjustment(&self, adjustment: &Adjustment) -> Result<Recorded> {
+        adjustment.validate()?;
+        self.record_money(MoneyEntry {
+            kind: EntryKind::Adjustment,
+            order_id: &adjustment.order_id,
+            reference: &adjustment.reference,
+            currency: adjustment.currency,
+            amount: adjustment.amount,
+            fields: [
+                ("reason", json!(adjustment.reason)),
+                ("reference", json!(adjustment.reference)),
+            ],
+        })
+        .await
+    }
+
+    /// Records a shipment as `shipment:{order_id}:{reference}` (no money).
+    ///
+    /// # Errors
+    ///
+    /// Invalid ids or carrier, an unknown order, this reference recorded with other content, or
+    /// the server failed.
+    pub async fn record_shipment(&self, shipment: &Shipment) -> Result<Recorded> {
+        shipment.validate()?;
+        let carrier = ("carrier", json!(shipment.carrier));
+        self.record_status(
+            "shipment",
+            &shipment.order_id,
+            &shipment.reference,
+            Some(carrier),
+        )
+        .await
+    }
+
+    /// Records a delivery as `delivery:{order_id}:{reference}` (no money).
+    ///
+    /// # Errors
+    ///
+    /// Invalid ids, an unknown order, or the server failed.
+    pub async fn record_delivery(&self, delivered: &Delivered) -> Result<Recorded> {
+        delivered.validate()?;
+        self.record_status("delivery", &delivered.order_id, &delivered.reference, None)
+            .await
+    }
+
+    /// Records a money entry of an order (a payment, refund or adjustment, validated) as
+    /// `{kind}:{order_id}:{reference}`, once its order is known, in its currency, and has room
+    /// for the amount: the order's account, the currency and the amount, then the kind's own
+    /// fields.
+    async fn record_money(&self, entry: MoneyEntry<'_>) -> Result<Recorded> {
+        let order = self
+            .order_terms(entry.order_id, Some(entry.currency))
+            .await?;
+        let id = entry_id(entry.kind.as_str(), entry.order_id, entry.reference);
+        self.check_order_room(entry.order_id, &id, entry.kind, entry.amount)
+            .await?;
+        let mut doc = json!({
+            "_id": id,
+            "type": entry.kind.as_str(),
+            "order_id": entry.order_id,
+            "account_id": order.account_id,
+            "currency": entry.currency,
+            "value": entry.amount,
+        });
+        for (name, value) in entry.fields {
+            doc[name] = value;
+        }
+        self.write_once(&id, doc).await
+    }
+
+    /// Records a status entry of an order (a shipment or delivery, validated; no money) as
+    /// `{kind}:{order_id}:{reference}` once its order is known, with the kind's own field if
+    /// it has one.
+    async fn record_status(
+        &self,
+        kind: &str,
+        order_id: &str,
+        reference: &str,
+        field: Option<(&str, Value)>,
+    ) -> Result<Recorded> {
+        self.order_terms(order_id, None).await?;
+        let id = entry_id(kind, order_id, reference);
+        let mut doc = json!({
+            "_id": id,
+            "type": kind,
+            "order_id": order_id,
+            "reference": reference,
+        });
+        if let Some((name, value)) = field {
+            doc[name] = value;
+        }
+        self.write_once(&id, doc).await
+    }
+
+    /// The account and currency of an order, from its purchase; checks `currency` when given.
+    async fn order_terms(&self, order_id: &str, currency: Option<Currency>) -> Result<OrderTerms> {
+        let id = purchase_id(order_id);
+        let doc: Value = self
+            .inner
+            .client
+            .get_opt(&id)
+            .await?
+            .ok_or_else(|| unknown_order(order_id))?;
+        let account_id = doc["account_id"]
+            .as_str()
+            .ok_or_else(|| Error::invariant(format!("{id} has no account_id")))?
+            .to_owned();
+        let code = doc["currency"]
+            .as_str()
+            .ok_or_else(|| Error::invariant(format!("{id} has no currency")))?;
+        let order_currency = Currency::from_code(code)
+            .map_err(|_| Error::invariant(format!("{id} has an unknown currency {code:?}")))?;
+        if let Some(c) = currency {
+            if c != order_currency {
+                return Err(Error::invalid(
+                    "currency",
+                    format!("order {order_id:?} is in {order_currency}, not {c}"),
+                ));
+            }
+        }
+        Ok(OrderTerms { account_id })
+    }
+
+    /// Refuses a money entry that would take one of the order's sums (its adjustments,
+    /// payments, refunds or balance) beyond ±(2^53 − 1) minor units, where the order could no
+    /// longer be read: an invalid amount, like any other. One view request. An entry already
+    /// written under `id` is left to `write_once` (the same content again is `Exists`). Entries
+    /// written at the same moment can pass it together; reading the order then reports the
+    /// overflow as the invariant it breaks.
+    async fn check_order_room(
+        &self,
+        order_id: &str,
+        id: &str,
+        kind: EntryKind,
+        amount: Amount,
+    ) -> Result<()> {
+        let order = self.order(order_id).await?;
+        if order.entries.iter().any(|e| e.id == id) {
+            return Ok(());
+        }
+        let (sum, name, to_balance) = match kind {
+            EntryKind::Payment => (order.paid, "payments", amount.neg()),
+            EntryKind::Refund => (order.refunded, "refunds", amount),
+            EntryKind::Adjustment => (order.adjusted, "adjustments", amount),
+            EntryKind::Purchase => unreachable!("a purchase is not added to an order"),
+        };
+        let beyond = |what: &str| {
+            Error::invalid(
+                "amount",
+                format!(
+                    "{} would take order {order_id:?}'s {what} beyond ±(2^53 − 1) minor units",
+                    amount.minor()
+                ),
+            )
+        };
+        sum.checked_add(amount).map_err(|_| beyond(name))?;
+        order
+            .balance
+            .checked_add(to_balance)
+            .map_err(|_| beyond("balance"))?;
+        Ok(())
+    }
+
+    /// Creates a write-once document: PUT without `_rev`, with `w` = every copy of a cluster's
+    /// database. Taken by every copy (201), it is the only body there can ever be under its id
+    /// (each copy took it as a new document, and refuses another now): `Created`. When it
+    /// exists the stored document is compared with ours — the same is `Exists`, different is a
+    /// mismatch naming the field; every leaf is compared (docs/CLUSTER.md): on a cluster two
+    /// bodies under one id can both be stored, and one of them differing from ours is a
+    /// mismatch even when ours won. Taken by some copies only (202), it is `Uncertain` unless
+    /// the read back shows another body (a mismatch).
+    async fn write_once(&self, id: &str, doc: Value) -> Result<Recorded> {
+        let client = &self.inner.client;
+        let options = self.inner.quorum.write_options(client, true).await;
+        for _ in 0..WRITE_ATTEMPTS_MAX {
+            match client.put_with(id, &doc, &options).await {
+                Ok(written) => {
+                    debug_assert_eq!(written.id, id);
+                    let mut status = RecordStatus::Created;
+                    if written.accepted {
+                        tracing::info!(id, "write accepted (202), not on every copy yet");
+                        if let Some(field) = self.differing_leaf(id, &doc).await? {
+                            return Err(Error::mismatch(id, &field));
+                        }
+                        status = RecordStatus::Uncertain;
+                    }
+                    return Ok(Recorded {
+                        id: id.to_owned(),
+                        status,
+                    });
+                }
+                // CouchDB answers 409 for a create over an existing document. pouchdb-server
+                // runs validate_doc_update first, whose write-once rule answers 403; a 403 for
+                // a document that does not exist is a real refusal.
+                Err(e) if e.is_conflict() || e.is_forbidden() => {
+                    match client.leaves(id).await? {
+                        Some(leaves) => {
+                            return match differing(&leaves, &doc) {
+                                None => Ok(Recorded {
+                                    id: id.to_owned(),
+                                    status: RecordStatus::Exists,
+                                }),
+                                Some(field) => Err(Error::mismatch(id, &field)),
+                            };
+                        }
+                        None if e.is_forbidden() => return Err(e),
+                        // Deleted between our write and our read: write again.
+                        None => continue,
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::invariant(format!(
+            "{id}: kept conflicting with a document that then disappeared"
+        )))
+    }
+
+    /// The first field in which some leaf of `id` differs from `doc`, if any.
+    async fn differing_leaf(&self, id: &str, doc: &Value) -> Result<Option<String>> {
+        Ok(self
+            .inner
+            .client
+            .leaves(id)
+            .await?
+            .and_then(|leaves| differing(&leaves, doc)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_difference_names_the_path() {
+        let a = json!({"_id": "x", "value": 646, "method": "card", "basket": [{"price": 1}]});
+        let b = json!({"_id": "x", "_rev": "1-a", "value": 646, "method": "card", "basket": [{"price": 1}]});
+        assert_eq!(first_difference(&a, &b), None);
+        let c = json!({"_id": "x", "_rev": "1-a", "value": 700, "method": "card", "basket": [{"price": 1}]});
+        assert_eq!(first_difference(&a, &c).as_deref(), Some("value"));
+        let d = json!({"value": 646, "method": "card", "basket": [{"price": 2}]});
+        assert_eq!(first_difference(&a, &d).as_deref(), Some("basket[0].price"));
+        let e = json!({"value": 646, "method": "card", "basket": [{"price": 1}], "extra": 1});
+        assert_eq!(first_difference(&a, &e).as_deref(), Some("extra"));
+        let f = json!({"value": 646, "basket": [{"price": 1}]});
+        assert_eq!(first_difference(&a, &f).as_deref(), Some("method"));
+    }
+}
