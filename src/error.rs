@@ -183,16 +183,15 @@ impl Error {
         })
     }
 
-    /// 409: `account` holds a conflict its merge cannot settle while transfer `txn`, whose
-    /// document it needs, is itself in conflict (docs/CLUSTER.md).
+    /// `account` holds a conflict its merge cannot settle while transfer `txn`, whose document
+    /// it needs, is itself in conflict (docs/CLUSTER.md).
     pub(crate) fn blocked_by_transfer(account: &str, txn: &str) -> Error {
-        let mut e = Error::status(
-            409,
-            Some("conflict".to_owned()),
-            Some(format!(
+        let mut e = Error::ledger(
+            Condition::Conflicted,
+            format!(
                 "{account} holds a conflict that depends on transfer {txn}, itself in conflict; \
                  resolving the transfer comes first (the sweeper does it)"
-            )),
+            ),
         );
         e.inner.blocked_by = Some(txn.to_owned());
         e

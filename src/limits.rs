@@ -100,7 +100,7 @@ pub const COPIES_RECHECK_MS: u64 = 30_000;
 pub const MARKER_OVERHEAD_BYTES: usize = 72;
 
 /// The most serialized bytes an account's markers (pending + settled) may take: an apply that
-/// would pass it is refused with a transient error (429 `account_full`) until pruning made room.
+/// would pass it is refused with a transient error (`account_full`) until pruning made room.
 /// With UUID ids (~110 bytes an entry) that is ~4,700 markers: at a settled age of
 /// [`SETTLED_AGE_MIN_MS`], about 75 transfers/s on one account before applies wait.
 pub const MARKERS_BYTES_MAX: usize = 512 * 1024;

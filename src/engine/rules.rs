@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 
 use super::ops::{AccountOp, OpKind, OpResult};
 use crate::account_doc::{marker_bytes, pending_bytes, AccountDoc, Attempt, Marker, Settled};
-use crate::error::{Error, Result};
+use crate::error::{Condition, Error, Result};
 use crate::limits::{
     CLOCK_SKEW_MAX_MS, ID_CHARS_MAX, MARKERS_BYTES_MAX, MARKERS_UNDO_SLACK_BYTES,
     MARKER_OVERHEAD_BYTES, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN,
@@ -14,15 +14,14 @@ use crate::limits::{
 use crate::money::Amount;
 
 /// An account whose markers reached [`MARKERS_BYTES_MAX`] refuses new applies until pruning
-/// made room: 429, transient (the transfer is retried, by its worker or the sweeper).
+/// made room: transient (the transfer is retried, by its worker or the sweeper).
 fn account_full(account: &str, bytes: usize) -> Error {
-    Error::status(
-        429,
-        Some("account_full".to_owned()),
-        Some(format!(
+    Error::ledger(
+        Condition::AccountFull,
+        format!(
             "account {account} holds {bytes} bytes of transfer markers, the most it may \
              ({MARKERS_BYTES_MAX}); retry once its settled transfers are done and pruned"
-        )),
+        ),
     )
 }
 

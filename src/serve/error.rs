@@ -101,9 +101,10 @@ impl ApiError {
             || (e.is_not_found() && matches!(e.reason(), Some("missing" | "deleted")))
         {
             ApiError::not_found(missing())
-        } else if let Some(c) = e.condition().filter(|c| c.http_status() == 503) {
-            // The ledger's own "not final yet" (a decision on some copies of a cluster, a
-            // transfer not decided within its lease): said in its words, to be tried again.
+        } else if let Some(c) = e.condition().filter(|_| e.is_transient()) {
+            // The ledger's own "not yet" (a decision on some copies of a cluster, a transfer
+            // not decided within its lease, an account full of markers): said in its words, to
+            // be tried again.
             let mut n = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, c.code(), message);
             n.retry_after_s = Some(RETRY_AFTER_UNAVAILABLE_S);
             n

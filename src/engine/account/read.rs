@@ -13,7 +13,7 @@ use crate::account_doc::{account_doc_id, AccountDoc};
 use crate::clock::now_ms;
 use crate::conflict::{facts_needed, merge_account, TxnFacts};
 use crate::couch::{take_conflicts, BulkResult};
-use crate::error::{Error, Result};
+use crate::error::{Condition, Error, Result};
 use crate::limits::READ_BATCH_KEYS_MAX;
 use crate::money::Amount;
 
@@ -154,13 +154,12 @@ impl AccountEngine {
                     dirty,
                 })))
             }
-            Err(b) => Ok(AccountRead::Failed(Error::status(
-                409,
-                Some("conflict".to_owned()),
-                Some(format!(
+            Err(b) => Ok(AccountRead::Failed(Error::ledger(
+                Condition::Conflicted,
+                format!(
                     "{id} holds a conflict that cannot be merged yet: transfer {}: {}",
                     b.txn, b.why
-                )),
+                ),
             ))),
         }
     }
@@ -171,13 +170,12 @@ impl AccountEngine {
         match self.quorum.keeps_entries(&self.client).await {
             Some(true) => None,
             Some(false) => Some(unmergeable(id, losers)),
-            None => Some(Error::status(
-                503,
-                Some("unavailable".to_owned()),
-                Some(format!(
+            None => Some(Error::ledger(
+                Condition::Unavailable,
+                format!(
                     "{id} holds a conflict, and the database's copies could not be read to \
                      tell whether its branches can be merged; tried again later"
-                )),
+                ),
             )),
         }
     }
