@@ -86,7 +86,7 @@ impl Round {
     }
 
     /// Step 2, second half: decides every open op in queue order on its account's working
-    /// copy. The deadline is judged once per attempt, after the reads above.
+    /// copy. The deadline is judged once per attempt, after its reads.
     fn decide(&self, work: &mut Copies, now: i64) -> Vec<Option<Result<OpResult>>> {
         let instant = Instant::now();
         let mut links_now = self.failed_links.clone();
