@@ -9,7 +9,7 @@
 //!
 //! A transfer is the document `txn:{id}`; every state change is a CAS on it decided by
 //! [`transition`]. The account steps (apply a delta, settle, undo) are CAS writes on the
-//! accounts, done through the group-commit engine (src/engine.rs) and each idempotent through
+//! accounts, done through the group-commit engine (src/engine/) and each idempotent through
 //! the account's `pending` and `settled` markers.
 //!
 //! Two safety rules beyond idempotency, because a settled marker could in theory be pruned
