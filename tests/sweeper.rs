@@ -7,7 +7,8 @@ use serde_json::{json, Value};
 
 use crate::support;
 use couch_ledger::{
-    AccountSpec, Amount, Currency, Ledger, State, SweepOptions, TransferRequest, VerifyOptions,
+    AccountSpec, Amount, Currency, Ledger, State, SweepOptions, SweepOutcome, TransferRequest,
+    VerifyOptions,
 };
 
 fn eur() -> Currency {
@@ -37,6 +38,25 @@ fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
         amount: amount(value),
         currency: eur(),
     }
+}
+
+/// How long a test waits for a cluster's copies to catch up with a write (views, conflicts).
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Sweep passes until `seen` holds for their sum (repaired markers and problems), at most
+/// [`WAIT`]: a pass reads views from one copy of a cluster, which may lag a write made through
+/// another node. On one copy the first pass is the only one.
+async fn sweep_until_seen(l: &Ledger, seen: impl Fn(&SweepOutcome) -> bool) -> SweepOutcome {
+    let start = Instant::now();
+    let mut sum = l.sweep_once(now_sweep(100)).await.unwrap();
+    while !seen(&sum) {
+        assert!(start.elapsed() < WAIT, "not seen within {WAIT:?}: {sum:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pass = l.sweep_once(now_sweep(100)).await.unwrap();
+        sum.repaired_markers += pass.repaired_markers;
+        sum.problems.extend(pass.problems);
+    }
+    sum
 }
 
 fn now_sweep(limit: usize) -> SweepOptions {
@@ -225,7 +245,12 @@ async fn orphan_markers_are_repaired() {
 
     let report = l.verify().await.unwrap();
     assert!(!report.ok, "{report:#?}");
-    let o = l.sweep_once(now_sweep(100)).await.unwrap();
+    // On a cluster a pass reads the markers' view from one copy, which may not have indexed the
+    // planted markers yet: passes are summed until they show up (one pass on one copy).
+    let o = sweep_until_seen(&l, |o| {
+        o.repaired_markers >= 1 && o.problems.iter().any(|p| p.contains("ghost"))
+    })
+    .await;
     assert_eq!(o.repaired_markers, 1, "{o:?}");
     assert!(o.problems.iter().any(|p| p.contains("ghost")), "{o:?}");
     let b = l.account("B").await.unwrap();
@@ -385,9 +410,18 @@ async fn verify_reports_broken_invariants() {
     let mut b: Value = l.hot_client().get("account:B").await.unwrap();
     b["balance"] = json!(-1);
     l.hot_client().put("account:B", &b).await.unwrap();
-    let report = l.verify().await.unwrap();
+    // `verify` reads accounts from a view: on a cluster, once both hand-made writes reached it.
+    let broken = ["conservation", "exactly_once", "no_overdraft"];
+    let report = support::wait_for("both hand-made writes in verify's view", WAIT, || async {
+        let report = l.verify().await.unwrap();
+        broken
+            .iter()
+            .all(|name| !report.check(name).unwrap().ok)
+            .then_some(report)
+    })
+    .await;
     assert!(!report.ok);
-    for name in ["conservation", "exactly_once", "no_overdraft"] {
+    for name in broken {
         assert!(!report.check(name).unwrap().ok, "{name}: {report:#?}");
     }
     for name in [
@@ -784,7 +818,13 @@ async fn the_sweeper_resolves_a_conflicted_transfer_to_its_furthest_leaf() {
         doc["state"] = json!("committed");
     })
     .await;
-    assert_eq!(l.status().await.unwrap().conflicts, 1);
+    // `status` counts conflicts from a view, which a cluster's copies index on their own.
+    support::wait_for(
+        "the planted sibling in the conflicts view",
+        WAIT,
+        || async { (l.status().await.unwrap().conflicts == 1).then_some(()) },
+    )
+    .await;
     // Reading it resolves it: the transfer is done.
     assert_eq!(l.transfer("t1").await.unwrap().state, State::Done);
     let out = l.sweep_once(now_sweep(10)).await.unwrap();
