@@ -653,11 +653,25 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
         "more than SWEEP_CONCURRENCY_MAX drives at once"
     );
     assert_eq!(arrived.load(Ordering::SeqCst), n);
-    assert_eq!(
-        (o.advanced, o.failed, o.remaining),
-        (n as u64, 0, 0),
-        "{o:?}"
-    );
+    if support::copies(l.hot_client().database()).await > 1 {
+        // On a cluster a burst of decisions at once can get a 202 from a copy that answered
+        // late (measured: 288 of 520 on CouchDB 3.4.3, each written once on every copy, none
+        // conflicting): those are `unconfirmed`, never failed otherwise, and a later pass ends
+        // them.
+        assert_eq!(o.advanced + o.failed, n as u64, "{o:?}");
+        assert!(
+            o.problems.iter().all(|p| p.contains("unconfirmed")),
+            "{o:?}"
+        );
+        support::sweep_until_none_open(&l, Duration::from_secs(120)).await;
+        assert_eq!(l.status().await.unwrap().states.done, n as u64);
+    } else {
+        assert_eq!(
+            (o.advanced, o.failed, o.remaining),
+            (n as u64, 0, 0),
+            "{o:?}"
+        );
+    }
     assert_at_rest(&l).await;
 }
 
