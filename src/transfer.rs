@@ -27,6 +27,10 @@
 //! `lease − lease/LEASE_MARGIN_DIVISOR` after it; before every write it checks the deadline
 //! and stops (leaving the transfer to the sweeper) once it passed. That only avoids wasted
 //! work: two workers on one transfer still produce one effect.
+//!
+//! Long, and one file on purpose: it is the stepwise protocol whole, the transfer document,
+//! its drive one step a state, and the public calls that start or read a drive; the safety
+//! rules above hold across all three, and split they would be checked across files.
 
 use crate::clock::Instant;
 use std::collections::HashSet;
