@@ -89,7 +89,8 @@ pub use couch::{
 pub use engine::WriteQuorum;
 pub use error::{plain_seconds, Condition, Error, Result};
 pub use ledger::{
-    ConflictCounts, HotReport, InitReport, Ledger, Progress, ProgressFn, ProgressHook,
+    ConflictCounts, HotReport, InitReport, Ledger, LedgerBuilder, Progress, ProgressFn,
+    ProgressHook,
 };
 /// Test hooks (feature `testing`): a pause before a protocol write, and the fail points' names.
 #[cfg(feature = "testing")]

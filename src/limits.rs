@@ -7,7 +7,7 @@
 //! nothing is applied twice").
 
 /// How long a claim on a transfer lasts, and the longest lease a ledger may be configured with
-/// (`Ledger::with_lease` refuses more).
+/// (`LedgerBuilder::lease` refuses more).
 pub const LEASE_MS: u64 = 30_000;
 
 /// A worker stops acting `lease / LEASE_MARGIN_DIVISOR` before its claim expires (5 s of a
@@ -158,7 +158,7 @@ pub const GATHER_YIELDS_MAX: u32 = 16;
 
 /// Default age after which the sweeper takes over a transfer whose claim has expired.
 pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
-/// The longest a background finish ([`crate::Ledger::with_background_finish`]) holds a settle
+/// The longest a background finish ([`crate::LedgerBuilder::background_finish`]) holds a settle
 /// back so it can go out with its account's next write: far inside a lease, so a held settle
 /// never outlives its worker's claim. At 250 ms, on the one-write path an
 /// account's next write comes later than that often enough to matter (under `p8`'s load, 512
@@ -166,7 +166,7 @@ pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
 /// 1 s took `p8` from 3.29 to 3.20 documents a transfer on CouchDB 3.4.3 (BENCHMARKS.md).
 pub const SETTLE_HOLD_MS: u64 = 1000;
 /// ... and at most this fraction of the ledger's lease, however short it was made
-/// (`Ledger::with_lease`).
+/// (`LedgerBuilder::lease`).
 pub const SETTLE_HOLD_LEASE_DIVISOR: u32 = 20;
 
 /// Transfers one sweeper process drives at once (so the account-op engine can group their

@@ -408,7 +408,7 @@ pub(crate) struct Drive {
     /// Effective phases left (a write that changed something); `step()` uses 1.
     budget: u32,
     /// Once committed, hand the rest (settle, `done`) to a background task and return
-    /// ([`Ledger::with_background_finish`]).
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)).
     detach: bool,
     /// The settles go out with their accounts' next writes ([`AccountEngine::run_held`]).
     ///
@@ -852,7 +852,7 @@ impl Ledger {
     }
 
     /// The rest of a committed transfer's drive, in a task of its own
-    /// ([`Ledger::with_background_finish`]). Boxed: `drive` spawns it, so its future type
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)). Boxed: `drive` spawns it, so its future type
     /// would contain itself.
     fn finish_in_background(
         self,

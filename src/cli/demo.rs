@@ -709,8 +709,9 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
     )?;
 
     // A writer that dies half-way: its own worker id and a short lease.
-    let crashing = Ledger::new(ledger.client().clone())
-        .with_lease(Duration::from_millis(CRASH_LEASE_MS))
+    let crashing = Ledger::builder(ledger.client().clone())
+        .lease(Duration::from_millis(CRASH_LEASE_MS))
+        .build()
         .context("a short lease")?;
     let fifty = eur.parse("50.00")?;
     crashing
