@@ -939,6 +939,108 @@ mod tests {
         (server, client)
     }
 
+    /// A client of database `db` on a server never asked (building a ledger sends nothing).
+    fn offline_client() -> Client {
+        Client::builder()
+            .url("http://127.0.0.1:9")
+            .database("db")
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_builder_reports_its_first_refused_setting() {
+        let field = |b: LedgerBuilder| b.build().unwrap_err().field().map(str::to_owned);
+        let c = offline_client();
+        let b = || Ledger::builder(c.clone());
+        assert_eq!(field(b().lease(Duration::ZERO)), Some("lease".into()));
+        assert_eq!(
+            field(b().lease(Duration::from_millis(LEASE_MS + 1))),
+            Some("lease".into())
+        );
+        assert_eq!(field(b().hot_database("db")), Some("hot_db".into()));
+        assert!(b()
+            .hot_database("Bad Name")
+            .build()
+            .unwrap_err()
+            .is_invalid_input());
+        assert_eq!(
+            field(b().lease(Duration::ZERO).hot_database("db")),
+            Some("lease".into())
+        );
+        assert_eq!(
+            field(b().hot_database("db").lease(Duration::ZERO)),
+            Some("hot_db".into())
+        );
+        // A refused setting is not forgotten by a valid one after it.
+        assert_eq!(
+            field(b().lease(Duration::ZERO).lease(Duration::from_secs(1))),
+            Some("lease".into())
+        );
+        assert!(b().lease(Duration::from_millis(LEASE_MS)).build().is_ok());
+    }
+
+    #[test]
+    fn a_ledger_is_built_with_its_settings_and_to_builder_makes_another_worker() {
+        let l = Ledger::builder(offline_client())
+            .hot_database("db_hot")
+            .lease(Duration::from_secs(10))
+            .background_finish(true)
+            .build()
+            .unwrap();
+        let check = |other: &Ledger| {
+            assert_eq!(other.lease(), Duration::from_secs(10));
+            assert_eq!(other.hot_database(), Some("db_hot"));
+            assert!(other.finishes_in_background());
+        };
+        check(&l);
+        assert_eq!(l.clone().worker_id(), l.worker_id());
+        let other = l.to_builder().build().unwrap();
+        check(&other);
+        assert_ne!(other.worker_id(), l.worker_id());
+        let another = l.another_worker();
+        check(&another);
+        assert_ne!(another.worker_id(), l.worker_id());
+        let plain = l.to_builder().background_finish(false).build().unwrap();
+        assert!(!plain.finishes_in_background());
+        assert_eq!(plain.hot_database(), Some("db_hot"));
+        let default = Ledger::new(offline_client());
+        assert_eq!(default.lease(), Duration::from_millis(LEASE_MS));
+        assert_eq!(default.hot_database(), None);
+        assert!(!default.finishes_in_background());
+    }
+
+    /// The deprecated `with_*` methods still configure the same worker, and refuse what the
+    /// builder refuses.
+    #[test]
+    #[allow(deprecated)]
+    fn the_deprecated_with_methods_configure_the_same_worker() {
+        let l = Ledger::new(offline_client());
+        let id = l.worker_id().to_owned();
+        let l = l
+            .with_lease(Duration::from_secs(10))
+            .unwrap()
+            .with_hot_database("db_hot")
+            .unwrap()
+            .with_background_finish()
+            .with_stepwise_transfers()
+            .with_lookup_first()
+            .with_write_quorum(WriteQuorum::ServerDefault);
+        assert_eq!(l.worker_id(), id);
+        assert_eq!(l.lease(), Duration::from_secs(10));
+        assert_eq!(l.hot_database(), Some("db_hot"));
+        assert!(l.finishes_in_background());
+        assert!(l.inner.stepwise && l.inner.lookup_first);
+        assert_eq!(l.inner.write_quorum, WriteQuorum::ServerDefault);
+        let l = l.with_progress(ProgressHook(Arc::new(|_| {})));
+        assert!(l.inner.progress.is_some());
+        assert_eq!(l.worker_id(), id);
+        let e = l.clone().with_lease(Duration::ZERO).unwrap_err();
+        assert_eq!(e.field(), Some("lease"));
+        let e = l.with_hot_database("db").unwrap_err();
+        assert_eq!(e.field(), Some("hot_db"));
+    }
+
     fn limit(n: u32) -> ResponseTemplate {
         ResponseTemplate::new(200).set_body_string(n.to_string())
     }

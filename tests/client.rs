@@ -205,8 +205,9 @@ async fn init_lowers_the_revs_limit_and_never_raises_it() {
 
     // Split: the limit is the hot database's, where the accounts are.
     let hot = format!("{}_hot", l.client().database());
-    let split = couch_ledger::Ledger::new(l.client().clone())
-        .with_hot_database(&hot)
+    let split = couch_ledger::Ledger::builder(l.client().clone())
+        .hot_database(&hot)
+        .build()
         .unwrap();
     let report = split.init().await.unwrap();
     assert_eq!(report.revs_limit, Some(target));
