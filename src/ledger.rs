@@ -181,10 +181,9 @@ pub struct InitReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hot: Option<HotReport>,
     /// The `_revs_limit` of the database of accounts and transfers after this call: lowered to
-    /// [`REVS_LIMIT`](crate::limits::REVS_LIMIT), or to
-    /// [`REVS_LIMIT_ONE_COPY`](crate::limits::REVS_LIMIT_ONE_COPY) where the server keeps one
-    /// copy of each document, when it was higher; left alone when an admin
-    /// had set it lower; `None` when the server has no such setting (pouchdb-server).
+    /// 20, or to 3 where the server keeps one copy of each document (`REVS_LIMIT` and
+    /// `REVS_LIMIT_ONE_COPY` in src/limits.rs say why), when it was higher; left alone when an
+    /// admin had set it lower; `None` when the server has no such setting (pouchdb-server).
     pub revs_limit: Option<u32>,
     /// Opening records (docs/DOCUMENTS.md) this call wrote for accounts that had none: those
     /// created before records existed. 0 once every account has its record.

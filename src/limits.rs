@@ -5,6 +5,10 @@
 //! any lease by far, so that a worker that was paused while holding a claim still finds the
 //! marker of the step it is about to repeat and skips it (docs/PROTOCOL.md, "why
 //! nothing is applied twice").
+//!
+//! They are the crate's own: the few a user tunes against or must know are public through
+//! `couch_ledger::limits` (src/lib.rs), and those tests check against through
+//! `couch_ledger::testing::limits`.
 
 /// How long a claim on a transfer lasts, and the longest lease a ledger may be configured with
 /// (`LedgerBuilder::lease` refuses more).
@@ -243,3 +247,17 @@ const _: () = assert!(ACCOUNT_CACHE_MAX >= 2 * SWEEP_CONCURRENCY_MAX);
 const _: () = assert!(WATCH_WAIT_MIN_MS < WATCH_WAIT_MAX_MS);
 const _: () = assert!(ACCOUNT_CAS_ATTEMPTS_MAX >= 2);
 const _: () = assert!(READ_BATCH_KEYS_MAX as u64 <= PAGE_ROWS_MAX);
+
+// ---- what public docs state in numbers (these limits are not public) -----------------------
+
+// `SweepOutcome::problems`.
+const _: () = assert!(PROBLEMS_MAX == 1_000);
+// `Ledger::sweep_watch`.
+const _: () = assert!(WATCH_WAIT_MIN_MS == 100);
+const _: () = assert!(WATCH_WAIT_MAX_MS == 30_000);
+const _: () = assert!(WATCH_BACKOFF_MAX_MS == 10_000);
+// `Ledger::reverse`.
+const _: () = assert!(REVERSAL_ATTEMPTS_MAX == 100);
+// `InitReport::revs_limit`.
+const _: () = assert!(REVS_LIMIT == 20);
+const _: () = assert!(REVS_LIMIT_ONE_COPY == 3);

@@ -1369,8 +1369,7 @@ impl Ledger {
     /// the first reversal ([`RecordStatus::Exists`]) instead of making another, and a transfer is
     /// reversed at most once. A reversal is an ordinary transfer: it can end `cancelled` (e.g.
     /// `insufficient_funds` when the destination spent the money). Reversing again then makes
-    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to
-    /// [`REVERSAL_ATTEMPTS_MAX`](crate::limits::REVERSAL_ATTEMPTS_MAX): each is made only after
+    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to `rev100-{id}`: each is made only after
     /// the one before it ended `cancelled`, so at most one can ever move money.
     ///
     /// # Errors

@@ -182,7 +182,7 @@ async fn continuous_changes_stream_yields_rows() {
 /// `REVS_LIMIT`; and never raises a limit an admin set lower.
 #[tokio::test]
 async fn init_lowers_the_revs_limit_and_never_raises_it() {
-    use couch_ledger::limits::{REVS_LIMIT, REVS_LIMIT_ONE_COPY};
+    use couch_ledger::testing::limits::{REVS_LIMIT, REVS_LIMIT_ONE_COPY};
     let l = couch_ledger::Ledger::new(support::builder("revs_limit").build().unwrap());
     let first = l.init().await.unwrap();
     let now = l.client().revs_limit().await.unwrap();

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_ledger::limits::{
+use couch_ledger::testing::limits::{
     MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, PRUNE_CONFIRMED_MS, SETTLED_AGE_MIN_MS,
 };
 use couch_ledger::{Client, Ledger, PauseHook, RetryPolicy, State};

@@ -563,7 +563,7 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use couch_ledger::limits::SWEEP_CONCURRENCY_MAX;
+    use couch_ledger::testing::limits::SWEEP_CONCURRENCY_MAX;
     use couch_ledger::PauseHook;
 
     let l = support::ledger("sweep_width").await;
