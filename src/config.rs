@@ -75,8 +75,8 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Builds a [`Client`](crate::Client). Consuming and `#[must_use]`; the first configuration error is kept and
-/// reported by [`ClientBuilder::build`].
+/// Builds a [`Client`](crate::Client). Consuming and `#[must_use]`; the first configuration
+/// error is kept and reported by [`ClientBuilder::build`].
 ///
 /// ```no_run
 /// # async fn f() -> couch_ledger::Result<()> {

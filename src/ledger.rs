@@ -42,7 +42,8 @@ pub(crate) struct LedgerInner {
     /// The one `_bulk_docs` queue under both.
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) bulk: Arc<BulkWriter>,
-    /// Test hook awaited before every protocol write (see `LedgerBuilder::pause_hook`, feature `testing`).
+    /// Test hook awaited before every protocol write (`LedgerBuilder::pause_hook`, feature
+    /// `testing`).
     pub(crate) pause: Option<PauseHook>,
     /// `w` of every ledger write (docs/CLUSTER.md).
     pub(crate) quorum: Arc<Quorum>,
@@ -337,9 +338,9 @@ impl LedgerBuilder {
     /// transfer as it is, or the mismatch of its terms — with nothing written. Without it an
     /// id is found taken only at the decision, after both accounts took a marker, which is
     /// then undone (money unchanged, two writes per account); a ledger remembers the transfers
-    /// it ended itself (the most recent ones, up to a bound) and answers those from their document either way.
-    /// Costs one request a transfer: for a process making one transfer (the command line), not
-    /// for a busy one.
+    /// it ended itself (the most recent ones, up to a bound) and answers those from their
+    /// document either way. Costs one request a transfer: for a process making one transfer
+    /// (the command line), not for a busy one.
     pub fn lookup_first(mut self, lookup_first: bool) -> Self {
         self.settings.lookup_first = lookup_first;
         self

@@ -89,7 +89,8 @@ pub struct SweepOutcome {
     /// Orphan markers undone (a pending marker whose transfer had already finished).
     pub repaired_markers: u64,
     /// Malformed transfers passed over without a read: found by an earlier pass (they are
-    /// reported then, in `skipped` and `problems`) and remembered in `_local/couch-ledger-sweeper-skip`.
+    /// reported then, in `skipped` and `problems`) and remembered in
+    /// `_local/couch-ledger-sweeper-skip`.
     pub skipped_malformed: u64,
     /// Ledger documents found holding a conflict (the `transactions/conflicts` view) and left
     /// with one leaf: accounts merged, transfers resolved (docs/CLUSTER.md).

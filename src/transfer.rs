@@ -852,8 +852,8 @@ impl Ledger {
     }
 
     /// The rest of a committed transfer's drive, in a task of its own
-    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)). Boxed: `drive` spawns it, so its future type
-    /// would contain itself.
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)). Boxed:
+    /// `drive` spawns it, so its future type would contain itself.
     fn finish_in_background(
         self,
         d: Drive,
