@@ -75,8 +75,8 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Builds a [`Client`]. Consuming and `#[must_use]`; the first configuration error is kept and
-/// reported by [`ClientBuilder::build`].
+/// Builds a [`Client`](crate::Client). Consuming and `#[must_use]`; the first configuration
+/// error is kept and reported by [`ClientBuilder::build`].
 ///
 /// ```no_run
 /// # async fn f() -> couch_ledger::Result<()> {
@@ -231,7 +231,8 @@ impl ClientBuilder {
 
     /// Tells `observer` about every HTTP request the client sends (latency, status, retries)
     /// and every conflict inside a `_bulk_docs` reply: the hook a service's metrics hang on.
-    /// Clients made from this one with [`Client::with_database`] keep it.
+    /// Clients made from this one with [`Client::with_database`](crate::Client::with_database)
+    /// keep it.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
         self

@@ -204,7 +204,7 @@ impl Ledger {
             extra: Map::new(),
         };
         // A re-sent id, answered from its document with nothing written: known to have ended
-        // here, or looked up first (`Ledger::with_lookup_first`).
+        // here, or looked up first (`LedgerBuilder::lookup_first`).
         if self.inner.accounts.has_ended(id) {
             return self.follow_once(&terms, None, Vec::new()).await;
         }

@@ -93,7 +93,8 @@ pub struct SweepOutcome {
     /// Orphan markers undone (a pending marker whose transfer had already finished).
     pub repaired_markers: u64,
     /// Malformed transfers passed over without a read: found by an earlier pass (they are
-    /// reported then, in `skipped` and `problems`) and remembered in `_local/`[`SKIP_LIST`].
+    /// reported then, in `skipped` and `problems`) and remembered in
+    /// `_local/couch-ledger-sweeper-skip`.
     pub skipped_malformed: u64,
     /// Ledger documents found holding a conflict (the `transactions/conflicts` view) and left
     /// with one leaf: accounts merged, transfers resolved (docs/CLUSTER.md).
@@ -102,7 +103,7 @@ pub struct SweepOutcome {
     /// documents with two different bodies (a person decides), or what could not be resolved
     /// now (a later pass tries again).
     pub conflicts_unresolved: u64,
-    /// What could not be handled, one line each (at most [`PROBLEMS_MAX`]).
+    /// What could not be handled, one line each (at most 1,000: the counts stay exact beyond).
     pub problems: Vec<String>,
 }
 
@@ -878,10 +879,9 @@ impl Ledger {
 
     /// Runs passes until `shutdown` resolves: after each pass it waits for a change to a
     /// transfer (`_changes` longpoll, with its own deadline since pouchdb-server ignores
-    /// `timeout`) or for `stale_after / 2` (clamped to [`WATCH_WAIT_MIN_MS`]..
-    /// [`WATCH_WAIT_MAX_MS`]), whichever comes first. A pass in progress when `shutdown`
-    /// resolves is finished, never cut off mid-step. A failed pass is logged and retried after
-    /// a back-off that doubles up to [`WATCH_BACKOFF_MAX_MS`].
+    /// `timeout`) or for `stale_after / 2` (clamped to 100 ms..30 s), whichever comes first. A
+    /// pass in progress when `shutdown` resolves is finished, never cut off mid-step. A failed
+    /// pass is logged and retried after a back-off that doubles up to 10 s.
     ///
     /// Returns the sum of the passes (`remaining` from the last one).
     ///

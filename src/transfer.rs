@@ -412,7 +412,7 @@ pub(crate) struct Drive {
     /// Effective phases left (a write that changed something); `step()` uses 1.
     budget: u32,
     /// Once committed, hand the rest (settle, `done`) to a background task and return
-    /// ([`Ledger::with_background_finish`]).
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)).
     detach: bool,
     /// The settles go out with their accounts' next writes ([`AccountEngine::run_held`]).
     ///
@@ -876,8 +876,8 @@ impl Ledger {
     }
 
     /// The rest of a committed transfer's drive, in a task of its own
-    /// ([`Ledger::with_background_finish`]). Boxed: `drive` spawns it, so its future type
-    /// would contain itself.
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)). Boxed:
+    /// `drive` spawns it, so its future type would contain itself.
     fn finish_in_background(
         self,
         d: Drive,
@@ -1419,8 +1419,7 @@ impl Ledger {
     /// the first reversal ([`RecordStatus::Exists`]) instead of making another, and a transfer is
     /// reversed at most once. A reversal is an ordinary transfer: it can end `cancelled` (e.g.
     /// `insufficient_funds` when the destination spent the money). Reversing again then makes
-    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to
-    /// [`REVERSAL_ATTEMPTS_MAX`](crate::limits::REVERSAL_ATTEMPTS_MAX): each is made only after
+    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to `rev100-{id}`: each is made only after
     /// the one before it ended `cancelled`, so at most one can ever move money.
     ///
     /// # Errors

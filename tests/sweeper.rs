@@ -552,10 +552,12 @@ async fn on_one_copy_a_pass_decides_on_the_documents_its_query_read() {
             continue;
         }
         let l = if one_copy {
-            base.with_one_copy()
+            base.to_builder().one_copy()
         } else {
-            base.with_settled_entries()
-        };
+            base.to_builder().settled_entries()
+        }
+        .build()
+        .unwrap();
         open(&l, "A", 10_000, Some(0)).await;
         open(&l, "B", 0, Some(0)).await;
         for i in 0..40 {
@@ -595,7 +597,7 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use couch_ledger::limits::SWEEP_CONCURRENCY_MAX;
+    use couch_ledger::testing::limits::SWEEP_CONCURRENCY_MAX;
     use couch_ledger::PauseHook;
 
     let l = support::ledger("sweep_width").await;
@@ -643,7 +645,7 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
             })
         }))
     };
-    let sweeper = l.another_worker().with_pause_hook(hook);
+    let sweeper = l.to_builder().pause_hook(hook).build().unwrap();
     let o = tokio::time::timeout(Duration::from_secs(120), sweeper.sweep_once(now_sweep(n)))
         .await
         .expect("fewer than SWEEP_CONCURRENCY_MAX drives at once: the barrier never filled")
@@ -781,9 +783,8 @@ async fn verify_reports_a_conflicted_ledger_document() {
 async fn the_sweeper_merges_a_conflicted_account_counting_each_transfer_once() {
     for (name, hash) in [("wins", "f"), ("loses", "0")] {
         // A cluster's conflict, planted: the entries a cluster keeps, on any server.
-        let l = support::ledger(&format!("merge_account_{name}"))
-            .await
-            .with_settled_entries();
+        let l =
+            support::ledger_with(&format!("merge_account_{name}"), |b| b.settled_entries()).await;
         open(&l, "A", 1_000, Some(0)).await;
         open(&l, "B", 0, Some(0)).await;
         l.submit(request("c1", "A", "B", 100), true).await.unwrap();
@@ -897,9 +898,7 @@ async fn get_raw(db: &str, path: &str) -> Value {
 #[tokio::test]
 async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
     // A cluster's conflict, planted: the entries a cluster keeps, on any server.
-    let l = support::ledger("member_conflict")
-        .await
-        .with_settled_entries();
+    let l = support::ledger_with("member_conflict", |b| b.settled_entries()).await;
     open(&l, "A", 1_000, Some(0)).await;
     open(&l, "B", 0, Some(0)).await;
     l.submit(request("c1", "A", "B", 100), true).await.unwrap();
@@ -915,7 +914,7 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
         }))
         .await
         .unwrap();
-    let member = Ledger::new(
+    let member = Ledger::builder(
         couch_ledger::Client::builder()
             .url(support::server().url.clone())
             .database(&db)
@@ -923,7 +922,9 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
             .build()
             .unwrap(),
     )
-    .with_settled_entries();
+    .settled_entries()
+    .build()
+    .unwrap();
     let out = member.sweep_once(now_sweep(10)).await.unwrap();
     assert_eq!(
         (out.conflicts_resolved, out.conflicts_unresolved),

@@ -863,8 +863,9 @@ async fn t1_done(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyho
 /// expiry, for the sweep to wait out.
 async fn t2_crash(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyhow::Result<i64> {
     // A writer that dies half-way: its own worker id and a short lease.
-    let crashing = Ledger::new(ledger.client().clone())
-        .with_lease(Duration::from_millis(CRASH_LEASE_MS))
+    let crashing = Ledger::builder(ledger.client().clone())
+        .lease(Duration::from_millis(CRASH_LEASE_MS))
+        .build()
         .context("a short lease")?;
     let fifty = eur.parse("50.00")?;
     crashing

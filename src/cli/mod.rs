@@ -56,7 +56,17 @@ pub(crate) struct Context {
 impl Context {
     /// The ledger on the configured server and database (no request is sent yet).
     pub(crate) fn ledger(&self) -> anyhow::Result<couch_ledger::Ledger> {
-        self.settings.ledger().context("invalid server settings")
+        self.ledger_with(|builder| builder)
+    }
+
+    /// [`Context::ledger`] configured further by `configure` (a command's own settings).
+    pub(crate) fn ledger_with(
+        &self,
+        configure: impl FnOnce(couch_ledger::LedgerBuilder) -> couch_ledger::LedgerBuilder,
+    ) -> anyhow::Result<couch_ledger::Ledger> {
+        self.settings
+            .ledger_with(configure)
+            .context("invalid server settings")
     }
 }
 

@@ -149,16 +149,11 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
         .observer(metrics.clone())
         .build()
         .context("invalid server settings")?;
-    let ledger = Ledger::new(client);
-    let ledger = match &global.hot_db {
-        Some(hot) => ledger.with_hot_database(hot).context("invalid --hot-db")?,
-        None => ledger,
-    };
-    let ledger = if settings.answer_at_commit {
-        ledger.with_background_finish()
-    } else {
-        ledger
-    };
+    let mut ledger = Ledger::builder(client).background_finish(settings.answer_at_commit);
+    if let Some(hot) = &global.hot_db {
+        ledger = ledger.hot_database(hot);
+    }
+    let ledger = ledger.build().context("invalid --hot-db")?;
     if settings.init {
         let report = ledger
             .init()
