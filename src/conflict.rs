@@ -318,6 +318,13 @@ impl OnLeaves<'_> {
             let pruned = at <= now.saturating_sub(age_min)
                 && self.fact.is_some_and(|f| f.state.is_terminal());
             if pruned {
+                tracing::info!(
+                    account = %self.winner.account_id,
+                    txn = %self.txn,
+                    joined = ?joined,
+                    age_ms = now.saturating_sub(at),
+                    "a merge took an entry the winner lacks as pruned there"
+                );
                 return true;
             }
         }

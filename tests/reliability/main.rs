@@ -18,7 +18,8 @@
 //! split layout (`LedgerBuilder::hot_database`: accounts and transfers in a second database,
 //! which R1's odd rounds and R2 use; the trio parts, R3…R6 use the single layout), background
 //! counts the submits that R1's odd workers, finishing in the background
-//! (`LedgerBuilder::background_finish`), had answered at the commit.
+//! (`LedgerBuilder::background_finish`), had answered before their end (at the commit, or at a
+//! one-write decision whose settles still ran).
 //!
 //! One file a part, in the order they run; `shared` holds what several parts use.
 
