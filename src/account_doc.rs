@@ -76,6 +76,12 @@ pub(crate) struct AccountDoc {
     /// pruned since what they still hold pending.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub(crate) merged: Vec<String>,
+    /// The latest `at` of any settled entry this branch ever pruned: a merge takes an entry the
+    /// winner lacks as pruned there only when it is no younger than this (docs/CLUSTER.md). A
+    /// branch that never pruned (accounts at the server's default quorum, where nothing is
+    /// pruned) lacks an entry only because it never had it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) pruned_to: Option<i64>,
     #[serde(flatten)]
     pub(crate) extra: Map<String, Value>,
 }

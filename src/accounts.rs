@@ -77,6 +77,7 @@ impl Ledger {
             settled: Vec::new(),
             created_at: Some(crate::engine::now_ms()),
             merged: Vec::new(),
+            pruned_to: None,
             extra: Map::new(),
         };
         let client = &self.inner.hot;

@@ -270,6 +270,20 @@ impl OnLeaves<'_> {
                 {
                     p
                 }
+                // A stepwise transfer that went on to its commit: an undone entry of it is a
+                // take-back from before the commit (a debit withdrawn from an account a merge
+                // left overdrawn, whose cancel never came) on a branch its later apply did not
+                // see; the commit counts the marker.
+                (p @ Status::Pending(d, ..), Status::Undone(_))
+                | (Status::Undone(_), p @ Status::Pending(d, ..))
+                    if fact.is_some_and(|f| {
+                        f.named.is_none()
+                            && f.delta == d
+                            && matches!(f.state, State::Committed | State::Done)
+                    }) =>
+                {
+                    p
+                }
                 (Status::Pending(..), x @ (Status::Settled(_) | Status::Undone(_)))
                 | (x @ (Status::Settled(_) | Status::Undone(_)), Status::Pending(..)) => x,
                 (Status::Settled(a), Status::Settled(b)) => Status::Settled(a.min(b)),
@@ -313,9 +327,12 @@ impl OnLeaves<'_> {
             }
         }
         // A settled entry the winner lacks may be one it pruned (only old entries of finished
-        // transfers are pruned): then its delta is in the winner's balance already.
+        // transfers are pruned, and the winner records how far it pruned): then its delta is in
+        // the winner's balance already. An entry younger than anything the winner pruned was
+        // never on the winner's branch: it counts.
         if let Status::Settled(at) | Status::Undone(at) = joined {
             let pruned = at <= now.saturating_sub(age_min)
+                && self.winner.pruned_to.is_some_and(|p| at <= p)
                 && self.fact.is_some_and(|f| f.state.is_terminal());
             if pruned {
                 tracing::info!(
@@ -744,13 +761,47 @@ mod tests {
 
     #[test]
     fn an_old_settled_entry_the_winner_lacks_was_pruned_there() {
-        let w = account(900, &[], &[]);
+        let mut w = account(900, &[], &[]);
         let mut l = account(900, &[], &[("t1", false)]);
         l.settled[0].at = NOW - i64::try_from(SETTLED_AGE_MIN_MS).expect("fits") - 1;
+        w.pruned_to = Some(l.settled[0].at);
         let f = facts(&[("t1", State::Done, -100)]);
         let m = merge_account(&w, &[l], &f, NOW).expect("merges");
         assert_eq!(m.balance.minor(), 900);
         assert!(m.settled.is_empty());
+    }
+
+    /// A branch that lived past the pruning age (nothing pruned: accounts at the server's
+    /// default quorum, or a branch no merge reached for a minute) keeps what only the loser
+    /// settled: each transfer counted once whichever leaf wins.
+    #[test]
+    fn an_old_entry_on_a_branch_the_winner_never_pruned_counts() {
+        let old = NOW - i64::try_from(SETTLED_AGE_MIN_MS).expect("fits") - 10_000;
+        // Both from 10,000: t1 (−5,000) and t2 (+1,000) settled on one branch, t3 (−200) on the other.
+        let mut l = account(6_000, &[], &[("t1", false), ("t2", false)]);
+        let mut w = account(9_800, &[], &[("t3", false)]);
+        for s in l.settled.iter_mut().chain(w.settled.iter_mut()) {
+            s.at = old;
+        }
+        let f = facts(&[
+            ("t1", State::Done, -5_000),
+            ("t2", State::Done, 1_000),
+            ("t3", State::Done, -200),
+        ]);
+        for (winner, loser) in [(&w, &l), (&l, &w)] {
+            let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).expect("merges");
+            assert_eq!(
+                m.balance.minor(),
+                5_800,
+                "winner at {}",
+                winner.balance.minor()
+            );
+            assert_eq!(m.settled.len(), 3);
+        }
+        // Had the winner pruned up to those entries, they would be taken as its own, pruned.
+        w.pruned_to = Some(old);
+        let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).expect("merges");
+        assert_eq!(m.balance.minor(), 9_800);
     }
 
     #[test]

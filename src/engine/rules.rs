@@ -297,9 +297,37 @@ fn settle(
             }
             Ok(OpResult::Applied)
         }
-        None if in_settled => Ok(OpResult::Finished),
+        None if in_settled => Ok(settle_undone(doc, op, now, named, delta)?),
         None => Ok(OpResult::Absent),
     }
+}
+
+/// A stepwise settle (sent only for a committed transfer) that finds the transfer undone here:
+/// the undo was a take-back from before the commit (a debit withdrawn from an account a merge
+/// left overdrawn, whose cancel never came), and the commit was reached through a branch that
+/// did not see it. The commit counts the delta: it is applied again and the entry turned
+/// settled, as a merge of settled against undone follows the transfer's state. Otherwise
+/// (settled already, or the one-write path, whose decision names its marker): finished.
+fn settle_undone(
+    doc: &mut AccountDoc,
+    op: &AccountOp,
+    now: i64,
+    named: Option<Attempt>,
+    delta: Amount,
+) -> Result<OpResult> {
+    let undone = named.is_none() && doc.settled.iter().any(|s| s.txn == op.txn && s.undone);
+    if !undone {
+        return Ok(OpResult::Finished);
+    }
+    doc.balance = doc.balance.checked_add(delta)?;
+    doc.settled.retain(|s| s.txn != op.txn);
+    doc.settled.push(Settled::new(&op.txn, now, false));
+    tracing::warn!(
+        account = %doc.account_id,
+        txn = %op.txn,
+        "settled a committed transfer this branch had taken back before its commit"
+    );
+    Ok(OpResult::Applied)
 }
 
 /// An undo ([`OpKind::Undo`]): the pending marker's delta reversed, the transfer recorded
@@ -394,8 +422,15 @@ pub(crate) fn prune_settled(
 ) -> bool {
     let age_min = i64::try_from(SETTLED_AGE_MIN_MS).expect("fits");
     let before = doc.settled.len();
-    doc.settled
-        .retain(|s| !(prunable(&s.txn) && s.at <= now.saturating_sub(age_min)));
+    let mut latest = doc.pruned_to;
+    doc.settled.retain(|s| {
+        let goes = prunable(&s.txn) && s.at <= now.saturating_sub(age_min);
+        if goes {
+            latest = latest.max(Some(s.at));
+        }
+        !goes
+    });
+    doc.pruned_to = latest;
     doc.settled.len() != before
 }
 
@@ -825,6 +860,169 @@ mod tests {
             undone: false,
         });
         assert!(prune_candidates(&skewed, now, every).is_empty());
+    }
+
+    /// A merge after two branches of an account each lived past the pruning age, nothing
+    /// pruned on either (accounts at the server's default quorum never prune): the debits and
+    /// credits settled only on the loser count, whichever leaf wins. With "old and absent on the
+    /// winner" taken as pruned there, a slow run of `r1_trio` created money this way.
+    #[test]
+    fn a_merge_after_a_long_lived_branch_keeps_the_losers_old_settles() {
+        use crate::conflict::{merge_account, TxnFacts};
+        use crate::state::State;
+        use std::collections::HashMap;
+        let none = HashSet::new();
+        let t0 = 1_000_000_000i64;
+        // e2 at its opening, written by everyone alike.
+        let base = account(10_000, Some(0));
+        // Branch L (process B's cached `_rev`): t1 debits 5,000 and t2 credits 1,000, each
+        // applied and settled by its stepwise drive, then `done`.
+        let mut l = base.clone();
+        l.rev = Some("3-l".into());
+        for (txn, delta) in [("t1", -5_000), ("t2", 1_000)] {
+            let applied =
+                evaluate(Some(&mut l), &apply(txn, delta, delta < 0, None), t0, &none).unwrap();
+            assert_eq!(applied, OpResult::Applied);
+            let settled = evaluate(Some(&mut l), &op(txn, settle(delta)), t0 + 1, &none).unwrap();
+            assert_eq!(settled, OpResult::Applied);
+        }
+        // Branch W (process A's cached `_rev`, the longer path: CouchDB's winner): t3 debits 200.
+        let mut w = base.clone();
+        w.rev = Some("4-w".into());
+        evaluate(Some(&mut w), &apply("t3", -200, true, None), t0 + 2, &none).unwrap();
+        evaluate(Some(&mut w), &op("t3", settle(-200)), t0 + 3, &none).unwrap();
+        assert_eq!((l.balance.minor(), w.balance.minor()), (6_000, 9_800));
+        let facts: HashMap<String, TxnFacts> = [("t1", -5_000), ("t2", 1_000), ("t3", -200)]
+            .into_iter()
+            .map(|(t, d)| {
+                let f = TxnFacts {
+                    state: State::Done,
+                    delta: Amount::new(d).unwrap(),
+                    named: None,
+                };
+                (t.to_owned(), f)
+            })
+            .collect();
+        // Every transfer done, each counted once: 10,000 − 5,000 + 1,000 − 200.
+        let exact = 5_800;
+        // Merged soon after: exact, whichever leaf wins.
+        let soon = t0 + 10_000;
+        let m = merge_account(&w, std::slice::from_ref(&l), &facts, soon).unwrap();
+        assert_eq!(m.balance.minor(), exact, "merged soon, W winning");
+        let m = merge_account(&l, std::slice::from_ref(&w), &facts, soon).unwrap();
+        assert_eq!(m.balance.minor(), exact, "merged soon, L winning");
+        // The same two leaves merged once the branch lived past SETTLED_AGE_MIN_MS (a slow
+        // run; the sweeper's conflict pass at rest). Nothing was pruned on either branch.
+        let late = t0 + i64::try_from(SETTLED_AGE_MIN_MS).unwrap() + 2 * 5_000;
+        let m = merge_account(&w, std::slice::from_ref(&l), &facts, late).unwrap();
+        assert_eq!(
+            m.balance.minor(),
+            exact,
+            "W winning: t1's debit and t2's credit, settled only on L, were dropped as if W had \
+             pruned them ({} = {:+} minor units on e2; conservation broken by as much)",
+            m.balance.minor(),
+            m.balance.minor() - exact
+        );
+        let m = merge_account(&l, std::slice::from_ref(&w), &facts, late).unwrap();
+        assert_eq!(m.balance.minor(), exact, "L winning: t3's debit dropped");
+    }
+
+    /// A committed stepwise debit is not lost to a take-back on another branch. A drive's
+    /// re-apply meets its own debit on a merged, overdrawn account and takes it back
+    /// (`Withdrawn`, an undone entry), then crashes before `canceling`. The next driver (after
+    /// the lease) applies through a cached branch that holds neither the marker nor the undone
+    /// entry: `Applied`, and the transfer commits. Whether the merge of the two comes before
+    /// the settle or not, the debit counts once and the settle applies (a settle answering
+    /// `Finished` on the undone entry would let `done` be written with the debit gone).
+    #[test]
+    fn a_committed_debit_survives_an_old_take_back_on_another_branch() {
+        use crate::conflict::{merge_account, TxnFacts};
+        use crate::state::State;
+        use std::collections::HashMap;
+        let none = HashSet::new();
+        let facts = |list: &[(&str, State, i64)]| -> HashMap<String, TxnFacts> {
+            list.iter()
+                .map(|(t, state, d)| {
+                    let f = TxnFacts {
+                        state: *state,
+                        delta: Amount::new(*d).unwrap(),
+                        named: None,
+                    };
+                    ((*t).to_owned(), f)
+                })
+                .collect()
+        };
+        let base = account(1_000, Some(0));
+        // Two debits of 600 on two branches (each passed its own funds check).
+        let mut x = base.clone();
+        x.rev = Some("2-x".into());
+        assert_eq!(
+            evaluate(Some(&mut x), &apply("r", -600, true, None), 1, &none).unwrap(),
+            OpResult::Applied
+        );
+        let mut y = base.clone();
+        y.rev = Some("2-y".into());
+        assert_eq!(
+            evaluate(Some(&mut y), &apply("t", -600, true, None), 1, &none).unwrap(),
+            OpResult::Applied
+        );
+        // Merged (t still pending): −200, overdrawn. t's drive applies again (its credit
+        // failed transiently): its debit is taken back; then it crashes before `canceling`.
+        let pending = facts(&[("t", State::Pending, -600)]);
+        let mut m = merge_account(&x, std::slice::from_ref(&y), &pending, 2).unwrap();
+        assert_eq!(m.balance.minor(), -200);
+        assert_eq!(
+            evaluate(Some(&mut m), &apply("t", -600, true, None), 3, &none).unwrap(),
+            OpResult::Withdrawn
+        );
+        assert_eq!(m.balance.minor(), 400);
+        // Meanwhile another process, through its cached `_rev` of branch x, settles a credit c
+        // of 700 there (pouchdb takes a child of any leaf): branch z, without t at all.
+        let mut z = x.clone();
+        z.rev = Some("4-z".into());
+        evaluate(Some(&mut z), &apply("c", 700, false, None), 4, &none).unwrap();
+        evaluate(Some(&mut z), &op("c", settle(700)), 5, &none).unwrap();
+        // After the lease, the next driver of t applies through that cached branch: it lands
+        // (1,100 available), the credit answers AlreadyPending, the transfer is committed.
+        assert_eq!(
+            evaluate(Some(&mut z), &apply("t", -600, true, None), 40_000, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!(z.balance.minor(), 500);
+        // The settle's round reads the conflict {m, z} and merges it. t is committed: its
+        // debit must count. Exact: 1,000 − 600 (r) + 700 (c) − 600 (t) = 500.
+        let committed = facts(&[
+            ("t", State::Committed, -600),
+            ("c", State::Done, 700),
+            ("r", State::Pending, -600),
+        ]);
+        for (winner, loser) in [(&m, &z), (&z, &m)] {
+            let mut merged =
+                merge_account(winner, std::slice::from_ref(loser), &committed, 41_000).unwrap();
+            let settled =
+                evaluate(Some(&mut merged), &op("t", settle(-600)), 41_000, &none).unwrap();
+            assert_eq!(
+                (merged.balance.minor(), settled),
+                (500, OpResult::Applied),
+                "winner {:?}: the merge kept t undone and the settle answered {settled:?}, \
+                 which lets the drive write `done` (transfer.rs `settle_and_complete`): the \
+                 debit is gone, {:+} minor units created on this account",
+                winner.rev,
+                merged.balance.minor() - 500
+            );
+        }
+        // The settle reads the branch with the take-back before any merge: it applies the
+        // debit again; the later merge counts it once.
+        let mut lone = m.clone();
+        assert_eq!(
+            evaluate(Some(&mut lone), &op("t", settle(-600)), 41_000, &none).unwrap(),
+            OpResult::Applied
+        );
+        for (winner, loser) in [(&lone, &z), (&z, &lone)] {
+            let merged =
+                merge_account(winner, std::slice::from_ref(loser), &committed, 42_000).unwrap();
+            assert_eq!(merged.balance.minor(), 500, "winner {:?}", winner.rev);
+        }
     }
 
     #[test]
