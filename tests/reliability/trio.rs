@@ -169,11 +169,78 @@ async fn trio_rest_and_check(
             .build()
             .unwrap(),
     );
+    let before = tally.violations();
     audit(part, &on_node, tally).await;
     // The trio parts run the single layout (`part_ledger`): everything is in `db`.
     let n = independent_check(part, &Dbs::of(&on_node), book, tally, &[]).await;
+    if tally.violations() > before {
+        entries_against_documents(part, &trio.node(0), db).await;
+    }
     tally.settle_overdrafts(part);
     n
+}
+
+/// For a person chasing a failed audit: every entry of an account that disagrees with its
+/// transfer's document (settled entries are kept on the trio, which states three copies, and
+/// never pruned with accounts at the default quorum).
+async fn entries_against_documents(part: &str, node: &str, db: &str) {
+    let Some(all) =
+        support::trio::get_json(&format!("{node}/{db}/_all_docs?include_docs=true")).await
+    else {
+        eprintln!("{part}: could not read {db} to compare entries with documents");
+        return;
+    };
+    let rows = all["rows"].as_array().cloned().unwrap_or_default();
+    let docs: BTreeMap<String, serde_json::Value> = rows
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap_or("").to_owned(), r["doc"].clone()))
+        .collect();
+    // Per account: txn -> "settled" | "undone" (entries are stored in groups by time).
+    let entry_of = |a: &serde_json::Value, txn: &str| -> Option<&'static str> {
+        for g in a["settled"].as_array().into_iter().flatten() {
+            if g["txns"].as_array().into_iter().flatten().any(|t| t == txn) {
+                return Some("settled");
+            }
+            if g["undone"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| t == txn)
+            {
+                return Some("undone");
+            }
+        }
+        None
+    };
+    for (id, t) in docs.iter().filter(|(id, _)| id.starts_with("txn:")) {
+        let txn = &id["txn:".len()..];
+        let state = t["state"].as_str().unwrap_or("?");
+        for side in ["source", "destination"] {
+            let account = t[side].as_str().unwrap_or("?");
+            let Some(a) = docs.get(&format!("account:{account}")) else {
+                continue;
+            };
+            let pending = a["pending"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["txn"] == txn);
+            let entry = entry_of(a, txn);
+            let fits = match state {
+                "done" | "committed" => entry == Some("settled"),
+                "cancelled" => entry != Some("settled") && !pending,
+                _ => true,
+            };
+            if !fits {
+                eprintln!(
+                    "ENTRY {part}: {txn} is {state} (value {}), but {account} ({side}) holds {} {}",
+                    t["value"],
+                    entry.unwrap_or("no entry"),
+                    if pending { "and a pending marker" } else { "" }
+                );
+            }
+        }
+    }
 }
 
 /// The end of an R1 round or of R2: on the trio, [`trio_rest_and_check`]; elsewhere, sweep
