@@ -10,9 +10,9 @@ use couch_ledger::{Currency, Ledger, Purchase};
 const BIN: &str = env!("CARGO_BIN_EXE_couch-ledger");
 const CLOUDANT_FILE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/examples/cloudant-purchase.json"
+    "/../../examples/cloudant-purchase.json"
 );
-const CLOUDANT: &str = include_str!("../examples/cloudant-purchase.json");
+const CLOUDANT: &str = include_str!("../../../examples/cloudant-purchase.json");
 const ORDER: &str = "320afa89017426b994162ab004ce3383";
 
 /// Environment variables for one run.
@@ -1710,7 +1710,7 @@ async fn a_split_ledger_through_the_command_line() {
 // ---- dev-server and the README's by-hand path -------------------------------------------------
 
 /// The README, whose by-hand commands the test below runs as written.
-const README: &str = include_str!("../README.md");
+const README: &str = include_str!("../../../README.md");
 
 /// The lines of the README's first `sh` block under "## By hand".
 fn readme_by_hand() -> Vec<&'static str> {
@@ -1891,7 +1891,7 @@ async fn dev_server_runs_the_readme_by_hand_and_stops_on_sigterm() {
             .env_remove("LEDGER_DB")
             .env_remove("LEDGER_HOT_DB")
             .env_remove("COUCH_LEDGER_CONFIG")
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .output(),

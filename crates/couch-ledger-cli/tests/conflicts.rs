@@ -864,7 +864,7 @@ const ORDER: &str = "o1";
 
 fn purchase() -> Purchase {
     let mut p = Purchase::from_json(
-        include_str!("../examples/cloudant-purchase.json"),
+        include_str!("../../../examples/cloudant-purchase.json"),
         Some(Currency::from_code("GBP").unwrap()),
     )
     .unwrap();

@@ -16,7 +16,7 @@ use crate::support;
 mod contract;
 
 const BIN: &str = env!("CARGO_BIN_EXE_couch-ledger");
-const CLOUDANT: &str = include_str!("../examples/cloudant-purchase.json");
+const CLOUDANT: &str = include_str!("../../../examples/cloudant-purchase.json");
 const ORDER: &str = "320afa89017426b994162ab004ce3383";
 
 /// A running `couch-ledger serve`; killed when dropped (a test that stops it checks the exit).
@@ -1050,7 +1050,10 @@ async fn serve_operator_endpoints_sweeper_and_an_unreachable_couchdb() {
 async fn serve_the_node_example_client_runs_against_it() {
     let (_l, db) = ledger("serve_node").await;
     let svc = Service::start(&db, &["--no-sweep"]).await;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/service-client.mjs");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/service-client.mjs"
+    );
     let out = tokio::time::timeout(
         Duration::from_secs(120),
         tokio::process::Command::new("node")

@@ -1034,7 +1034,7 @@ async fn a_members_new_edits_false_root_revision_of_a_payment_is_refused() {
     let db = client.database().to_owned();
     let gbp = Currency::from_code("GBP").unwrap();
     let purchase = Purchase::from_json(
-        include_str!("../examples/cloudant-purchase.json"),
+        include_str!("../../../examples/cloudant-purchase.json"),
         Some(gbp),
     )
     .unwrap();

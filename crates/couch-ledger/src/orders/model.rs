@@ -683,7 +683,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    const CLOUDANT: &str = include_str!("../../examples/cloudant-purchase.json");
+    const CLOUDANT: &str = include_str!("../../../../examples/cloudant-purchase.json");
 
     fn gbp() -> Currency {
         Currency::from_code("GBP").unwrap()

@@ -117,6 +117,6 @@ pub mod testing {
 /// The Rust snippets of the README and of docs/LIBRARY.md, compiled as doctests so that they
 /// keep building against the API they show.
 #[cfg(doctest)]
-#[doc = include_str!("../README.md")]
-#[doc = include_str!("../docs/LIBRARY.md")]
+#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../../../docs/LIBRARY.md")]
 pub struct ReadmeDoctests;

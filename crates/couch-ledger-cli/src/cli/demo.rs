@@ -8,7 +8,6 @@
 use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::devserver::{self, DevServer};
 use anyhow::{ensure, Context as _};
 use clap::Args;
 use couch_ledger::design::InstallStatus;
@@ -17,6 +16,7 @@ use couch_ledger::{
     RecordStatus, Refund, Shipment, State, SweepOptions, TransferRequest, TransitionError,
     VerifyOptions, ViewQuery,
 };
+use couch_ledger_devserver::{self as devserver, DevServer};
 use serde_json::{json, Value};
 
 use super::output::{install_status, money};
@@ -25,7 +25,7 @@ use couch_ledger::redact_url;
 
 /// The Cloudant example order (examples/cloudant-purchase.json), embedded so the demo runs
 /// from any directory.
-const CLOUDANT_PURCHASE: &str = include_str!("../../examples/cloudant-purchase.json");
+const CLOUDANT_PURCHASE: &str = include_str!("../../../../examples/cloudant-purchase.json");
 
 #[derive(Args)]
 pub(crate) struct DemoArgs {}

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
+use couch_ledger_devserver::{self as devserver, DevServer};
 use serde_json::json;
 
-use super::devserver::{self, DevServer};
 use super::{Context, Exit};
 
 /// The port CouchDB listens on, and so the program's default URL.

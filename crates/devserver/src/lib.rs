@@ -14,9 +14,9 @@
 //! every checkout and worktree of the same version shares one install.
 //! `COUCH_LEDGER_TESTSERVER_DIR` names another directory holding an installed `testserver/`.
 //!
-//! This is a development tool, not a production server and not part of the library: the
-//! program (`src/cli`), the tests (`tests/support`) and the benchmark compile this file into
-//! themselves (`#[path]`), so it depends on nothing of the crate. Each uses part of it.
+//! This is a development tool, not a production server and not part of the library: it
+//! depends on nothing of the ledger. The program (its `demo` and `dev-server` commands), the
+//! tests' harness (crates/testkit) and the benchmark depend on it; each uses part of it.
 #![allow(dead_code)]
 
 use std::fmt;
@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 use sha2::{Digest as _, Sha256};
 
 /// The pinned server's files, embedded so the program needs no source tree.
-const PACKAGE_JSON: &str = include_str!("../../testserver/package.json");
-const PACKAGE_LOCK: &str = include_str!("../../testserver/package-lock.json");
-const SERVE_JS: &str = include_str!("../../testserver/serve.js");
+const PACKAGE_JSON: &str = include_str!("../testserver/package.json");
+const PACKAGE_LOCK: &str = include_str!("../testserver/package-lock.json");
+const SERVE_JS: &str = include_str!("../testserver/serve.js");
 
 /// Why the local server could not be installed or started (never the user's input).
 #[derive(Debug)]

@@ -174,7 +174,7 @@ async fn serve_contract_a_generated_typescript_client_runs_the_example_flow() {
                 "PURCHASE_FILE",
                 concat!(
                     env!("CARGO_MANIFEST_DIR"),
-                    "/examples/cloudant-purchase.json"
+                    "/../../examples/cloudant-purchase.json"
                 ),
             )
             .env_remove("LEDGER_API_KEY")

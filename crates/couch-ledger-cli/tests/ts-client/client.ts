@@ -5,7 +5,7 @@
 // re-sending the transfer with the same Idempotency-Key to show it never moves twice.
 //
 //   npx openapi-typescript http://127.0.0.1:8080/openapi.json -o schema.d.ts
-//   npx tsc && LEDGER_URL=http://127.0.0.1:8080 PURCHASE_FILE=../../examples/cloudant-purchase.json node dist/client.js
+//   npx tsc && LEDGER_URL=http://127.0.0.1:8080 PURCHASE_FILE=../../../../examples/cloudant-purchase.json node dist/client.js
 //
 // LEDGER_API_KEY is sent as `Authorization: Bearer …` when set; RUN_ID suffixes the names.
 // Exit 0 when every answer was the expected one.
@@ -23,7 +23,7 @@ type Schemas = components['schemas'];
 const base = (process.env.LEDGER_URL ?? 'http://127.0.0.1:8080').replace(/\/$/, '');
 const key = process.env.LEDGER_API_KEY;
 const run = process.env.RUN_ID ?? randomUUID().slice(0, 8);
-const purchaseFile = process.env.PURCHASE_FILE ?? '../../examples/cloudant-purchase.json';
+const purchaseFile = process.env.PURCHASE_FILE ?? '../../../../examples/cloudant-purchase.json';
 
 const ledger = createClient<paths>({
   baseUrl: base,

@@ -6,9 +6,8 @@
 //! CouchDB from `docker compose up`.
 #![allow(dead_code)]
 
-// The local server is the program's own helper, compiled in here: not part of the library.
-#[path = "../../src/cli/devserver.rs"]
-pub mod devserver;
+// The local server (not part of the library).
+pub use couch_ledger_devserver as devserver;
 pub mod proxy;
 pub mod tools;
 pub mod trio;

@@ -36,9 +36,8 @@
 //! machinery and the document floor; `output` prints the table and writes the JSON, `chart`
 //! draws the SVG.
 
-// The local server is the program's own helper (not part of the library), compiled in here.
-#[path = "../../src/cli/devserver.rs"]
-mod devserver;
+// The local server (not part of the library).
+use couch_ledger_devserver as devserver;
 
 // The sizes and goals the figures share.
 mod sizes;

@@ -47,7 +47,7 @@ async fn a_split_ledger_keeps_accounts_and_transfers_out_of_the_validated_databa
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let mut purchase = Purchase::from_json(
-        include_str!("../examples/cloudant-purchase.json"),
+        include_str!("../../../examples/cloudant-purchase.json"),
         Some(Currency::from_code("GBP").unwrap()),
     )
     .unwrap();

@@ -1,11 +1,13 @@
-//! Embeds every file under `design_docs/` into the library (see `src/design.rs`), the way sqlx
-//! embeds migrations: the binary carries its views and validation, and a changed file rebuilds.
+//! Embeds every file under the repository's `design_docs/` into the library (see
+//! `src/design.rs`), the way sqlx embeds migrations: the binary carries its views and
+//! validation, and a changed file rebuilds.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 fn main() {
-    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("design_docs");
+    let root =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap()).join("../../design_docs");
     println!("cargo:rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     collect(&root, &mut files);

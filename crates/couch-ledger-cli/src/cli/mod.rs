@@ -16,7 +16,6 @@ use serde_json::{json, Value};
 pub(crate) mod args;
 pub(crate) mod demo;
 pub(crate) mod dev;
-pub(crate) mod devserver;
 pub(crate) mod failure;
 pub(crate) mod orders;
 pub(crate) mod output;

@@ -6,7 +6,7 @@ use couch_ledger::{
     Refund, Shipment,
 };
 
-const CLOUDANT: &str = include_str!("../examples/cloudant-purchase.json");
+const CLOUDANT: &str = include_str!("../../../examples/cloudant-purchase.json");
 const ORDER: &str = "320afa89017426b994162ab004ce3383";
 
 fn gbp() -> Currency {
