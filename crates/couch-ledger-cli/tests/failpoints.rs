@@ -3,8 +3,7 @@
 //! test that runs the scenarios one after the other. Run with
 //! `cargo test --features failpoints --test failpoints`.
 
-#[path = "support/mod.rs"]
-mod support;
+use couch_ledger_testkit as support;
 
 use std::time::Duration;
 

@@ -1,6 +1,7 @@
-//! Integration tests: one binary, against a real CouchDB-protocol server (see `support`).
+//! Integration tests: one binary, against a real CouchDB-protocol server (see `support`, the
+//! testkit crate).
 
-mod support;
+use couch_ledger_testkit as support;
 
 // The HTTP layer against the real server: documents, views, changes, errors.
 mod client;

@@ -22,8 +22,7 @@
 //!
 //! One file a part, in the order they run; `shared` holds what several parts use.
 
-#[path = "../support/mod.rs"]
-mod support;
+use couch_ledger_testkit as support;
 
 // What several parts use: sizes, the tally, the world of a part, raw reads, the checks at rest.
 mod shared;

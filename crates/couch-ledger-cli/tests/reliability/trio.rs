@@ -1,7 +1,7 @@
 //! R1 and R2 on the replicating trio.
 //!
 //! Three pouchdb-server nodes replicating continuously to each other behind a round-robin proxy
-//! (tests/support/trio.rs): a `_rev` compare-and-swap through two nodes can succeed twice and
+//! (crates/testkit/src/trio.rs): a `_rev` compare-and-swap through two nodes can succeed twice and
 //! leave a conflict, as on a CouchDB cluster. R1's and R2's workloads run through the proxy; at
 //! the end the harness waits for the nodes to converge and the sweeper to resolve what
 //! conflicted, then checks the invariants on node 0 (all three then hold the same).

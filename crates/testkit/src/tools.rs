@@ -4,10 +4,10 @@
 //! and worktree of the same pin shares one install:
 //!
 //! - `python_tools()`: schemathesis and openapi-spec-validator in a venv, from
-//!   `tests/contract/requirements.txt` (every package pinned with its hashes, installed with
-//!   `pip install --require-hashes --no-deps`);
+//!   `crates/couch-ledger-cli/tests/contract/requirements.txt` (every package pinned with its
+//!   hashes, installed with `pip install --require-hashes --no-deps`);
 //! - `ts_client_tools()`: openapi-typescript, openapi-fetch and TypeScript from
-//!   `tests/ts-client/package-lock.json` (`npm ci`).
+//!   `crates/couch-ledger-cli/tests/ts-client/package-lock.json` (`npm ci`).
 //!
 //! A missing `python3` or `npm`, or an install that fails, panics with what to do: a test that
 //! needs a tool never passes without running it.
@@ -24,9 +24,10 @@ use super::devserver::cache_root;
 /// How long one install may take on a slow registry.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(900);
 
-const REQUIREMENTS: &str = include_str!("../contract/requirements.txt");
-const TS_PACKAGE_JSON: &str = include_str!("../ts-client/package.json");
-const TS_PACKAGE_LOCK: &str = include_str!("../ts-client/package-lock.json");
+const REQUIREMENTS: &str = include_str!("../../couch-ledger-cli/tests/contract/requirements.txt");
+const TS_PACKAGE_JSON: &str = include_str!("../../couch-ledger-cli/tests/ts-client/package.json");
+const TS_PACKAGE_LOCK: &str =
+    include_str!("../../couch-ledger-cli/tests/ts-client/package-lock.json");
 
 /// The Python tools' venv: `bin/st` and `bin/openapi-spec-validator` are in it.
 pub fn python_tools() -> PathBuf {
@@ -45,7 +46,7 @@ pub fn python_tools() -> PathBuf {
                     .args(["install", "--require-hashes", "--no-deps", "--quiet"])
                     .args(["--disable-pip-version-check", "--no-input", "-r"])
                     .arg(dir.join("requirements.txt")),
-                "pip install -r tests/contract/requirements.txt",
+                "pip install -r crates/couch-ledger-cli/tests/contract/requirements.txt",
             )
         },
     );
@@ -66,7 +67,7 @@ pub fn ts_client_tools() -> PathBuf {
             Command::new("npm")
                 .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
                 .current_dir(dir),
-            "npm ci in tests/ts-client (install Node.js and npm)",
+            "npm ci in crates/couch-ledger-cli/tests/ts-client (install Node.js and npm)",
         )
     });
     dir
