@@ -54,6 +54,20 @@
 //! ```
 #![deny(missing_docs)]
 
+/// A protocol fail point: the `fail` crate's `fail_point!` with the `failpoints` feature, and
+/// nothing without it, so that a build without the feature does not depend on `fail` at all.
+/// Defined before the modules, which see it by textual scope.
+#[cfg(feature = "failpoints")]
+macro_rules! fail_point {
+    ($($arg:tt)*) => {
+        fail::fail_point!($($arg)*)
+    };
+}
+#[cfg(not(feature = "failpoints"))]
+macro_rules! fail_point {
+    ($($arg:tt)*) => {{}};
+}
+
 mod account_doc;
 mod accounts;
 mod audit;

@@ -244,7 +244,7 @@ impl Ledger {
         match written? {
             TxnWritten::Uncertain => Err(unconfirmed(&terms.txn_id)),
             TxnWritten::Written(rev) => {
-                fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
+                fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
                 let mut doc = decision;
                 doc.rev = Some(rev);
                 self.converge_decided(doc, touched, RecordStatus::Created)
@@ -271,7 +271,7 @@ impl Ledger {
             let terms = terms.clone();
             let made = Arc::clone(&made);
             Box::new(move |debit, credit| {
-                fail::fail_point!("once-after-apply", |_| {
+                fail_point!("once-after-apply", |_| {
                     *made.lock().unwrap_or_else(|e| e.into_inner()) =
                         Some(Err(crash("once-after-apply")));
                     None
@@ -420,7 +420,7 @@ impl Ledger {
                 touched.push(account.clone());
             }
         }
-        fail::fail_point!("once-after-apply", |_| Err(crash("once-after-apply")));
+        fail_point!("once-after-apply", |_| Err(crash("once-after-apply")));
         Ok(judge(attempt, debit, credit))
     }
 
@@ -668,7 +668,7 @@ impl Ledger {
             self.pause_at("decide").await;
             match self.write_txn_outcome(&decided).await? {
                 TxnWritten::Written(rev) => {
-                    fail::fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
+                    fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
                     decided.rev = Some(rev);
                     self.converge_in_background(decided.clone(), touched, Some(Arc::clone(pass)));
                     return Ok((decided, true));

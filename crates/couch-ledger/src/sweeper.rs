@@ -545,7 +545,7 @@ impl Ledger {
                     }
                 }
             }
-            fail::fail_point!("sweeper-after-repair", |_| Err(crash(
+            fail_point!("sweeper-after-repair", |_| Err(crash(
                 "sweeper-after-repair"
             )));
         }
@@ -797,7 +797,7 @@ impl Ledger {
             Ok(None) => return Swept::Skipped,
             Err(e) => return Swept::Failed(format!("{id}: {e}")),
         };
-        fail::fail_point!("sweeper-after-takeover", |_| Swept::Failed(format!(
+        fail_point!("sweeper-after-takeover", |_| Swept::Failed(format!(
             "{id}: {}",
             crash("sweeper-after-takeover")
         )));

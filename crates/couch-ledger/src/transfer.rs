@@ -882,7 +882,7 @@ impl Ledger {
             match d.doc.state {
                 State::Initial => {
                     if self.cas(d, Event::Begin, None, "begin").await? {
-                        fail::fail_point!("txn-after-begin", |_| Err(Stop::Fail(crash(
+                        fail_point!("txn-after-begin", |_| Err(Stop::Fail(crash(
                             "txn-after-begin"
                         ))));
                     }
@@ -924,10 +924,10 @@ impl Ledger {
                     if credit == OpResult::Applied {
                         d.applied.push(d.doc.destination.clone());
                     }
-                    fail::fail_point!("txn-after-debit", |_| Err(Stop::Fail(crash(
+                    fail_point!("txn-after-debit", |_| Err(Stop::Fail(crash(
                         "txn-after-debit"
                     ))));
-                    fail::fail_point!("txn-after-credit", |_| Err(Stop::Fail(crash(
+                    fail_point!("txn-after-credit", |_| Err(Stop::Fail(crash(
                         "txn-after-credit"
                     ))));
                     if debit == OpResult::Applied || credit == OpResult::Applied {
@@ -939,7 +939,7 @@ impl Ledger {
                     match judge(debit, credit) {
                         Verdict::Commit => {
                             if self.cas(d, Event::Commit, None, "commit").await? {
-                                fail::fail_point!("txn-after-commit", |_| Err(Stop::Fail(crash(
+                                fail_point!("txn-after-commit", |_| Err(Stop::Fail(crash(
                                     "txn-after-commit"
                                 ))));
                             }
@@ -949,9 +949,9 @@ impl Ledger {
                                 .cas(d, Event::Cancel, Some(reason), "canceling")
                                 .await?
                             {
-                                fail::fail_point!("txn-after-canceling", |_| Err(Stop::Fail(
-                                    crash("txn-after-canceling")
-                                )));
+                                fail_point!("txn-after-canceling", |_| Err(Stop::Fail(crash(
+                                    "txn-after-canceling"
+                                ))));
                             }
                         }
                         Verdict::Retry => {}
@@ -993,10 +993,10 @@ impl Ledger {
                         .await?;
                     // Our markers (if any) are settled now: nothing left to clean up.
                     d.applied.clear();
-                    fail::fail_point!("txn-after-settle-source", |_| Err(Stop::Fail(crash(
+                    fail_point!("txn-after-settle-source", |_| Err(Stop::Fail(crash(
                         "txn-after-settle-source"
                     ))));
-                    fail::fail_point!("txn-after-settle-destination", |_| Err(Stop::Fail(crash(
+                    fail_point!("txn-after-settle-destination", |_| Err(Stop::Fail(crash(
                         "txn-after-settle-destination"
                     ))));
                     if source == OpResult::Applied || destination == OpResult::Applied {
@@ -1036,7 +1036,7 @@ impl Ledger {
                         continue;
                     }
                     if self.cas(d, Event::Complete, None, "done").await? {
-                        fail::fail_point!("txn-after-done", |_| Err(Stop::Fail(crash(
+                        fail_point!("txn-after-done", |_| Err(Stop::Fail(crash(
                             "txn-after-done"
                         ))));
                     }
@@ -1054,7 +1054,7 @@ impl Ledger {
                         )
                         .await?;
                     d.applied.clear();
-                    fail::fail_point!("txn-after-undo", |_| Err(Stop::Fail(crash(
+                    fail_point!("txn-after-undo", |_| Err(Stop::Fail(crash(
                         "txn-after-undo"
                     ))));
                     if source == OpResult::Applied || destination == OpResult::Applied {
@@ -1140,7 +1140,7 @@ impl Ledger {
             Some(rev) => {
                 new.rev = Some(rev);
                 if begin {
-                    fail::fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
+                    fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
                 }
                 Ok(Some(Drive::new(new, deadline)))
             }
@@ -1255,11 +1255,11 @@ impl Ledger {
         };
         if let Some(rev) = self.write_txn(&doc).await? {
             doc.rev = Some(rev);
-            fail::fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
+            fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
             if !wait {
                 return Ok(doc.outcome(RecordStatus::Created));
             }
-            fail::fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
+            fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
             let mut drive = Drive::new(doc, deadline);
             drive.detach = self.inner.background;
             let end = self.drive(drive).await?;
@@ -1327,7 +1327,7 @@ impl Ledger {
                             if next.is_terminal() {
                                 return Ok(new.outcome(RecordStatus::Exists));
                             }
-                            fail::fail_point!("txn-after-canceling", |_| Err(crash(
+                            fail_point!("txn-after-canceling", |_| Err(crash(
                                 "txn-after-canceling"
                             )));
                             let end = self.drive(Drive::new(new, deadline)).await?;
