@@ -393,8 +393,8 @@ struct HarnessRun {
     outcomes: Vec<Outcome>,
 }
 
-/// Runs every case through `harness.js` with `node` from PATH (as `devserver.rs` starts the
-/// test server). `same_realm`: documents parsed inside each function's realm (pouchdb-server's
+/// Runs every case through `harness.js` with `node` from PATH (as the devserver crate starts
+/// the test server). `same_realm`: documents parsed inside each function's realm (pouchdb-server's
 /// way), for the control run only.
 fn run_harness(ddocs: &[Value], t: &Table, same_realm: bool) -> HarnessRun {
     let cases: Vec<Value> = t

@@ -69,10 +69,11 @@ pub const RAW_BULK_BATCHES: usize = 3;
 pub const GOAL_P8: Goal = Goal::AtLeast(0.5);
 
 /// Transfers/s of 64 concurrent `submit(…, wait = true)` callers between random accounts of a
-/// pool ÷ (raw bulk docs/s ÷ documents written per transfer). The group-commit engine
-/// (src/engine/) gathers what the callers queue while its previous request is in flight, so
-/// each protocol phase of a whole group is about one `_bulk_docs`; every caller still gets its
-/// own transfer's outcome. The grouping is checked, not assumed: requests per transfer.
+/// pool ÷ (raw bulk docs/s ÷ documents written per transfer). The library's group-commit engine
+/// (crates/couch-ledger/src/engine/) gathers what the callers queue while its previous request
+/// is in flight, so each protocol phase of a whole group is about one `_bulk_docs`; every caller
+/// still gets its own transfer's outcome. The grouping is checked, not assumed: requests per
+/// transfer.
 ///
 /// A third side in the same rounds, raw `_bulk_docs` into a validated ledger database, gives
 /// `p8_validated`: the same transfers/s against the limit the ledger's writes really meet.
