@@ -17,7 +17,6 @@
 //! This is a development tool, not a production server and not part of the library: it
 //! depends on nothing of the ledger. The program (its `demo` and `dev-server` commands), the
 //! tests' harness (crates/testkit) and the benchmark depend on it; each uses part of it.
-#![allow(dead_code)]
 
 use std::fmt;
 use std::io::{Read, Write};

@@ -4,7 +4,6 @@
 //! (installing it with `npm ci` if needed); it exits with the test binary. With `COUCHDB_URL`
 //! (+ `COUCHDB_USER` / `COUCHDB_PASSWORD`) the same tests run against that server, e.g. Apache
 //! CouchDB from `docker compose up`.
-#![allow(dead_code)]
 
 // The local server (not part of the library).
 pub use couch_ledger_devserver as devserver;

@@ -14,7 +14,6 @@
 //! first), and adds the faults that need to see a request's boundaries: a `503` or `429`
 //! answered in the server's place, a garbage body after the server processed the request, and
 //! a reply swallowed so the client waits until its own timeout.
-#![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

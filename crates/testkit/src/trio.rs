@@ -23,7 +23,6 @@
 //! - On an HTTP `new_edits: false` write, `validate_doc_update` runs with the request's user
 //!   context (`{"name": null, "roles": ["_admin"]}` in admin party) and an `oldDoc` that is
 //!   the current winner (not the new revision's parent).
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
