@@ -1,6 +1,6 @@
-//! Background finish (`Ledger::with_background_finish`) on the stepwise protocol
-//! (`Ledger::with_stepwise_transfers`): `submit` answers at the commit, the settles (held to fold
-//! into their accounts' next writes) and `done` follow in a task of the ledger's own; `flush`
+//! Background finish (`LedgerBuilder::background_finish`) on the stepwise protocol
+//! (`LedgerBuilder::stepwise_transfers`): `submit` answers at the commit, the settles (held to
+//! fold into their accounts' next writes) and `done` follow in a task of the ledger's own; `flush`
 //! waits for them; a finish that stops is the sweeper's to end, once. (The one-write path's
 //! background finish: tests/one_write.rs, and the split-layout test below runs both.)
 
@@ -42,10 +42,10 @@ fn now_ms() -> i64 {
 /// each transfer reads `done`, no account holds a marker, the audit at rest passes.
 #[tokio::test]
 async fn a_background_finish_answers_committed_and_flush_ends_it_done() {
-    let l = support::ledger("bg_committed")
-        .await
-        .with_stepwise_transfers()
-        .with_background_finish();
+    let l = support::ledger_with("bg_committed", |b| {
+        b.stepwise_transfers(true).background_finish(true)
+    })
+    .await;
     assert!(l.finishes_in_background());
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
@@ -136,9 +136,7 @@ async fn settles_held_for_folding_go_out_with_the_accounts_next_write() {
         writes_in(&db).await - before
     }
 
-    let plain = support::ledger("bg_fold_plain")
-        .await
-        .with_stepwise_transfers();
+    let plain = support::ledger_with("bg_fold_plain", |b| b.stepwise_transfers(true)).await;
     let unfolded = run(&plain, &customers, n).await;
     assert_eq!(
         unfolded,
@@ -147,10 +145,10 @@ async fn settles_held_for_folding_go_out_with_the_accounts_next_write() {
     );
     assert_eq!(plain.settles_folded(), 0);
 
-    let l = support::ledger("bg_fold")
-        .await
-        .with_stepwise_transfers()
-        .with_background_finish();
+    let l = support::ledger_with("bg_fold", |b| {
+        b.stepwise_transfers(true).background_finish(true)
+    })
+    .await;
     let written = run(&l, &customers, n).await;
     let folded = l.settles_folded();
     eprintln!(
@@ -186,10 +184,10 @@ async fn settles_held_for_folding_go_out_with_the_accounts_next_write() {
 /// delay of `available` is for other processes only).
 #[tokio::test]
 async fn a_held_credit_is_spendable_by_the_next_transfer_in_this_process() {
-    let l = support::ledger("bg_held_credit")
-        .await
-        .with_stepwise_transfers()
-        .with_background_finish();
+    let l = support::ledger_with("bg_held_credit", |b| {
+        b.stepwise_transfers(true).background_finish(true)
+    })
+    .await;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     open(&l, "C", 0).await;
@@ -225,14 +223,14 @@ async fn a_held_credit_is_spendable_by_the_next_transfer_in_this_process() {
 async fn a_stalled_background_finish_is_finished_by_the_sweeper_exactly_once() {
     let lease = Duration::from_millis(500);
     let (g, hook) = support::gate("settle");
-    let l = support::ledger("bg_stalled")
-        .await
-        .with_stepwise_transfers()
-        .with_lease(lease)
-        .unwrap()
-        .with_pause_hook(hook)
-        .with_background_finish();
-    // Each `with_*` keeps what the ones before set.
+    let l = support::ledger_with("bg_stalled", |b| {
+        b.stepwise_transfers(true)
+            .lease(lease)
+            .pause_hook(hook)
+            .background_finish(true)
+    })
+    .await;
+    // Each setting keeps what the ones before set.
     assert!(l.finishes_in_background());
     assert_eq!(l.lease(), lease);
     open(&l, "A", 1_000).await;
@@ -307,7 +305,7 @@ async fn a_stalled_background_finish_is_finished_by_the_sweeper_exactly_once() {
 /// `cancelled` with its reason, nothing left finishing, balances and markers untouched.
 #[tokio::test]
 async fn a_refused_transfer_in_background_mode_is_cancelled_before_the_answer() {
-    let l = support::ledger("bg_refused").await.with_background_finish();
+    let l = support::ledger_with("bg_refused", |b| b.background_finish(true)).await;
     open(&l, "A", 100).await;
     open(&l, "B", 0).await;
     let o = l
@@ -351,13 +349,18 @@ async fn split_ledger_in_background(stepwise: bool) {
     } else {
         "bg_split_once"
     };
-    let l = support::split_ledger(name).await;
-    let (l, answer) = if stepwise {
-        (l.with_stepwise_transfers(), State::Committed)
+    let answer = if stepwise {
+        State::Committed
     } else {
-        (l, State::Done)
+        State::Done
     };
-    let l = l.with_background_finish();
+    let l = support::split_ledger(name)
+        .await
+        .to_builder()
+        .stepwise_transfers(stepwise)
+        .background_finish(true)
+        .build()
+        .unwrap();
     assert!(l.finishes_in_background() && l.hot_database().is_some());
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;

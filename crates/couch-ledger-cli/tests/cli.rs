@@ -759,7 +759,16 @@ async fn init_can_restrict_the_database_to_a_role() {
         serde_json::json!(["ledger"]),
         "{v}"
     );
-    let stored = l.client().security().await.unwrap();
+    // A cluster's nodes take the new security object one after another: read until it shows.
+    let stored = support::wait_for(
+        "the database's security object with the role",
+        Duration::from_secs(30),
+        || async {
+            let stored = l.client().security().await.unwrap();
+            (stored["members"]["roles"] == serde_json::json!(["ledger"])).then_some(stored)
+        },
+    )
+    .await;
     assert_eq!(
         stored["members"]["roles"],
         serde_json::json!(["ledger"]),

@@ -182,7 +182,7 @@ async fn continuous_changes_stream_yields_rows() {
 /// `REVS_LIMIT`; and never raises a limit an admin set lower.
 #[tokio::test]
 async fn init_lowers_the_revs_limit_and_never_raises_it() {
-    use couch_ledger::limits::{REVS_LIMIT, REVS_LIMIT_ONE_COPY};
+    use couch_ledger::testing::limits::{REVS_LIMIT, REVS_LIMIT_ONE_COPY};
     let l = couch_ledger::Ledger::new(support::builder("revs_limit").build().unwrap());
     let first = l.init().await.unwrap();
     let now = l.client().revs_limit().await.unwrap();
@@ -205,8 +205,9 @@ async fn init_lowers_the_revs_limit_and_never_raises_it() {
 
     // Split: the limit is the hot database's, where the accounts are.
     let hot = format!("{}_hot", l.client().database());
-    let split = couch_ledger::Ledger::new(l.client().clone())
-        .with_hot_database(&hot)
+    let split = couch_ledger::Ledger::builder(l.client().clone())
+        .hot_database(&hot)
+        .build()
         .unwrap();
     let report = split.init().await.unwrap();
     assert_eq!(report.revs_limit, Some(target));

@@ -17,7 +17,7 @@
 //! hash: a sibling planted as `N-ffff…` wins over the ledger's own revision, `N-0000…` loses.
 //! Account merges are tried both ways.
 //!
-//! Every ledger here keeps the settled entries a cluster keeps (`Ledger::with_settled_entries`),
+//! Every ledger here keeps the settled entries a cluster keeps (`LedgerBuilder::settled_entries`),
 //! also on a single node, which keeps none and reports an account conflict instead of merging
 //! it (docs/ONE_WRITE.md, "Conflicts on one copy"; `tests/one_write.rs`).
 //!
@@ -88,11 +88,7 @@ struct World {
 impl World {
     async fn new(test: &str, accounts: &[(&str, i64)]) -> World {
         // A cluster's conflicts, planted: the entries a cluster keeps, on any server.
-        let l = support::ledger(test)
-            .await
-            .with_settled_entries()
-            .with_lease(STEP_LEASE)
-            .unwrap();
+        let l = support::ledger_with(test, |b| b.settled_entries().lease(STEP_LEASE)).await;
         let db = l.client().database().to_owned();
         let mut openings = BTreeMap::new();
         for (id, opening) in accounts {
@@ -1016,7 +1012,13 @@ async fn a_withdrawn_debit_whose_worker_stalls_is_cancelled_by_the_sweeper() {
             }
         })
     }));
-    let stalled = w.l.clone().with_pause_hook(hook);
+    // The stepping worker itself (its worker id: t1's claim is its own), held at its cancel.
+    let stalled =
+        w.l.to_builder()
+            .worker_id(w.l.worker_id())
+            .pause_hook(hook)
+            .build()
+            .unwrap();
     let task = tokio::spawn(async move { stalled.step("t1").await });
     tokio::time::timeout(Duration::from_secs(60), reached.notified())
         .await

@@ -779,7 +779,7 @@ async fn a_sweep_pass_and_verify_tell_their_progress() {
         let seen = seen.clone();
         ProgressHook(Arc::new(move |p| seen.lock().unwrap().push(p)))
     };
-    let watched = l.clone().with_progress(hook);
+    let watched = l.to_builder().progress(hook).build().unwrap();
     let swept = watched
         .sweep_once(SweepOptions {
             limit: 100,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use couch_ledger::limits::{
+use couch_ledger::testing::limits::{
     MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, PRUNE_CONFIRMED_MS, SETTLED_AGE_MIN_MS,
 };
 use couch_ledger::{Client, Ledger, PauseHook, RetryPolicy, State};
@@ -89,7 +89,7 @@ async fn write_until(l: &Ledger, prefix: &str, pruned: impl Fn(&[String]) -> boo
 #[tokio::test]
 async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
     // Entries as a cluster keeps them (none of one-write transfers on one copy).
-    let l = support::ledger("eb-prune").await.with_settled_entries();
+    let l = support::ledger_with("eb-prune", |b| b.settled_entries()).await;
     open(&l, "A", 10_000).await;
     open(&l, "B", 0).await;
     let done = l
@@ -134,7 +134,7 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
 #[tokio::test]
 async fn entries_of_transfers_this_ledger_ended_are_pruned_without_a_read() {
     // Entries as a cluster keeps them (none of one-write transfers on one copy).
-    let l = support::ledger("eb-ended").await.with_settled_entries();
+    let l = support::ledger_with("eb-ended", |b| b.settled_entries()).await;
     open(&l, "A", 100_000).await;
     open(&l, "B", 0).await;
     let ids: Vec<String> = (0..40).map(|i| format!("t-own-{i}")).collect();
@@ -199,7 +199,12 @@ async fn an_apply_past_its_deadline_writes_nothing() {
             }
         })
     }));
-    let l = base.with_lease(lease).unwrap().with_pause_hook(hook);
+    let l = base
+        .to_builder()
+        .lease(lease)
+        .pause_hook(hook)
+        .build()
+        .unwrap();
     let result = l.submit(request("t-late", "A", "B", 100), true).await;
     match &result {
         Ok(o) => assert_ne!(o.state, State::Done, "a late apply landed: {o:?}"),

@@ -63,10 +63,7 @@ async fn every_fail_point_is_recovered_by_the_sweeper() {
     let scenario = fail::FailScenario::setup();
     // A short lease so a "crashed" worker's claim expires quickly; the sweeper uses the same
     // ledger (same worker id): its claims must expire too before it takes over.
-    let l = support::ledger("failpoints")
-        .await
-        .with_lease(Duration::from_millis(1_000))
-        .unwrap();
+    let l = support::ledger_with("failpoints", |b| b.lease(Duration::from_millis(1_000))).await;
     let opening = 1_000_000;
     open(&l, "A", opening).await;
     open(&l, "B", 0).await;
@@ -74,8 +71,14 @@ async fn every_fail_point_is_recovered_by_the_sweeper() {
 
     // The stepwise protocol's points (`txn-…`, and the sweeper's takeover and orphan repair,
     // which only the stepwise protocol meets) crash a stepwise ledger; the one-write path's
-    // (`once-…`) the default one.
-    let stepwise = l.clone().with_stepwise_transfers();
+    // (`once-…`) the default one — the same worker (worker id), so the sweeper above holds for
+    // both.
+    let stepwise = l
+        .to_builder()
+        .worker_id(l.worker_id())
+        .stepwise_transfers(true)
+        .build()
+        .unwrap();
     for (i, &point) in FAIL_POINTS.iter().enumerate() {
         let id = format!("fp{i}");
         let cancels = matches!(point, "txn-after-canceling" | "txn-after-undo");

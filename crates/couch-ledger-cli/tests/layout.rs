@@ -143,12 +143,14 @@ async fn a_split_ledger_keeps_accounts_and_transfers_out_of_the_validated_databa
 async fn the_hot_database_must_be_another_database() {
     let client = support::builder("split_same").build().unwrap();
     let db = client.database().to_owned();
-    let e = Ledger::new(client.clone())
-        .with_hot_database(&db)
+    let e = Ledger::builder(client.clone())
+        .hot_database(&db)
+        .build()
         .unwrap_err();
     assert!(e.is_invalid_input(), "{e:?}");
-    let e = Ledger::new(client)
-        .with_hot_database("Bad Name")
+    let e = Ledger::builder(client)
+        .hot_database("Bad Name")
+        .build()
         .unwrap_err();
     assert!(e.is_invalid_input(), "{e:?}");
 }
@@ -179,7 +181,10 @@ async fn a_conflict_in_the_hot_database_is_reported_and_resolved() {
     // A cluster's conflict, planted: the entries a cluster keeps, on any server.
     let l = support::split_ledger("split_conflict")
         .await
-        .with_settled_entries();
+        .to_builder()
+        .settled_entries()
+        .build()
+        .unwrap();
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     l.submit(request("c1", "A", "B", 100), true).await.unwrap();

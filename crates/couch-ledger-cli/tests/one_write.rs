@@ -188,7 +188,7 @@ async fn a_transfer_is_decided_by_one_write_of_its_document() {
 // Background finish: the settles fold into the next transfer's writes (< 5 documents each).
 #[tokio::test]
 async fn background_finish_folds_the_settles_into_the_next_transfer() {
-    let l = support::ledger("ow_fold").await.with_background_finish();
+    let l = support::ledger_with("ow_fold", |b| b.background_finish(true)).await;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let db = l.hot_client().database().to_owned();
@@ -230,7 +230,7 @@ async fn background_finish_folds_the_settles_into_the_next_transfer() {
 async fn the_same_id_again_answers_the_decision_and_writes_nothing() {
     // With settled entries (a cluster's; on one copy a retry from a worker that does not know
     // the transfer ended writes markers and undoes them: the test below this one's next).
-    let l = support::ledger("ow_again").await.with_settled_entries();
+    let l = support::ledger_with("ow_again", |b| b.settled_entries()).await;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let first = l.submit(request("k", "A", "B", 300), true).await.unwrap();
@@ -263,7 +263,7 @@ async fn the_same_id_again_answers_the_decision_and_writes_nothing() {
 // A retry after the settled entries were pruned: its new markers are undone, nothing moves.
 #[tokio::test]
 async fn a_retry_after_the_settled_entries_were_pruned_moves_nothing() {
-    let l = support::ledger("ow_pruned").await.with_settled_entries();
+    let l = support::ledger_with("ow_pruned", |b| b.settled_entries()).await;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let first = l.submit(request("p", "A", "B", 250), true).await.unwrap();
@@ -298,7 +298,7 @@ async fn a_retry_after_the_settled_entries_were_pruned_moves_nothing() {
 // On one copy (no settled entries ever): every retry's markers are undone, nothing moves.
 #[tokio::test]
 async fn a_retry_on_one_copy_without_any_entry_moves_nothing() {
-    let l = support::ledger("ow_one_copy").await.with_one_copy();
+    let l = support::ledger_with("ow_one_copy", |b| b.one_copy()).await;
     if support::keeps_several_copies(l.hot_client().database()).await {
         return;
     }
@@ -350,7 +350,7 @@ async fn a_retry_on_one_copy_without_any_entry_moves_nothing() {
 async fn an_account_conflict_on_one_copy_is_reported_never_merged() {
     for (planted, hash) in [("wins", "f"), ("loses", "0")] {
         let name = format!("ow_one_copy_conflict_{planted}");
-        let l = support::ledger(&name).await.with_one_copy();
+        let l = support::ledger_with(&name, |b| b.one_copy()).await;
         if support::keeps_several_copies(l.hot_client().database()).await {
             return;
         }
@@ -437,7 +437,7 @@ async fn an_account_conflict_on_one_copy_is_reported_never_merged() {
 // kept there.
 #[tokio::test]
 async fn a_transfers_forked_conflict_on_one_copy_is_reported_never_resolved() {
-    let l = support::ledger("ow_one_copy_fork").await.with_one_copy();
+    let l = support::ledger_with("ow_one_copy_fork", |b| b.one_copy()).await;
     if support::keeps_several_copies(l.hot_client().database()).await {
         return;
     }
@@ -481,18 +481,14 @@ async fn a_transfers_forked_conflict_on_one_copy_is_reported_never_resolved() {
 #[tokio::test]
 async fn a_stepwise_drive_over_one_write_markers_moves_the_money_once_on_one_copy() {
     let lease = Duration::from_millis(800);
-    let l = support::ledger("ow_stepwise_adopts")
-        .await
-        .with_one_copy()
-        .with_lease(lease)
-        .unwrap();
+    let l = support::ledger_with("ow_stepwise_adopts", |b| b.one_copy().lease(lease)).await;
     if support::keeps_several_copies(l.hot_client().database()).await {
         return;
     }
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     // A stepwise worker writes t and begins it (pending, claimed), then stops.
-    let first = l.another_worker().with_stepwise_transfers();
+    let first = l.to_builder().stepwise_transfers(true).build().unwrap();
     first
         .submit(request("t", "A", "B", 100), false)
         .await
@@ -502,7 +498,7 @@ async fn a_stepwise_drive_over_one_write_markers_moves_the_money_once_on_one_cop
     wait_past("the stepwise worker's lease", begun, lease).await;
     // The re-send, on the one-write path: it stops right before writing `done`.
     let (g, hook) = support::gate("done");
-    let second = l.another_worker().with_pause_hook(hook);
+    let second = l.to_builder().pause_hook(hook).build().unwrap();
     let stopped =
         tokio::spawn(async move { second.submit(request("t", "A", "B", 100), true).await });
     reached(&g).await;
@@ -608,7 +604,7 @@ async fn the_same_id_with_other_terms_at_once_is_one_transfer() {
     open(&l, "B", 0).await;
     open(&l, "C", 0).await;
     let mut expected = vec![10_000, 0, 0];
-    let sweeper = l.another_worker().with_lease(lease).unwrap();
+    let sweeper = l.to_builder().lease(lease).build().unwrap();
     let pairs = [
         (("A", "B", 100), ("A", "C", 100)),
         (("A", "B", 100), ("A", "B", 70)),
@@ -770,10 +766,11 @@ async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lea
     open(&l, "B", 0).await;
     let (g, hook) = support::gate("decide");
     let slow = l
-        .another_worker()
-        .with_lease(lease)
-        .unwrap()
-        .with_pause_hook(hook);
+        .to_builder()
+        .lease(lease)
+        .pause_hook(hook)
+        .build()
+        .unwrap();
     let worker = tokio::spawn(async move { slow.submit(request("ab", "A", "B", 100), true).await });
     reached(&g).await;
     let applied = Instant::now();
@@ -807,7 +804,7 @@ async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lea
     // document (`initial`, the terms from the markers) and drives it `done`, adopting the stopped
     // worker's markers.
     wait_past("the lease", applied, lease + Duration::from_millis(50)).await;
-    let sweeper = l.another_worker().with_lease(lease).unwrap();
+    let sweeper = l.to_builder().lease(lease).build().unwrap();
     let swept = sweeper.sweep_once(now_sweep()).await.unwrap();
     assert_eq!(swept.failed, 0, "{swept:?}");
     let doc = raw_txn(&l, "ab").await;
@@ -874,7 +871,7 @@ async fn a_retry_adopts_the_markers_of_a_stopped_worker_and_both_answer_done() {
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let (g, hook) = support::gate("decide");
-    let slow = l.another_worker().with_pause_hook(hook);
+    let slow = l.to_builder().pause_hook(hook).build().unwrap();
     let worker = tokio::spawn(async move { slow.submit(request("ad", "A", "B", 100), true).await });
     reached(&g).await;
     let mut attempts = Vec::new();
@@ -999,9 +996,7 @@ async fn a_pass_over_many_initial_transfers_leaves_no_marker_behind() {
 // settles ahead of the accounts' next writes.
 #[tokio::test]
 async fn a_pass_waits_for_its_own_settles_only() {
-    let l = support::ledger("ow_pass_own")
-        .await
-        .with_background_finish();
+    let l = support::ledger_with("ow_pass_own", |b| b.background_finish(true)).await;
     for id in ["A", "B", "C", "D"] {
         open(&l, id, 1_000).await;
     }
@@ -1051,7 +1046,7 @@ async fn a_pass_waits_for_its_own_settles_only() {
 // decision: its markers are undone, the money unchanged.
 #[tokio::test]
 async fn a_re_sent_id_is_answered_with_nothing_written_when_known_or_looked_up() {
-    let l = support::ledger("ow_resent").await.with_one_copy();
+    let l = support::ledger_with("ow_resent", |b| b.one_copy()).await;
     if support::keeps_several_copies(l.hot_client().database()).await {
         return;
     }
@@ -1074,7 +1069,7 @@ async fn a_re_sent_id_is_answered_with_nothing_written_when_known_or_looked_up()
     assert_eq!(support::db_snapshot(&db).await, before, "nothing written");
 
     // Another process, looking first.
-    let looking = l.another_worker().with_lookup_first();
+    let looking = l.to_builder().lookup_first(true).build().unwrap();
     let again = looking
         .submit(request("r1", "A", "B", 100), true)
         .await
@@ -1102,8 +1097,10 @@ async fn a_re_sent_id_is_answered_with_nothing_written_when_known_or_looked_up()
     let left = l.submit(request("r2", "A", "B", 10), false).await.unwrap();
     assert_eq!(left.state, State::Initial);
     let finished = l
-        .another_worker()
-        .with_lookup_first()
+        .to_builder()
+        .lookup_first(true)
+        .build()
+        .unwrap()
         .submit(request("r2", "A", "B", 10), true)
         .await
         .unwrap();
@@ -1121,7 +1118,7 @@ async fn a_cancel_wins_over_a_sweeper_deciding_an_initial_transfer() {
     open(&l, "B", 0).await;
     l.submit(request("ci", "A", "B", 100), false).await.unwrap();
     let (g, hook) = support::gate("decide");
-    let sweeper = l.another_worker().with_pause_hook(hook);
+    let sweeper = l.to_builder().pause_hook(hook).build().unwrap();
     let pass = tokio::spawn(async move { sweeper.sweep_once(now_sweep()).await });
     reached(&g).await;
     // The sweeper applied both accounts.
@@ -1166,7 +1163,7 @@ async fn a_submit_meeting_other_terms_under_its_id_decides_them_cancelled() {
     open(&l, "B", 0).await;
     open(&l, "C", 0).await;
     let (g, hook) = support::gate("decide");
-    let slow = l.another_worker().with_pause_hook(hook);
+    let slow = l.to_builder().pause_hook(hook).build().unwrap();
     let worker = tokio::spawn(async move { slow.submit(request("mw", "A", "B", 100), true).await });
     reached(&g).await;
     assert_eq!(raw_markers(&l, "A", "mw").await.len(), 1);
@@ -1281,7 +1278,7 @@ async fn two_attempts_that_each_won_one_account_are_both_refused_and_never_execu
     // What is left (B's marker of the other terms) is undone by the sweeper: the transfer is
     // decided, and decided cancelled — it is never executed later.
     wait_past("the lease", planted, lease + Duration::from_millis(50)).await;
-    let sweeper = l.another_worker().with_lease(lease).unwrap();
+    let sweeper = l.to_builder().lease(lease).build().unwrap();
     let swept = sweeper.sweep_once(now_sweep()).await.unwrap();
     assert_eq!(swept.failed, 0, "{swept:?}");
     let doc = raw_txn(&l, "sr").await;
@@ -1301,7 +1298,7 @@ async fn the_sweeper_settles_the_named_markers_of_a_worker_that_died_after_decid
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let (g, hook) = support::gate("converge");
-    let dying = l.another_worker().with_pause_hook(hook);
+    let dying = l.to_builder().pause_hook(hook).build().unwrap();
     assert!(!dying.finishes_in_background());
     let worker =
         tokio::spawn(async move { dying.submit(request("dd", "A", "B", 100), true).await });

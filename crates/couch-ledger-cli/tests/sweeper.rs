@@ -7,7 +7,8 @@ use serde_json::{json, Value};
 
 use crate::support;
 use couch_ledger::{
-    AccountSpec, Amount, Currency, Ledger, State, SweepOptions, TransferRequest, VerifyOptions,
+    AccountSpec, Amount, Currency, Ledger, State, SweepOptions, SweepOutcome, TransferRequest,
+    VerifyOptions,
 };
 
 fn eur() -> Currency {
@@ -37,6 +38,25 @@ fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
         amount: amount(value),
         currency: eur(),
     }
+}
+
+/// How long a test waits for a cluster's copies to catch up with a write (views, conflicts).
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Sweep passes until `seen` holds for their sum (repaired markers and problems), at most
+/// [`WAIT`]: a pass reads views from one copy of a cluster, which may lag a write made through
+/// another node. On one copy the first pass is the only one.
+async fn sweep_until_seen(l: &Ledger, seen: impl Fn(&SweepOutcome) -> bool) -> SweepOutcome {
+    let start = Instant::now();
+    let mut sum = l.sweep_once(now_sweep(100)).await.unwrap();
+    while !seen(&sum) {
+        assert!(start.elapsed() < WAIT, "not seen within {WAIT:?}: {sum:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let pass = l.sweep_once(now_sweep(100)).await.unwrap();
+        sum.repaired_markers += pass.repaired_markers;
+        sum.problems.extend(pass.problems);
+    }
+    sum
 }
 
 fn now_sweep(limit: usize) -> SweepOptions {
@@ -225,7 +245,12 @@ async fn orphan_markers_are_repaired() {
 
     let report = l.verify().await.unwrap();
     assert!(!report.ok, "{report:#?}");
-    let o = l.sweep_once(now_sweep(100)).await.unwrap();
+    // On a cluster a pass reads the markers' view from one copy, which may not have indexed the
+    // planted markers yet: passes are summed until they show up (one pass on one copy).
+    let o = sweep_until_seen(&l, |o| {
+        o.repaired_markers >= 1 && o.problems.iter().any(|p| p.contains("ghost"))
+    })
+    .await;
     assert_eq!(o.repaired_markers, 1, "{o:?}");
     assert!(o.problems.iter().any(|p| p.contains("ghost")), "{o:?}");
     let b = l.account("B").await.unwrap();
@@ -385,9 +410,18 @@ async fn verify_reports_broken_invariants() {
     let mut b: Value = l.hot_client().get("account:B").await.unwrap();
     b["balance"] = json!(-1);
     l.hot_client().put("account:B", &b).await.unwrap();
-    let report = l.verify().await.unwrap();
+    // `verify` reads accounts from a view: on a cluster, once both hand-made writes reached it.
+    let broken = ["conservation", "exactly_once", "no_overdraft"];
+    let report = support::wait_for("both hand-made writes in verify's view", WAIT, || async {
+        let report = l.verify().await.unwrap();
+        broken
+            .iter()
+            .all(|name| !report.check(name).unwrap().ok)
+            .then_some(report)
+    })
+    .await;
     assert!(!report.ok);
-    for name in ["conservation", "exactly_once", "no_overdraft"] {
+    for name in broken {
         assert!(!report.check(name).unwrap().ok, "{name}: {report:#?}");
     }
     for name in [
@@ -518,10 +552,12 @@ async fn on_one_copy_a_pass_decides_on_the_documents_its_query_read() {
             continue;
         }
         let l = if one_copy {
-            base.with_one_copy()
+            base.to_builder().one_copy()
         } else {
-            base.with_settled_entries()
-        };
+            base.to_builder().settled_entries()
+        }
+        .build()
+        .unwrap();
         open(&l, "A", 10_000, Some(0)).await;
         open(&l, "B", 0, Some(0)).await;
         for i in 0..40 {
@@ -561,7 +597,7 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use std::sync::Arc;
 
-    use couch_ledger::limits::SWEEP_CONCURRENCY_MAX;
+    use couch_ledger::testing::limits::SWEEP_CONCURRENCY_MAX;
     use couch_ledger::PauseHook;
 
     let l = support::ledger("sweep_width").await;
@@ -609,7 +645,7 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
             })
         }))
     };
-    let sweeper = l.another_worker().with_pause_hook(hook);
+    let sweeper = l.to_builder().pause_hook(hook).build().unwrap();
     let o = tokio::time::timeout(Duration::from_secs(120), sweeper.sweep_once(now_sweep(n)))
         .await
         .expect("fewer than SWEEP_CONCURRENCY_MAX drives at once: the barrier never filled")
@@ -619,11 +655,25 @@ async fn a_pass_drives_sweep_concurrency_max_transfers_at_once() {
         "more than SWEEP_CONCURRENCY_MAX drives at once"
     );
     assert_eq!(arrived.load(Ordering::SeqCst), n);
-    assert_eq!(
-        (o.advanced, o.failed, o.remaining),
-        (n as u64, 0, 0),
-        "{o:?}"
-    );
+    if support::copies(l.hot_client().database()).await > 1 {
+        // On a cluster a burst of decisions at once can get a 202 from a copy that answered
+        // late (measured: 288 of 520 on CouchDB 3.4.3, each written once on every copy, none
+        // conflicting): those are `unconfirmed`, never failed otherwise, and a later pass ends
+        // them.
+        assert_eq!(o.advanced + o.failed, n as u64, "{o:?}");
+        assert!(
+            o.problems.iter().all(|p| p.contains("unconfirmed")),
+            "{o:?}"
+        );
+        support::sweep_until_none_open(&l, Duration::from_secs(120)).await;
+        assert_eq!(l.status().await.unwrap().states.done, n as u64);
+    } else {
+        assert_eq!(
+            (o.advanced, o.failed, o.remaining),
+            (n as u64, 0, 0),
+            "{o:?}"
+        );
+    }
     assert_at_rest(&l).await;
 }
 
@@ -733,9 +783,8 @@ async fn verify_reports_a_conflicted_ledger_document() {
 async fn the_sweeper_merges_a_conflicted_account_counting_each_transfer_once() {
     for (name, hash) in [("wins", "f"), ("loses", "0")] {
         // A cluster's conflict, planted: the entries a cluster keeps, on any server.
-        let l = support::ledger(&format!("merge_account_{name}"))
-            .await
-            .with_settled_entries();
+        let l =
+            support::ledger_with(&format!("merge_account_{name}"), |b| b.settled_entries()).await;
         open(&l, "A", 1_000, Some(0)).await;
         open(&l, "B", 0, Some(0)).await;
         l.submit(request("c1", "A", "B", 100), true).await.unwrap();
@@ -784,7 +833,13 @@ async fn the_sweeper_resolves_a_conflicted_transfer_to_its_furthest_leaf() {
         doc["state"] = json!("committed");
     })
     .await;
-    assert_eq!(l.status().await.unwrap().conflicts, 1);
+    // `status` counts conflicts from a view, which a cluster's copies index on their own.
+    support::wait_for(
+        "the planted sibling in the conflicts view",
+        WAIT,
+        || async { (l.status().await.unwrap().conflicts == 1).then_some(()) },
+    )
+    .await;
     // Reading it resolves it: the transfer is done.
     assert_eq!(l.transfer("t1").await.unwrap().state, State::Done);
     let out = l.sweep_once(now_sweep(10)).await.unwrap();
@@ -843,9 +898,7 @@ async fn get_raw(db: &str, path: &str) -> Value {
 #[tokio::test]
 async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
     // A cluster's conflict, planted: the entries a cluster keeps, on any server.
-    let l = support::ledger("member_conflict")
-        .await
-        .with_settled_entries();
+    let l = support::ledger_with("member_conflict", |b| b.settled_entries()).await;
     open(&l, "A", 1_000, Some(0)).await;
     open(&l, "B", 0, Some(0)).await;
     l.submit(request("c1", "A", "B", 100), true).await.unwrap();
@@ -861,7 +914,7 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
         }))
         .await
         .unwrap();
-    let member = Ledger::new(
+    let member = Ledger::builder(
         couch_ledger::Client::builder()
             .url(support::server().url.clone())
             .database(&db)
@@ -869,7 +922,9 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
             .build()
             .unwrap(),
     )
-    .with_settled_entries();
+    .settled_entries()
+    .build()
+    .unwrap();
     let out = member.sweep_once(now_sweep(10)).await.unwrap();
     assert_eq!(
         (out.conflicts_resolved, out.conflicts_unresolved),

@@ -643,11 +643,12 @@ async fn a_stale_worker_resumes_into_skips() {
         let (g, hook) = support::gate(phase);
         // The stepwise protocol's phases (the one-write path's are in tests/one_write.rs).
         let slow = base
-            .another_worker()
-            .with_stepwise_transfers()
-            .with_lease(Duration::from_millis(300))
-            .unwrap()
-            .with_pause_hook(hook);
+            .to_builder()
+            .stepwise_transfers(true)
+            .lease(Duration::from_millis(300))
+            .pause_hook(hook)
+            .build()
+            .unwrap();
         let other = base.another_worker();
         assert_ne!(slow.worker_id(), other.worker_id());
 
@@ -902,9 +903,11 @@ async fn a_transfer_that_fails_after_its_document_was_written_names_its_id() {
     // The stepwise protocol writes the document first (the one-write path writes it last:
     // tests/one_write.rs).
     let worker_ledger = base
-        .another_worker()
-        .with_stepwise_transfers()
-        .with_pause_hook(hook);
+        .to_builder()
+        .stepwise_transfers(true)
+        .pause_hook(hook)
+        .build()
+        .unwrap();
     // No id given: the library makes one, and the error must still carry it.
     let worker = tokio::spawn(async move {
         worker_ledger
@@ -1134,7 +1137,7 @@ async fn money_in_flight_is_given_per_currency() {
     assert!(l.status().await.unwrap().in_flight_by_currency.is_empty());
 }
 
-/// Answering at the decision (`Ledger::with_background_finish`): a credit its caller was told is
+/// Answering at the decision (`LedgerBuilder::background_finish`): a credit its caller was told is
 /// `done` is spendable by that caller's next transfer in the same process, even when the
 /// credit's held settle is released (its hold over) while that debit already waits in the
 /// engine's queue. Every reply is delayed 100 ms by a proxy, so an unrelated round is in flight
@@ -1160,7 +1163,7 @@ async fn a_credit_answered_committed_is_spendable_by_the_next_transfer() {
     open(&l, "C", 0, Some(0)).await;
     open(&l, "X", 1_000, Some(0)).await;
     open(&l, "Y", 0, Some(0)).await;
-    let l = l.with_background_finish();
+    let l = l.to_builder().background_finish(true).build().unwrap();
     // T1 credits B; its settle is held. The engine has every account cached from here on.
     let t1 = l
         .submit(request(Some("t1"), "A", "B", 100), true)

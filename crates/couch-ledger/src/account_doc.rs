@@ -23,7 +23,8 @@ pub struct PendingEntry {
     pub delta: Amount,
 }
 
-/// An account as [`Ledger::account`] reads it, with the balances of docs/PROTOCOL.md.
+/// An account as [`Ledger::account`](crate::Ledger::account) reads it, with the balances of
+/// docs/PROTOCOL.md.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AccountView {
     /// Account id.

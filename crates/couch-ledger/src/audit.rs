@@ -9,6 +9,10 @@
 //!
 //! It reads a moving database without a snapshot, so the exact checks (2 and 5) are only
 //! meaningful at rest; [`VerifyOptions::at_rest`] asks for them strictly.
+//!
+//! Long, and one file on purpose: every check reads the one scan of the database built at the
+//! bottom (`Scan`), and each check is a short function of it; split, a check would sit apart
+//! from the facts it counts. About 170 lines at the end are its tests.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -777,30 +781,7 @@ impl Ledger {
         let db = self.inner.client.database();
         let mut wrong = Vec::new();
         let mut docs = Vec::new();
-        for a in accounts {
-            let Some(record) = scan.records.get(&a.account_id) else {
-                wrong.push(format!(
-                    "{} has no opening record ({} in {db}); run `couch-ledger init`, which writes \
-                     the records of accounts created before records existed",
-                    a.id,
-                    opening_doc_id(&a.account_id)
-                ));
-                docs.push(a.id.clone());
-                continue;
-            };
-            if let Some(field) = record.differing_term(a) {
-                wrong.push(format!(
-                    "{}: {field} {} differs from its opening record's {} ({}): the account \
-                     document was changed",
-                    a.id,
-                    account_term(a, field),
-                    record.term(field),
-                    record.id
-                ));
-                docs.push(a.id.clone());
-                docs.push(record.id.clone());
-            }
-        }
+        accounts_against_records(accounts, scan, db, &mut wrong, &mut docs);
         for (id, why) in &scan.bad_records {
             wrong.push(why.clone());
             docs.push(id.clone());
@@ -811,30 +792,8 @@ impl Ledger {
             ));
             docs.push(id.clone());
         }
-        let existing: std::collections::HashSet<&str> = accounts
-            .iter()
-            .map(|a| a.id.as_str())
-            .chain(malformed.iter().map(|(id, _)| id.as_str()))
-            .collect();
-        let mut unfinished = Vec::new();
-        for (account, record) in &scan.records {
-            let id = account_doc_id(account);
-            if existing.contains(id.as_str()) {
-                continue;
-            }
-            if scan.deleted_accounts.contains(&id) {
-                wrong.push(format!(
-                    "{id} was deleted; its opening record {} says it opened with {} {}",
-                    record.id,
-                    record.opening.minor(),
-                    record.currency
-                ));
-                docs.push(id);
-                docs.push(record.id.clone());
-            } else {
-                unfinished.push(record.id.clone());
-            }
-        }
+        let mut unfinished =
+            records_without_account(accounts, malformed, scan, &mut wrong, &mut docs);
         unfinished.sort();
         let mut detail = if wrong.is_empty() {
             format!(
@@ -854,6 +813,78 @@ impl Ledger {
         }
         check_with("opening_records", wrong.is_empty(), detail, docs)
     }
+}
+
+/// For `check_opening_records`: each account without its opening record, or whose terms
+/// differ from it, said in `wrong` and named in `docs` (with the record).
+fn accounts_against_records(
+    accounts: &[AccountDoc],
+    scan: &Scan,
+    db: &str,
+    wrong: &mut Vec<String>,
+    docs: &mut Vec<String>,
+) {
+    for a in accounts {
+        let Some(record) = scan.records.get(&a.account_id) else {
+            wrong.push(format!(
+                "{} has no opening record ({} in {db}); run `couch-ledger init`, which writes \
+                 the records of accounts created before records existed",
+                a.id,
+                opening_doc_id(&a.account_id)
+            ));
+            docs.push(a.id.clone());
+            continue;
+        };
+        if let Some(field) = record.differing_term(a) {
+            wrong.push(format!(
+                "{}: {field} {} differs from its opening record's {} ({}): the account \
+                 document was changed",
+                a.id,
+                account_term(a, field),
+                record.term(field),
+                record.id
+            ));
+            docs.push(a.id.clone());
+            docs.push(record.id.clone());
+        }
+    }
+}
+
+/// For `check_opening_records`: the opening records whose account is not among `accounts`
+/// (nor the `malformed` ones). An account deleted is said in `wrong` and named in `docs` (with
+/// its record); the ids of the others, records of creates that stopped half-way, are returned.
+fn records_without_account(
+    accounts: &[AccountDoc],
+    malformed: &[(String, String)],
+    scan: &Scan,
+    wrong: &mut Vec<String>,
+    docs: &mut Vec<String>,
+) -> Vec<String> {
+    let existing: std::collections::HashSet<&str> = accounts
+        .iter()
+        .map(|a| a.id.as_str())
+        .chain(malformed.iter().map(|(id, _)| id.as_str()))
+        .collect();
+    let mut unfinished = Vec::new();
+    for (account, record) in &scan.records {
+        let id = account_doc_id(account);
+        if existing.contains(id.as_str()) {
+            continue;
+        }
+        if scan.deleted_accounts.contains(&id) {
+            wrong.push(format!(
+                "{id} was deleted; its opening record {} says it opened with {} {}",
+                record.id,
+                record.opening.minor(),
+                record.currency
+            ));
+            docs.push(id);
+            docs.push(record.id.clone());
+        } else {
+            unfinished.push(record.id.clone());
+        }
+    }
+    unfinished
 }
 
 /// `{txn} {delta}` for each pending marker of an account.
@@ -959,26 +990,14 @@ impl Latest {
 }
 
 impl Scan {
+    /// Counts one document of the feed (the latest row of its id) where it belongs.
     fn add(&mut self, row: crate::couch::ChangeRow) {
         let id = row.id.clone();
         if id.starts_with("_design/") {
             return;
         }
         if IMMUTABLE_PREFIXES.iter().any(|p| id.starts_with(p)) {
-            self.immutable_seen += 1;
-            let rev = row
-                .changes
-                .first()
-                .and_then(|c| c.get("rev"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if row.deleted {
-                self.rewritten
-                    .push((id.clone(), format!("{id} was deleted")));
-            } else if !rev.starts_with("1-") {
-                self.rewritten
-                    .push((id.clone(), format!("{id} is at revision {rev}")));
-            }
+            self.add_write_once(&id, &row);
         }
         if row.deleted {
             if id.starts_with("txn:") {
@@ -991,64 +1010,13 @@ impl Scan {
             return;
         }
         let Some(doc) = row.doc else { return };
-        let ours = LEDGER_PREFIXES.iter().any(|p| id.starts_with(p));
-        if let Some(losers) = doc.get("_conflicts").and_then(Value::as_array) {
-            if ours && !losers.is_empty() {
-                let revs = losers
-                    .iter()
-                    .map(|r| r.as_str().unwrap_or("?").to_owned())
-                    .collect();
-                self.conflicts.push((id.clone(), revs));
-            }
-        }
+        self.add_conflicts(&id, &doc);
         match doc.get("type").and_then(Value::as_str) {
             Some(t @ ("purchase" | "payment" | "refund" | "adjustment")) => {
-                let field = if t == "purchase" { "total" } else { "value" };
-                let amount = match doc.get(field).and_then(Value::as_i64) {
-                    Some(v) if v.unsigned_abs() <= crate::money::AMOUNT_ABS_MAX.unsigned_abs() => {
-                        Ok(if t == "payment" {
-                            -i128::from(v)
-                        } else {
-                            i128::from(v)
-                        })
-                    }
-                    _ => Err(format!(
-                        "{id}: {field} {} is not an integer number of minor units in range",
-                        doc.get(field).unwrap_or(&Value::Null)
-                    )),
-                };
-                match doc.get("order_id").and_then(Value::as_str) {
-                    Some(order) => self
-                        .orders
-                        .entry(order.to_owned())
-                        .or_default()
-                        .push((id, amount)),
-                    None => self
-                        .orphan_entries
-                        .push((id.clone(), format!("{id}: a {t} without an order_id"))),
-                }
+                self.add_money_entry(id, t, &doc)
             }
             Some("transaction") => match TxnDoc::from_value(doc.clone()) {
-                Ok(t) => {
-                    let i = self.transfers.len();
-                    self.by_txn.insert(t.txn_id.clone(), i);
-                    self.by_account.entry(t.source.clone()).or_default().push(i);
-                    self.by_account
-                        .entry(t.destination.clone())
-                        .or_default()
-                        .push(i);
-                    self.transfers.push(TxnFacts {
-                        doc_id: t.id,
-                        txn_id: t.txn_id,
-                        source: t.source,
-                        destination: t.destination,
-                        value: i128::from(t.value.minor()),
-                        state: Some(t.state),
-                        state_name: t.state.as_str().to_owned(),
-                        last_modified: t.last_modified,
-                        one_write: t.markers.is_some(),
-                    });
-                }
+                Ok(t) => self.add_transfer(t),
                 Err(e) => self.bad_transfers.push((id, e.to_string())),
             },
             _ if id.starts_with("txn:") => self
@@ -1065,6 +1033,90 @@ impl Scan {
                 .push((id.clone(), format!("{id} is not of type opening"))),
             _ => {}
         }
+    }
+
+    /// A write-once document: counted, and noted as rewritten if it was deleted or is past its
+    /// first revision.
+    fn add_write_once(&mut self, id: &str, row: &crate::couch::ChangeRow) {
+        self.immutable_seen += 1;
+        let rev = row
+            .changes
+            .first()
+            .and_then(|c| c.get("rev"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if row.deleted {
+            self.rewritten
+                .push((id.to_owned(), format!("{id} was deleted")));
+        } else if !rev.starts_with("1-") {
+            self.rewritten
+                .push((id.to_owned(), format!("{id} is at revision {rev}")));
+        }
+    }
+
+    /// The losing revisions of a ledger document `doc` that holds a conflict.
+    fn add_conflicts(&mut self, id: &str, doc: &Value) {
+        let ours = LEDGER_PREFIXES.iter().any(|p| id.starts_with(p));
+        if let Some(losers) = doc.get("_conflicts").and_then(Value::as_array) {
+            if ours && !losers.is_empty() {
+                let revs = losers
+                    .iter()
+                    .map(|r| r.as_str().unwrap_or("?").to_owned())
+                    .collect();
+                self.conflicts.push((id.to_owned(), revs));
+            }
+        }
+    }
+
+    /// A money entry of type `t` under its order, signed as the order's balance counts it (a
+    /// payment negative), or what is wrong with its amount; without an order, an orphan.
+    fn add_money_entry(&mut self, id: String, t: &str, doc: &Value) {
+        let field = if t == "purchase" { "total" } else { "value" };
+        let amount = match doc.get(field).and_then(Value::as_i64) {
+            Some(v) if v.unsigned_abs() <= crate::money::AMOUNT_ABS_MAX.unsigned_abs() => {
+                Ok(if t == "payment" {
+                    -i128::from(v)
+                } else {
+                    i128::from(v)
+                })
+            }
+            _ => Err(format!(
+                "{id}: {field} {} is not an integer number of minor units in range",
+                doc.get(field).unwrap_or(&Value::Null)
+            )),
+        };
+        match doc.get("order_id").and_then(Value::as_str) {
+            Some(order) => self
+                .orders
+                .entry(order.to_owned())
+                .or_default()
+                .push((id, amount)),
+            None => self
+                .orphan_entries
+                .push((id.clone(), format!("{id}: a {t} without an order_id"))),
+        }
+    }
+
+    /// A readable transfer, indexed by its id and by both its accounts.
+    fn add_transfer(&mut self, t: TxnDoc) {
+        let i = self.transfers.len();
+        self.by_txn.insert(t.txn_id.clone(), i);
+        self.by_account.entry(t.source.clone()).or_default().push(i);
+        self.by_account
+            .entry(t.destination.clone())
+            .or_default()
+            .push(i);
+        self.transfers.push(TxnFacts {
+            doc_id: t.id,
+            txn_id: t.txn_id,
+            source: t.source,
+            destination: t.destination,
+            value: i128::from(t.value.minor()),
+            state: Some(t.state),
+            state_name: t.state.as_str().to_owned(),
+            last_modified: t.last_modified,
+            one_write: t.markers.is_some(),
+        });
     }
 
     /// `a`'s currency, opening and minimum: its opening record's, or where it has none (named

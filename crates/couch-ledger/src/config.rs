@@ -75,8 +75,8 @@ impl Default for RetryPolicy {
     }
 }
 
-/// Builds a [`Client`]. Consuming and `#[must_use]`; the first configuration error is kept and
-/// reported by [`ClientBuilder::build`].
+/// Builds a [`Client`](crate::Client). Consuming and `#[must_use]`; the first configuration
+/// error is kept and reported by [`ClientBuilder::build`].
 ///
 /// ```no_run
 /// # async fn f() -> couch_ledger::Result<()> {
@@ -231,7 +231,8 @@ impl ClientBuilder {
 
     /// Tells `observer` about every HTTP request the client sends (latency, status, retries)
     /// and every conflict inside a `_bulk_docs` reply: the hook a service's metrics hang on.
-    /// Clients made from this one with [`Client::with_database`] keep it.
+    /// Clients made from this one with [`Client::with_database`](crate::Client::with_database)
+    /// keep it.
     pub fn observer(mut self, observer: Arc<dyn Observer>) -> Self {
         self.observer = Some(observer);
         self
@@ -250,35 +251,15 @@ impl ClientBuilder {
         if let Some(e) = self.error {
             return Err(e);
         }
-        let mut url = url::Url::parse(&self.url).map_err(|e| Error::config(format!("URL: {e}")))?;
-        if url.scheme() != "http" && url.scheme() != "https" {
-            return Err(Error::config("URL: the scheme must be http or https"));
-        }
-        if url.cannot_be_a_base() || url.host().is_none() {
-            return Err(Error::config("URL: needs a host"));
-        }
+        let (url, in_url) = base_url(&self.url)?;
         let mut user = self.user;
         let mut password = self.password;
-        if !url.username().is_empty() {
-            let decode = |s: &str| {
-                percent_encoding::percent_decode_str(s)
-                    .decode_utf8_lossy()
-                    .into_owned()
-            };
+        if let Some((url_user, url_password)) = in_url {
             if user.is_none() {
-                user = Some(decode(url.username()));
-                password = Some(decode(url.password().unwrap_or("")).into());
+                user = Some(url_user);
+                password = Some(url_password);
             }
-            // Credentials never stay in a URL: URLs end up in errors and logs.
-            let _ = url.set_username("");
-            let _ = url.set_password(None);
         }
-        if !url.path().ends_with('/') {
-            let path = format!("{}/", url.path());
-            url.set_path(&path);
-        }
-        url.set_query(None);
-        url.set_fragment(None);
         if self.connect_timeout.is_zero()
             || self.request_timeout.is_zero()
             || self.call_timeout.is_some_and(|t| t.is_zero())
@@ -286,16 +267,10 @@ impl ClientBuilder {
             return Err(Error::config("timeouts must be longer than zero"));
         }
         let iam = match self.iam_api_key {
-            Some(api_key) => {
-                let token_url = url::Url::parse(&self.iam_token_url)
-                    .map_err(|e| Error::config(format!("IAM token URL: {e}")))?;
-                if token_url.scheme() != "http" && token_url.scheme() != "https" {
-                    return Err(Error::config(
-                        "IAM token URL: the scheme must be http or https",
-                    ));
-                }
-                Some(Iam { api_key, token_url })
-            }
+            Some(api_key) => Some(Iam {
+                api_key,
+                token_url: token_url(&self.iam_token_url)?,
+            }),
             None => None,
         };
         let auth = match (user, password) {
@@ -308,17 +283,7 @@ impl ClientBuilder {
             }),
             (None, _) => None,
         };
-        let http = reqwest::Client::builder()
-            .connect_timeout(self.connect_timeout)
-            .timeout(self.request_timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            // The same wire behaviour in every build: a dev-dependency (couch_rs) turns on
-            // reqwest's gzip feature in test builds, and a gzipped continuous `_changes` feed is
-            // held back by the server's compressor until it fills a block.
-            .no_gzip()
-            .build()
-            .map_err(|e| Error::config("HTTP client").with_source(crate::error::scrub(e)))?;
+        let http = http_client(self.connect_timeout, self.request_timeout)?;
         Ok(Settings {
             http,
             base: url,
@@ -333,6 +298,67 @@ impl ClientBuilder {
             transport: self.transport,
         })
     }
+}
+
+/// The server's URL as a client keeps it (its path ending in `/`, no query or fragment), and
+/// the user and password it carried, decoded, if any.
+fn base_url(text: &str) -> Result<(url::Url, Option<(String, SecretString)>)> {
+    let mut url = url::Url::parse(text).map_err(|e| Error::config(format!("URL: {e}")))?;
+    if url.scheme() != "http" && url.scheme() != "https" {
+        return Err(Error::config("URL: the scheme must be http or https"));
+    }
+    if url.cannot_be_a_base() || url.host().is_none() {
+        return Err(Error::config("URL: needs a host"));
+    }
+    let mut credentials = None;
+    if !url.username().is_empty() {
+        let decode = |s: &str| {
+            percent_encoding::percent_decode_str(s)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        credentials = Some((
+            decode(url.username()),
+            decode(url.password().unwrap_or("")).into(),
+        ));
+        // Credentials never stay in a URL: URLs end up in errors and logs.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+    }
+    if !url.path().ends_with('/') {
+        let path = format!("{}/", url.path());
+        url.set_path(&path);
+    }
+    url.set_query(None);
+    url.set_fragment(None);
+    Ok((url, credentials))
+}
+
+/// The IAM token endpoint's URL, checked.
+fn token_url(text: &str) -> Result<url::Url> {
+    let token_url =
+        url::Url::parse(text).map_err(|e| Error::config(format!("IAM token URL: {e}")))?;
+    if token_url.scheme() != "http" && token_url.scheme() != "https" {
+        return Err(Error::config(
+            "IAM token URL: the scheme must be http or https",
+        ));
+    }
+    Ok(token_url)
+}
+
+/// The HTTP client every request of a client goes through.
+fn http_client(connect_timeout: Duration, request_timeout: Duration) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .timeout(request_timeout)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        // The same wire behaviour in every build: a dev-dependency (couch_rs) turns on
+        // reqwest's gzip feature in test builds, and a gzipped continuous `_changes` feed is
+        // held back by the server's compressor until it fills a block.
+        .no_gzip()
+        .build()
+        .map_err(|e| Error::config("HTTP client").with_source(crate::error::scrub(e)))
 }
 
 /// The URL as text with any password replaced by `_` (`<invalid URL>` when it is not one), for

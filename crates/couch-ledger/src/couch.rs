@@ -4,6 +4,11 @@
 //! `Content-Type` and `Accept: application/json` (pouchdb-server stores an empty document for a
 //! PUT without `Content-Type`), document ids are percent-encoded, and only requests that are safe
 //! to repeat are retried.
+//!
+//! Long, and one file on purpose: it is the whole wire floor, the client and every CouchDB
+//! endpoint the ledger calls (server and database, documents, views, `_changes`), all going
+//! through the one request path at the top (`send`: retries, deadlines, status → error);
+//! split, each endpoint would sit apart from the path that gives it its errors.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -355,6 +360,98 @@ struct Reply {
     body: Vec<u8>,
 }
 
+/// One call's tries: its bounds, and what the tries so far leave for the next.
+struct Call<'a> {
+    method: &'a Method,
+    path: &'a str,
+    policy: RetryPolicy,
+    /// The call's own time for one try (a longpoll waiting for a change), if any.
+    timeout: Option<Duration>,
+    started: Instant,
+    /// The whole call's bound, retries included.
+    deadline: Option<Instant>,
+    /// Tries so far that were retried.
+    attempt: u32,
+    /// Logged in again, or given a new IAM token, after a 401: once a call.
+    relogged: bool,
+    /// The IAM token a 401 refused, to be replaced before the next attempt.
+    refused: Option<u64>,
+}
+
+/// What one try leaves its call to do.
+enum Tried {
+    /// The call's answer: a reply, or the error that stands.
+    Done(Result<Reply>),
+    /// Try again (any wait a retry calls for already waited).
+    Again,
+}
+
+impl<'a> Call<'a> {
+    fn new(
+        method: &'a Method,
+        path: &'a str,
+        policy: RetryPolicy,
+        call_timeout: Option<Duration>,
+        timeout: Option<Duration>,
+    ) -> Call<'a> {
+        let started = Instant::now();
+        // The whole call's bound, retries included; a call with a longer time of its own (a
+        // longpoll waiting for a change) keeps it.
+        let deadline = call_timeout.map(|c| started + c.max(timeout.unwrap_or_default()));
+        Call {
+            method,
+            path,
+            policy,
+            timeout,
+            started,
+            deadline,
+            attempt: 0,
+            relogged: false,
+            refused: None,
+        }
+    }
+
+    /// Whether a retry after `delay` still fits in the call's time.
+    fn fits(&self, delay: Duration) -> bool {
+        self.deadline.is_none_or(|d| Instant::now() + delay < d)
+    }
+
+    /// Each try has the request timeout, and no more than what is left of the call's.
+    fn try_timeout(&self, request_timeout: Duration) -> Option<Duration> {
+        match self.deadline {
+            Some(d) => Some(
+                self.timeout
+                    .unwrap_or(request_timeout)
+                    .min(d.saturating_duration_since(Instant::now())),
+            ),
+            None => self.timeout,
+        }
+    }
+
+    /// The IAM token endpoint failed. Nothing was sent to the server: a failing token endpoint
+    /// is retried for any request, a refused key (not transient) is final.
+    async fn token_failed(&mut self, err: Error) -> Tried {
+        if err.is_transient()
+            && self.attempt < self.policy.retries_max
+            && self.fits(backoff(&self.policy, self.attempt))
+        {
+            tracing::debug!(
+                attempt = self.attempt,
+                "IAM token endpoint failed, retrying: {err}"
+            );
+            self.wait(backoff(&self.policy, self.attempt)).await;
+            return Tried::Again;
+        }
+        Tried::Done(Err(err))
+    }
+
+    /// Waits `delay` before the next try, and counts the one retried.
+    async fn wait(&mut self, delay: Duration) {
+        tokio::time::sleep(delay).await;
+        self.attempt += 1;
+    }
+}
+
 impl ClientBuilder {
     /// Builds the client. No request is sent (an IAM key is exchanged on the first request).
     ///
@@ -494,6 +591,8 @@ impl Client {
             .await
     }
 
+    /// One call: tries until an answer stands, the retry policy gives up or the call's time is
+    /// up. `timeout` is the call's own time for one try (a longpoll waiting for a change).
     async fn send_with_timeout(
         &self,
         method: Method,
@@ -503,74 +602,23 @@ impl Client {
         retry: Retry,
         timeout: Option<Duration>,
     ) -> Result<Reply> {
-        let policy = self.inner.retry;
-        let call_started = Instant::now();
-        // The whole call's bound, retries included; a call with a longer time of its own (a
-        // longpoll waiting for a change) keeps it.
-        let deadline = self
-            .inner
-            .call_timeout
-            .map(|c| call_started + c.max(timeout.unwrap_or_default()));
-        // Whether a retry after `delay` still fits in the call's time.
-        let fits = |delay: Duration| deadline.is_none_or(|d| Instant::now() + delay < d);
-        let mut attempt: u32 = 0;
-        let mut relogged = false;
-        // The IAM token a 401 refused, to be replaced before the next attempt.
-        let mut refused: Option<u64> = None;
+        let mut call = Call::new(
+            &method,
+            path,
+            self.inner.retry,
+            self.inner.call_timeout,
+            timeout,
+        );
         loop {
-            let bearer = match self.bearer(refused.take()).await {
+            let bearer = match self.bearer(call.refused.take()).await {
                 Ok(bearer) => bearer,
-                // Nothing was sent to the server: a failing token endpoint is retried for any
-                // request, a refused key (not transient) is final.
-                Err(err)
-                    if err.is_transient()
-                        && attempt < policy.retries_max
-                        && fits(backoff(&policy, attempt)) =>
-                {
-                    tracing::debug!(attempt, "IAM token endpoint failed, retrying: {err}");
-                    tokio::time::sleep(backoff(&policy, attempt)).await;
-                    attempt += 1;
-                    continue;
-                }
-                Err(err) => return Err(err),
+                Err(err) => match call.token_failed(err).await {
+                    Tried::Done(result) => return result,
+                    Tried::Again => continue,
+                },
             };
-            // Each try has the request timeout, and no more than what is left of the call's.
-            let try_timeout = match deadline {
-                Some(d) => Some(
-                    timeout
-                        .unwrap_or(self.inner.request_timeout)
-                        .min(d.saturating_duration_since(Instant::now())),
-                ),
-                None => timeout,
-            };
+            let try_timeout = call.try_timeout(self.inner.request_timeout);
             let started = Instant::now();
-            let observed = |status: Option<u16>| {
-                if let Some(observer) = &self.inner.observer {
-                    observer.request(&RequestEvent {
-                        method: method.as_str(),
-                        status,
-                        elapsed: started.elapsed(),
-                        attempt,
-                    });
-                }
-            };
-            // Told before the wait of a retry, so a person can be told why nothing happens.
-            let retrying = |status: Option<u16>, timed_out: bool, delay: Duration| {
-                if let Some(observer) = &self.inner.observer {
-                    observer.retrying(&RetryEvent {
-                        method: method.as_str(),
-                        path,
-                        server: self.inner.base.as_str(),
-                        next_try: attempt + 2,
-                        tries_max: policy.retries_max + 1,
-                        status,
-                        timed_out,
-                        elapsed: started.elapsed(),
-                        delay,
-                        left: deadline.map(|d| d.saturating_duration_since(Instant::now() + delay)),
-                    });
-                }
-            };
             let response = self
                 .attempt(
                     &method,
@@ -581,65 +629,148 @@ impl Client {
                     bearer.as_ref(),
                 )
                 .await;
-            let retries_left = retry == Retry::Safe && attempt < policy.retries_max;
-            let reply = match response {
-                Err(failure) => {
-                    observed(None);
-                    let mut err = Error::transport(failure.timeout)
-                        .with_source(failure.source)
-                        .with_server(self.inner.base.as_str())
-                        .with_request(method.as_str(), path);
-                    if failure.timeout {
-                        err = err.with_waited(call_started.elapsed());
-                    }
-                    let delay = backoff(&policy, attempt);
-                    if !(retries_left && fits(delay)) {
-                        return Err(err);
-                    }
-                    tracing::debug!(%method, path, attempt, "transport error, retrying: {err}");
-                    retrying(None, failure.timeout, delay);
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                    continue;
+            let retries_left = retry == Retry::Safe && call.attempt < call.policy.retries_max;
+            let tried = match response {
+                Err(failure) => self.failed(&mut call, started, failure, retries_left).await,
+                Ok(reply) => {
+                    self.answered(&mut call, started, reply, bearer.as_ref(), retries_left)
+                        .await
                 }
-                Ok(reply) => reply,
             };
-            observed(Some(reply.status));
-            let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
-            if status.is_success() {
-                return Ok(Reply {
-                    status,
-                    body: reply.body,
-                });
+            match tried {
+                Tried::Done(result) => return result,
+                Tried::Again => {}
             }
-            if status == StatusCode::UNAUTHORIZED && !relogged && self.uses_cookie() {
-                // The session expired: log in again once, then repeat the request.
-                relogged = true;
-                self.clear_session();
-                continue;
+        }
+    }
+
+    /// A try (begun at `started`) that got no answer, a transport error or its timeout:
+    /// retried when the request is safe to repeat, tries are left and the wait fits in the
+    /// call's time.
+    async fn failed(
+        &self,
+        call: &mut Call<'_>,
+        started: Instant,
+        failure: WireFailure,
+        retries_left: bool,
+    ) -> Tried {
+        self.observed(call, started, None);
+        let mut err = Error::transport(failure.timeout)
+            .with_source(failure.source)
+            .with_server(self.inner.base.as_str())
+            .with_request(call.method.as_str(), call.path);
+        if failure.timeout {
+            err = err.with_waited(call.started.elapsed());
+        }
+        let delay = backoff(&call.policy, call.attempt);
+        if !(retries_left && call.fits(delay)) {
+            return Tried::Done(Err(err));
+        }
+        tracing::debug!(
+            method = %call.method,
+            path = call.path,
+            attempt = call.attempt,
+            "transport error, retrying: {err}"
+        );
+        self.retrying(call, started, None, failure.timeout, delay);
+        call.wait(delay).await;
+        Tried::Again
+    }
+
+    /// A try (begun at `started`) that got an answer: a success is the call's reply; a 401
+    /// logs in again, or takes a new IAM token, once a call; a transient status is retried
+    /// like a failed try, after at least the wait the server asked for (`Retry-After`,
+    /// capped); any other status is the call's error.
+    async fn answered(
+        &self,
+        call: &mut Call<'_>,
+        started: Instant,
+        reply: WireReply,
+        bearer: Option<&Bearer>,
+        retries_left: bool,
+    ) -> Tried {
+        self.observed(call, started, Some(reply.status));
+        let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::BAD_GATEWAY);
+        if status.is_success() {
+            return Tried::Done(Ok(Reply {
+                status,
+                body: reply.body,
+            }));
+        }
+        if status == StatusCode::UNAUTHORIZED && !call.relogged && self.uses_cookie() {
+            // The session expired: log in again once, then repeat the request.
+            call.relogged = true;
+            self.clear_session();
+            return Tried::Again;
+        }
+        if status == StatusCode::UNAUTHORIZED && !call.relogged {
+            if let Some(b) = bearer {
+                // The token expired or was revoked early: a new one, once.
+                call.relogged = true;
+                call.refused = Some(b.generation);
+                return Tried::Again;
             }
-            if status == StatusCode::UNAUTHORIZED && !relogged {
-                if let Some(b) = &bearer {
-                    // The token expired or was revoked early: a new one, once.
-                    relogged = true;
-                    refused = Some(b.generation);
-                    continue;
-                }
-            }
-            let err = self
-                .lockout(status_error(status, &reply.body))
-                .with_request(method.as_str(), path);
-            let mut delay = backoff(&policy, attempt);
-            if let Some(wait) = reply.retry_after {
-                delay = delay.max(wait.min(policy.retry_after_max));
-            }
-            if !(retries_left && is_transient_status(status.as_u16()) && fits(delay)) {
-                return Err(err);
-            }
-            tracing::debug!(%method, path, attempt, ?delay, "transient status, retrying: {err}");
-            retrying(Some(status.as_u16()), false, delay);
-            tokio::time::sleep(delay).await;
-            attempt += 1;
+        }
+        let err = self
+            .lockout(status_error(status, &reply.body))
+            .with_request(call.method.as_str(), call.path);
+        let mut delay = backoff(&call.policy, call.attempt);
+        if let Some(wait) = reply.retry_after {
+            delay = delay.max(wait.min(call.policy.retry_after_max));
+        }
+        if !(retries_left && is_transient_status(status.as_u16()) && call.fits(delay)) {
+            return Tried::Done(Err(err));
+        }
+        tracing::debug!(
+            method = %call.method,
+            path = call.path,
+            attempt = call.attempt,
+            ?delay,
+            "transient status, retrying: {err}"
+        );
+        self.retrying(call, started, Some(status.as_u16()), false, delay);
+        call.wait(delay).await;
+        Tried::Again
+    }
+
+    /// Tells the observer, if any, how the try begun at `started` ended: its status, or none
+    /// without an answer.
+    fn observed(&self, call: &Call<'_>, started: Instant, status: Option<u16>) {
+        if let Some(observer) = &self.inner.observer {
+            observer.request(&RequestEvent {
+                method: call.method.as_str(),
+                status,
+                elapsed: started.elapsed(),
+                attempt: call.attempt,
+            });
+        }
+    }
+
+    /// Tells the observer, if any, that the try begun at `started` is retried after `delay`.
+    /// Told before the wait, so a person can be told why nothing happens.
+    fn retrying(
+        &self,
+        call: &Call<'_>,
+        started: Instant,
+        status: Option<u16>,
+        timed_out: bool,
+        delay: Duration,
+    ) {
+        if let Some(observer) = &self.inner.observer {
+            observer.retrying(&RetryEvent {
+                method: call.method.as_str(),
+                path: call.path,
+                server: self.inner.base.as_str(),
+                next_try: call.attempt + 2,
+                tries_max: call.policy.retries_max + 1,
+                status,
+                timed_out,
+                elapsed: started.elapsed(),
+                delay,
+                left: call
+                    .deadline
+                    .map(|d| d.saturating_duration_since(Instant::now() + delay)),
+            });
         }
     }
 

@@ -130,7 +130,7 @@ pub enum Scope {
     /// The ledger's database: every design document, the validation among them.
     Ledger,
     /// The database of accounts and transfers of a split ledger
-    /// ([`Ledger::with_hot_database`](crate::Ledger::with_hot_database)): their views only, and
+    /// ([`LedgerBuilder::hot_database`](crate::LedgerBuilder::hot_database)): their views only, and
     /// no `validate_doc_update` — that is the point of it.
     Hot,
 }

@@ -17,7 +17,8 @@ use crate::engine::{
 use crate::error::{Error, Result};
 use crate::limits::{HOT_DB_SHARDS, LEASE_MS, REVS_LIMIT, REVS_LIMIT_ONE_COPY};
 
-/// The ledger in one database. Cheap to clone; create one and reuse it.
+/// The ledger in one database. Configured once ([`Ledger::builder`]) and cheap to clone: its
+/// clones share one worker and its settings; create one and reuse it.
 #[derive(Clone, Debug)]
 pub struct Ledger {
     pub(crate) inner: Arc<LedgerInner>,
@@ -28,7 +29,7 @@ pub(crate) struct LedgerInner {
     /// The ledger's database: orders (write-once history) and, unless split, everything.
     pub(crate) client: Client,
     /// Where accounts and transfers live: `client` itself, or with
-    /// [`Ledger::with_hot_database`] a second database that runs no validation.
+    /// [`LedgerBuilder::hot_database`] a second database that runs no validation.
     pub(crate) hot: Client,
     /// Names this process in transfer claims.
     pub(crate) worker_id: String,
@@ -41,27 +42,28 @@ pub(crate) struct LedgerInner {
     /// The one `_bulk_docs` queue under both.
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) bulk: Arc<BulkWriter>,
-    /// Test hook awaited before every protocol write (see [`Ledger::with_pause_hook`]).
+    /// Test hook awaited before every protocol write (`LedgerBuilder::pause_hook`, feature
+    /// `testing`).
     pub(crate) pause: Option<PauseHook>,
     /// `w` of every ledger write (docs/CLUSTER.md).
     pub(crate) quorum: Arc<Quorum>,
     pub(crate) write_quorum: WriteQuorum,
     /// Conflicts met and resolved by this ledger (engine and sweeper).
     pub(crate) conflicts: Arc<ConflictTally>,
-    /// Told how long work advances (see [`Ledger::with_progress`]).
+    /// Told how long work advances (see [`LedgerBuilder::progress`]).
     pub(crate) progress: Option<ProgressHook>,
     /// `submit` returns at the decision; settle and `done` follow in the background
-    /// ([`Ledger::with_background_finish`]).
+    /// ([`LedgerBuilder::background_finish`]).
     pub(crate) background: bool,
     /// The transfers finishing in the background.
     pub(crate) finishing: Finishing,
     /// `submit(…, wait = true)` follows the stepwise protocol (docs/PROTOCOL.md) instead of the one-write
-    /// path ([`Ledger::with_stepwise_transfers`]).
+    /// path ([`LedgerBuilder::stepwise_transfers`]).
     pub(crate) stepwise: bool,
-    /// Where one-write settles leave settled entries ([`Ledger::with_one_copy`],
-    /// [`Ledger::with_settled_entries`]; by default by the database's copies).
+    /// Where one-write settles leave settled entries (by default by the
+    /// database's copies; tests set it with `LedgerBuilder::one_copy` or `settled_entries`).
     pub(crate) entries: Entries,
-    /// [`Ledger::with_lookup_first`].
+    /// [`LedgerBuilder::lookup_first`].
     pub(crate) lookup_first: bool,
 }
 
@@ -97,10 +99,12 @@ impl Finishing {
 }
 
 /// Everything a [`Ledger`] is assembled from.
+#[derive(Debug)]
 struct Settings {
     client: Client,
     hot: Client,
-    worker_id: String,
+    /// `None`: a fresh one when assembled (another worker).
+    worker_id: Option<String>,
     lease: Duration,
     pause: Option<PauseHook>,
     progress: Option<ProgressHook>,
@@ -174,14 +178,13 @@ pub struct InitReport {
     pub created: bool,
     /// Each design document's install outcome.
     pub design_docs: Vec<Installed>,
-    /// The database of accounts and transfers, when split ([`Ledger::with_hot_database`]).
+    /// The database of accounts and transfers, when split ([`LedgerBuilder::hot_database`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hot: Option<HotReport>,
     /// The `_revs_limit` of the database of accounts and transfers after this call: lowered to
-    /// [`REVS_LIMIT`](crate::limits::REVS_LIMIT), or to
-    /// [`REVS_LIMIT_ONE_COPY`](crate::limits::REVS_LIMIT_ONE_COPY) where the server keeps one
-    /// copy of each document, when it was higher; left alone when an admin
-    /// had set it lower; `None` when the server has no such setting (pouchdb-server).
+    /// 20, or to 3 where the server keeps one copy of each document (`REVS_LIMIT` and
+    /// `REVS_LIMIT_ONE_COPY` in src/limits.rs say why), when it was higher; left alone when an
+    /// admin had set it lower; `None` when the server has no such setting (pouchdb-server).
     pub revs_limit: Option<u32>,
     /// Opening records (docs/DOCUMENTS.md) this call wrote for accounts that had none: those
     /// created before records existed. 0 once every account has its record.
@@ -199,13 +202,13 @@ pub struct HotReport {
     pub design_docs: Vec<Installed>,
 }
 
-impl Ledger {
-    /// A ledger on the client's database.
-    pub fn new(client: Client) -> Ledger {
-        Ledger::assemble(Settings {
+impl Settings {
+    /// Every setting at its default, on `client`'s database alone.
+    fn new(client: Client) -> Settings {
+        Settings {
             client: client.clone(),
             hot: client,
-            worker_id: crate::clock::uuid_v7(),
+            worker_id: None,
             lease: Duration::from_millis(LEASE_MS),
             pause: None,
             progress: None,
@@ -214,7 +217,246 @@ impl Ledger {
             stepwise: false,
             entries: Entries::default(),
             lookup_first: false,
-        })
+        }
+    }
+}
+
+/// Refuses a lease of zero or longer than [`LEASE_MS`].
+fn check_lease(lease: Duration) -> Result<()> {
+    if lease.is_zero() || lease > Duration::from_millis(LEASE_MS) {
+        return Err(Error::invalid(
+            "lease",
+            format!("must be between 1 ms and {LEASE_MS} ms"),
+        ));
+    }
+    Ok(())
+}
+
+/// The client of database `name` beside `client`'s, refused when it is `client`'s own.
+fn hot_client(client: &Client, name: &str) -> Result<Client> {
+    if name == client.database() {
+        return Err(Error::invalid(
+            "hot_db",
+            "must differ from the ledger's database (it holds what validation guards)",
+        ));
+    }
+    client.with_database(name)
+}
+
+/// Builds a [`Ledger`] ([`Ledger::builder`]). Consuming and `#[must_use]`; the first
+/// configuration error is kept and reported by [`LedgerBuilder::build`]. A ledger is configured
+/// once and its clones share everything; a ledger configured differently is another worker
+/// ([`Ledger::to_builder`]).
+///
+/// ```no_run
+/// # fn f(client: couch_ledger::Client) -> couch_ledger::Result<()> {
+/// use std::time::Duration;
+/// use couch_ledger::Ledger;
+///
+/// let ledger = Ledger::builder(client)
+///     .hot_database("shop_hot")
+///     .lease(Duration::from_secs(10))
+///     .background_finish(true)
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[must_use]
+#[derive(Debug)]
+pub struct LedgerBuilder {
+    settings: Settings,
+    error: Option<Error>,
+}
+
+impl LedgerBuilder {
+    /// Keeps accounts and transfers in database `name`, a second database that runs no
+    /// `validate_doc_update`; orders stay in the ledger's database, validated
+    /// (docs/LAYOUT.md) [default: everything in the client's database]. CouchDB runs a
+    /// database's validation for every document written, at about a sixth of its plain write
+    /// rate (measured on CouchDB 3.4.3, docs/bench/HISTORY.md): a transfer writes about seven
+    /// account and transfer documents, so this layout is what lets it go past ~400
+    /// transfers/s. What the validation refused there is then left to roles: run
+    /// [`Ledger::restrict_to_role`] (it sets both databases) and give that role to the ledger's
+    /// own users only. Every process working on one ledger must use the same layout.
+    ///
+    /// [`LedgerBuilder::build`] fails when `name` is not a valid database name, or is the
+    /// ledger's database itself.
+    pub fn hot_database(mut self, name: &str) -> Self {
+        match hot_client(&self.settings.client, name) {
+            Ok(hot) => self.settings.hot = hot,
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+        self
+    }
+
+    /// How long this worker's claims on transfers last [default and longest:
+    /// [`LEASE_MS`](crate::limits::LEASE_MS)]. Shorter ones let tests and impatient operators
+    /// see an abandoned transfer taken over sooner.
+    ///
+    /// [`LedgerBuilder::build`] fails when `lease` is zero or longer than
+    /// [`LEASE_MS`](crate::limits::LEASE_MS) (the settled-marker retention is sized against
+    /// that bound).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        if let Err(e) = check_lease(lease) {
+            self.error.get_or_insert(e);
+        }
+        self.settings.lease = lease;
+        self
+    }
+
+    /// How many copies an account write must reach [default: [`WriteQuorum::All`]: on a
+    /// cluster every ledger write must reach every copy before it counts; see
+    /// docs/CLUSTER.md]. No difference on a single node.
+    pub fn write_quorum(mut self, write_quorum: WriteQuorum) -> Self {
+        self.settings.write_quorum = write_quorum;
+        self
+    }
+
+    /// Whether transfers finish in the background [default: no]: `submit(…, wait = true)`
+    /// returns as soon as its transfer is decided — on the one-write path (the default) `done`
+    /// or `cancelled`, the decision written and both balances carrying it; on the stepwise
+    /// protocol `committed` — and what is left follows in this process: the settles of the
+    /// accounts' markers, folded into the accounts' next writes (held at most
+    /// [`SETTLE_HOLD_MS`](crate::limits::SETTLE_HOLD_MS)), and on the stepwise protocol `done`.
+    /// Fewer requests and documents per transfer under load (BENCHMARKS.md, `p8`), for the
+    /// price of a destination's credit that stays unavailable (docs/PROTOCOL.md: `available`) a
+    /// little longer in other processes.
+    ///
+    /// Nothing is lost if the process stops before they finish: the transfer is decided, and
+    /// the sweeper settles its markers like any transfer whose worker crashed after its
+    /// decision. Call [`Ledger::flush`] before a clean stop (or before reading the ledger as a
+    /// whole, e.g. [`Ledger::verify`]) to let them finish here. A long-running process (the
+    /// service) is the natural user; a command that exits after one transfer is not.
+    pub fn background_finish(mut self, background: bool) -> Self {
+        self.settings.background = background;
+        self
+    }
+
+    /// Whether a transfer's document is read before it is applied (`submit(…, wait = true)`
+    /// on the one-write path) [default: no]: a re-sent id is answered from its document — the
+    /// transfer as it is, or the mismatch of its terms — with nothing written. Without it an
+    /// id is found taken only at the decision, after both accounts took a marker, which is
+    /// then undone (money unchanged, two writes per account); a ledger remembers the transfers
+    /// it ended itself (the most recent ones, up to a bound) and answers those from their
+    /// document either way. Costs one request a transfer: for a process making one transfer
+    /// (the command line), not for a busy one.
+    pub fn lookup_first(mut self, lookup_first: bool) -> Self {
+        self.settings.lookup_first = lookup_first;
+        self
+    }
+
+    /// Whether transfers are made by the stepwise protocol (docs/PROTOCOL.md) [default: no]:
+    /// `submit(…, wait = true)` creates the transfer `pending` under a claim, applies both
+    /// accounts, writes `committed`, settles both and writes `done` — every step its own write,
+    /// each state visible in the `transactions/*` views while it lasts (money in flight in
+    /// `transactions/pending`).
+    ///
+    /// By default a transfer takes the one-write path instead (docs/ONE_WRITE.md): both
+    /// accounts applied with markers, then the transfer's document created once in its final
+    /// state — three documents and two requests before the answer where this takes seven and
+    /// four (BENCHMARKS.md). Both make the same ledger; every process of one ledger may use
+    /// either. Reversals, [`Ledger::cancel`] of a pending transfer and the sweeper's drive of a
+    /// transfer left `pending`, `committed` or `canceling` are stepwise whatever this says.
+    pub fn stepwise_transfers(mut self, stepwise: bool) -> Self {
+        self.settings.stepwise = stepwise;
+        self
+    }
+
+    /// Tells `hook` how long work advances ([`Progress`]): a sweep pass
+    /// ([`Ledger::sweep_once`]) and [`Ledger::verify`] [default: no hook].
+    pub fn progress(mut self, hook: ProgressHook) -> Self {
+        self.settings.progress = Some(hook);
+        self
+    }
+
+    /// Test support: a hook awaited before every protocol write ([`PauseHook`]).
+    #[cfg(feature = "testing")]
+    pub fn pause_hook(mut self, hook: PauseHook) -> Self {
+        self.settings.pause = Some(hook);
+        self
+    }
+
+    /// Test support: the worker id the ledger writes into its claims, instead of a fresh one:
+    /// two ledgers configured differently acting as one worker, a transfer claimed by either
+    /// taken as its own by both. Two processes sharing an id would break the claims' exclusion:
+    /// tests only.
+    #[cfg(feature = "testing")]
+    pub fn worker_id(mut self, worker_id: impl Into<String>) -> Self {
+        self.settings.worker_id = Some(worker_id.into());
+        self
+    }
+
+    /// Test support: acts as on a database that keeps one copy of each document (CouchDB's
+    /// single node, `cluster.n` = 1) whatever the server says: a one-write transfer's settles
+    /// and undos leave no settled entry, and an account conflict is reported, never merged
+    /// (docs/ONE_WRITE.md). What every ledger does on such a database; on a server that keeps
+    /// several copies this is wrong (a cluster's own writes can make conflicts, and their merge
+    /// needs the entries): tests only.
+    #[cfg(feature = "testing")]
+    pub fn one_copy(mut self) -> Self {
+        self.settings.entries = Entries::Never;
+        self
+    }
+
+    /// Test support: acts as on a database that keeps several copies of each document whatever
+    /// the server says: it keeps settled entries of one-write transfers, merges account
+    /// conflicts, and its sweeper reads every candidate again by id — also where the database
+    /// keeps one copy, where the ledger does none of these by default (docs/ONE_WRITE.md). For
+    /// tests that plant a cluster's conflicts (`new_edits=false`) on a single node, to test the
+    /// merge a cluster needs. Every process writing the database must do the same, or the
+    /// entries the merge relies on are missing: tests only.
+    #[cfg(feature = "testing")]
+    pub fn settled_entries(mut self) -> Self {
+        self.settings.entries = Entries::Always;
+        self
+    }
+
+    /// The ledger, a worker of its own (a fresh worker id, its own account engine).
+    ///
+    /// # Errors
+    ///
+    /// The first setting refused: a hot database that is not a valid database name or is the
+    /// ledger's own ([`LedgerBuilder::hot_database`]), a lease out of bounds
+    /// ([`LedgerBuilder::lease`]).
+    pub fn build(self) -> Result<Ledger> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(Ledger::assemble(self.settings)),
+        }
+    }
+}
+
+impl Ledger {
+    /// A ledger on the client's database with every setting at its default:
+    /// `Ledger::builder(client).build()`, which cannot fail.
+    pub fn new(client: Client) -> Ledger {
+        Ledger::assemble(Settings::new(client))
+    }
+
+    /// A builder of a ledger on the client's database: its second database, lease, write
+    /// quorum, how it makes and answers transfers, and the progress hook, each at its default
+    /// until set.
+    pub fn builder(client: Client) -> LedgerBuilder {
+        LedgerBuilder {
+            settings: Settings::new(client),
+            error: None,
+        }
+    }
+
+    /// A builder holding this ledger's settings — its databases, lease, write quorum and ways
+    /// of making transfers, not its hooks — for another worker on the same ledger configured
+    /// differently (what it builds is, like [`Ledger::another_worker`], a worker of its own).
+    pub fn to_builder(&self) -> LedgerBuilder {
+        LedgerBuilder {
+            settings: Settings {
+                worker_id: None,
+                pause: None,
+                progress: None,
+                ..self.settings()
+            },
+            error: None,
+        }
     }
 
     fn assemble(settings: Settings) -> Ledger {
@@ -231,6 +473,7 @@ impl Ledger {
             entries,
             lookup_first,
         } = settings;
+        let worker_id = worker_id.unwrap_or_else(crate::clock::uuid_v7);
         let quorum = Arc::new(Quorum::new(write_quorum, entries));
         let conflicts = Arc::new(ConflictTally::default());
         let bulk = Arc::new(BulkWriter::new(hot.clone()));
@@ -262,13 +505,13 @@ impl Ledger {
         }
     }
 
-    /// What this ledger was assembled from, to assemble a changed copy.
+    /// What this ledger was assembled from, its worker id and hooks included.
     fn settings(&self) -> Settings {
         let i = &self.inner;
         Settings {
             client: i.client.clone(),
             hot: i.hot.clone(),
-            worker_id: i.worker_id.clone(),
+            worker_id: Some(i.worker_id.clone()),
             lease: i.lease,
             pause: i.pause.clone(),
             progress: i.progress.clone(),
@@ -280,9 +523,9 @@ impl Ledger {
         }
     }
 
-    /// The same ledger with another write quorum ([`WriteQuorum::All`] by default: on a cluster
-    /// every ledger write must reach every copy before it counts; see docs/CLUSTER.md). No
-    /// difference on a single node. Configure before sharing: clones made earlier keep theirs.
+    /// The same ledger (the same worker) with another write quorum
+    /// ([`LedgerBuilder::write_quorum`]). Clones made earlier keep theirs.
+    #[deprecated(note = "configure once: Ledger::builder(client)….build()")]
     pub fn with_write_quorum(self, write_quorum: WriteQuorum) -> Ledger {
         Ledger::assemble(Settings {
             write_quorum,
@@ -290,22 +533,9 @@ impl Ledger {
         })
     }
 
-    /// The same ledger finishing transfers in the background: `submit(…, wait = true)` returns
-    /// as soon as its transfer is decided — on the one-write path (the default) `done` or
-    /// `cancelled`, the decision written and both balances carrying it; on the stepwise
-    /// protocol `committed` — and what is left follows in this process: the settles of the
-    /// accounts' markers, folded into the accounts' next writes (held at most
-    /// [`SETTLE_HOLD_MS`](crate::limits::SETTLE_HOLD_MS)), and on the stepwise protocol `done`.
-    /// Fewer requests and documents per transfer under load (BENCHMARKS.md, `p8`), for the
-    /// price of a destination's credit that stays unavailable (docs/PROTOCOL.md: `available`) a little
-    /// longer in other processes.
-    ///
-    /// Nothing is lost if the process stops before they finish: the transfer is decided, and
-    /// the sweeper settles its markers like any transfer whose worker crashed after its
-    /// decision. Call [`Ledger::flush`] before a clean stop (or before reading the ledger as a
-    /// whole, e.g. [`Ledger::verify`]) to let them finish here. A long-running process (the
-    /// service) is the natural user; a command that exits after one transfer is not. Configure
-    /// before sharing: clones made earlier keep theirs.
+    /// The same ledger (the same worker) finishing transfers in the background
+    /// ([`LedgerBuilder::background_finish`]). Clones made earlier keep theirs.
+    #[deprecated(note = "configure once: Ledger::builder(client)….build()")]
     pub fn with_background_finish(self) -> Ledger {
         Ledger::assemble(Settings {
             background: true,
@@ -313,14 +543,9 @@ impl Ledger {
         })
     }
 
-    /// The same ledger reading a transfer's document before applying it (`submit(…, wait =
-    /// true)` on the one-write path): a re-sent id is answered from its document — the
-    /// transfer as it is, or the mismatch of its terms — with nothing written. Without it an id
-    /// is found taken only at the decision, after both accounts took a marker, which is then
-    /// undone (money unchanged, two writes per account); a ledger remembers the transfers it
-    /// ended itself (`ENDED_KNOWN_MAX`) and answers those from their document either way. Costs
-    /// one request a transfer: for a process making one transfer (the command line), not for
-    /// a busy one.
+    /// The same ledger (the same worker) reading a transfer's document before applying it
+    /// ([`LedgerBuilder::lookup_first`]). Clones made earlier keep theirs.
+    #[deprecated(note = "configure once: Ledger::builder(client)….build()")]
     pub fn with_lookup_first(self) -> Ledger {
         Ledger::assemble(Settings {
             lookup_first: true,
@@ -328,47 +553,9 @@ impl Ledger {
         })
     }
 
-    /// Test support: the same ledger acting as on a database that keeps one copy of each
-    /// document (CouchDB's single node, `cluster.n` = 1) whatever the server says: a one-write
-    /// transfer's settles and undos leave no settled entry, and an account conflict is reported,
-    /// never merged (docs/ONE_WRITE.md). What every ledger does on such a database; on a server
-    /// that keeps several copies this is wrong (a cluster's own writes can make conflicts,
-    /// and their merge needs the entries): tests only.
-    #[cfg(feature = "testing")]
-    pub fn with_one_copy(self) -> Ledger {
-        Ledger::assemble(Settings {
-            entries: Entries::Never,
-            ..self.settings()
-        })
-    }
-
-    /// Test support: the same ledger acting as on a database that keeps several copies of each
-    /// document whatever the server says: it keeps settled entries of one-write transfers,
-    /// merges account conflicts, and its sweeper reads every candidate again by id — also where
-    /// the database keeps one copy, where the ledger does none of these by default
-    /// (docs/ONE_WRITE.md). For tests that plant a cluster's conflicts (`new_edits=false`) on a
-    /// single node, to test the merge a cluster needs.
-    /// Every process writing the database must do the same, or the entries the merge relies
-    /// on are missing: tests only.
-    #[cfg(feature = "testing")]
-    pub fn with_settled_entries(self) -> Ledger {
-        Ledger::assemble(Settings {
-            entries: Entries::Always,
-            ..self.settings()
-        })
-    }
-
-    /// The same ledger making transfers by the stepwise protocol (docs/PROTOCOL.md): `submit(…, wait = true)`
-    /// creates the transfer `pending` under a claim, applies both accounts, writes `committed`,
-    /// settles both and writes `done` — every step its own write, each state visible in the
-    /// `transactions/*` views while it lasts (money in flight in `transactions/pending`).
-    ///
-    /// By default a transfer takes the one-write path instead (docs/ONE_WRITE.md): both accounts
-    /// applied with markers, then the transfer's document created once in its final state —
-    /// three documents and two requests before the answer where this takes seven and four
-    /// (BENCHMARKS.md). Both make the same ledger; every process of one ledger may use either.
-    /// Reversals, [`Ledger::cancel`] of a pending transfer and the sweeper's drive of a transfer
-    /// left `pending`, `committed` or `canceling` are stepwise whatever this says.
+    /// The same ledger (the same worker) making transfers by the stepwise protocol
+    /// ([`LedgerBuilder::stepwise_transfers`]). Clones made earlier keep theirs.
+    #[deprecated(note = "configure once: Ledger::builder(client)….build()")]
     pub fn with_stepwise_transfers(self) -> Ledger {
         Ledger::assemble(Settings {
             stepwise: true,
@@ -377,12 +564,12 @@ impl Ledger {
     }
 
     /// Waits until every transfer this ledger (or a clone of it) is finishing in the background
-    /// ([`Ledger::with_background_finish`]) has ended, settles held for folding going out now.
+    /// ([`LedgerBuilder::background_finish`]) has ended, settles held for folding going out now.
     /// Returns at once when there are none. Transfers submitted while it waits are waited for
     /// too, so stop submitting first (or bound it with a timeout, as `serve` does at a stop). A
     /// finish that failed (logged) leaves its transfer `committed` for the sweeper: `flush`
     /// returning does not mean every transfer is `done`. Covers this ledger and its clones, not
-    /// ledgers made from it with a `with_*` method or [`Ledger::another_worker`].
+    /// other workers built from its settings ([`Ledger::to_builder`], [`Ledger::another_worker`]).
     pub async fn flush(&self) {
         self.inner
             .finishing
@@ -391,12 +578,12 @@ impl Ledger {
     }
 
     /// `submit` answers at the decision and finishes in the background
-    /// ([`Ledger::with_background_finish`]).
+    /// ([`LedgerBuilder::background_finish`]).
     pub fn finishes_in_background(&self) -> bool {
         self.inner.background
     }
 
-    /// Transfers finishing in the background right now ([`Ledger::with_background_finish`]).
+    /// Transfers finishing in the background right now ([`LedgerBuilder::background_finish`]).
     pub fn finishing(&self) -> usize {
         self.inner
             .finishing
@@ -404,27 +591,15 @@ impl Ledger {
             .load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// The same ledger with its accounts and transfers in database `name`, a second database
-    /// that runs no `validate_doc_update`; orders stay in the ledger's database, validated
-    /// (docs/LAYOUT.md). CouchDB runs a database's validation for every document written, at
-    /// about a sixth of its plain write rate (measured on CouchDB 3.4.3, docs/bench/HISTORY.md): a transfer writes about
-    /// seven account and transfer documents, so this layout is what lets it go past ~400
-    /// transfers/s. What the validation refused there is then left to roles: run
-    /// [`Ledger::restrict_to_role`] (it sets both databases) and give that role to the ledger's
-    /// own users only. Every process working on one ledger must use the same layout. Configure
-    /// before sharing: clones made earlier keep theirs.
+    /// The same ledger (the same worker) with its accounts and transfers in database `name`
+    /// ([`LedgerBuilder::hot_database`]). Clones made earlier keep theirs.
     ///
     /// # Errors
     ///
     /// `name` is not a valid database name, or is the ledger's database itself.
+    #[deprecated(note = "configure once: Ledger::builder(client)….build()")]
     pub fn with_hot_database(self, name: &str) -> Result<Ledger> {
-        if name == self.inner.client.database() {
-            return Err(Error::invalid(
-                "hot_db",
-                "must differ from the ledger's database (it holds what validation guards)",
-            ));
-        }
-        let hot = self.inner.client.with_database(name)?;
+        let hot = hot_client(&self.inner.client, name)?;
         Ok(Ledger::assemble(Settings {
             hot,
             ..self.settings()
@@ -433,24 +608,20 @@ impl Ledger {
 
     /// Another worker on the same ledger: the same databases, lease and settings, a worker id
     /// and account engine of its own (as if another process had opened the ledger). The test
-    /// and progress hooks are not carried over.
+    /// and progress hooks are not carried over. [`Ledger::to_builder`] makes one configured
+    /// differently.
     pub fn another_worker(&self) -> Ledger {
-        Ledger::assemble(Settings {
-            worker_id: crate::clock::uuid_v7(),
-            pause: None,
-            progress: None,
-            ..self.settings()
-        })
+        Ledger::assemble(self.to_builder().settings)
     }
 
     /// The database of accounts and transfers, when it is not the ledger's database
-    /// ([`Ledger::with_hot_database`]).
+    /// ([`LedgerBuilder::hot_database`]).
     pub fn hot_database(&self) -> Option<&str> {
         self.is_split().then(|| self.inner.hot.database())
     }
 
     /// The client of the database that holds accounts and transfers: [`Ledger::client`]'s
-    /// unless the ledger is split ([`Ledger::with_hot_database`]).
+    /// unless the ledger is split ([`LedgerBuilder::hot_database`]).
     pub fn hot_client(&self) -> &Client {
         &self.inner.hot
     }
@@ -501,40 +672,24 @@ impl Ledger {
         }
     }
 
-    /// The same ledger with claims that last `lease` instead of the default
-    /// [`LEASE_MS`](crate::limits::LEASE_MS) — shorter ones let tests and impatient operators
-    /// see an abandoned transfer taken over sooner. Configure before sharing: clones made
-    /// earlier keep the old lease.
+    /// The same ledger (the same worker) with claims that last `lease`
+    /// ([`LedgerBuilder::lease`]). Clones made earlier keep the old lease.
     ///
     /// # Errors
     ///
-    /// `lease` is zero or longer than [`LEASE_MS`](crate::limits::LEASE_MS) (the settled-marker
-    /// retention is sized against that bound).
+    /// `lease` is zero or longer than [`LEASE_MS`](crate::limits::LEASE_MS).
+    #[deprecated(note = "configure once: Ledger::builder(client)….build()")]
     pub fn with_lease(self, lease: Duration) -> Result<Ledger> {
-        if lease.is_zero() || lease > Duration::from_millis(LEASE_MS) {
-            return Err(Error::invalid(
-                "lease",
-                format!("must be between 1 ms and {LEASE_MS} ms"),
-            ));
-        }
+        check_lease(lease)?;
         Ok(Ledger::assemble(Settings {
             lease,
             ..self.settings()
         }))
     }
 
-    /// Test support: the same ledger with a hook awaited before every protocol write.
-    #[cfg(feature = "testing")]
-    pub fn with_pause_hook(self, hook: PauseHook) -> Ledger {
-        Ledger::assemble(Settings {
-            pause: Some(hook),
-            ..self.settings()
-        })
-    }
-
-    /// The same ledger telling `hook` how long work advances ([`Progress`]): a sweep pass
-    /// ([`Ledger::sweep_once`]) and [`Ledger::verify`]. Configure before sharing: clones made
-    /// earlier do not tell it.
+    /// The same ledger (the same worker) telling `hook` how long work advances
+    /// ([`LedgerBuilder::progress`]). Clones made earlier do not tell it.
+    #[deprecated(note = "configure once: Ledger::builder(client)….build()")]
     pub fn with_progress(self, hook: ProgressHook) -> Ledger {
         Ledger::assemble(Settings {
             progress: Some(hook),
@@ -596,7 +751,7 @@ impl Ledger {
     /// and write it, keeping the admins and member names already there. With the ledger's users
     /// members rather than admins, the validation guards every write they make, and what it
     /// cannot guard — deleting `_design/validation`, `_purge`, `_security` itself — is left to
-    /// admins (docs/SECURITY.md). A split ledger ([`Ledger::with_hot_database`]) gets the same
+    /// admins (docs/SECURITY.md). A split ledger ([`LedgerBuilder::hot_database`]) gets the same
     /// on both databases: in the hot one, which runs no validation, the role is the only guard.
     /// Returns the `_security` object written to the ledger's database.
     ///
@@ -782,6 +937,108 @@ mod tests {
             .await;
         let client = client_of(&server);
         (server, client)
+    }
+
+    /// A client of database `db` on a server never asked (building a ledger sends nothing).
+    fn offline_client() -> Client {
+        Client::builder()
+            .url("http://127.0.0.1:9")
+            .database("db")
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_builder_reports_its_first_refused_setting() {
+        let field = |b: LedgerBuilder| b.build().unwrap_err().field().map(str::to_owned);
+        let c = offline_client();
+        let b = || Ledger::builder(c.clone());
+        assert_eq!(field(b().lease(Duration::ZERO)), Some("lease".into()));
+        assert_eq!(
+            field(b().lease(Duration::from_millis(LEASE_MS + 1))),
+            Some("lease".into())
+        );
+        assert_eq!(field(b().hot_database("db")), Some("hot_db".into()));
+        assert!(b()
+            .hot_database("Bad Name")
+            .build()
+            .unwrap_err()
+            .is_invalid_input());
+        assert_eq!(
+            field(b().lease(Duration::ZERO).hot_database("db")),
+            Some("lease".into())
+        );
+        assert_eq!(
+            field(b().hot_database("db").lease(Duration::ZERO)),
+            Some("hot_db".into())
+        );
+        // A refused setting is not forgotten by a valid one after it.
+        assert_eq!(
+            field(b().lease(Duration::ZERO).lease(Duration::from_secs(1))),
+            Some("lease".into())
+        );
+        assert!(b().lease(Duration::from_millis(LEASE_MS)).build().is_ok());
+    }
+
+    #[test]
+    fn a_ledger_is_built_with_its_settings_and_to_builder_makes_another_worker() {
+        let l = Ledger::builder(offline_client())
+            .hot_database("db_hot")
+            .lease(Duration::from_secs(10))
+            .background_finish(true)
+            .build()
+            .unwrap();
+        let check = |other: &Ledger| {
+            assert_eq!(other.lease(), Duration::from_secs(10));
+            assert_eq!(other.hot_database(), Some("db_hot"));
+            assert!(other.finishes_in_background());
+        };
+        check(&l);
+        assert_eq!(l.clone().worker_id(), l.worker_id());
+        let other = l.to_builder().build().unwrap();
+        check(&other);
+        assert_ne!(other.worker_id(), l.worker_id());
+        let another = l.another_worker();
+        check(&another);
+        assert_ne!(another.worker_id(), l.worker_id());
+        let plain = l.to_builder().background_finish(false).build().unwrap();
+        assert!(!plain.finishes_in_background());
+        assert_eq!(plain.hot_database(), Some("db_hot"));
+        let default = Ledger::new(offline_client());
+        assert_eq!(default.lease(), Duration::from_millis(LEASE_MS));
+        assert_eq!(default.hot_database(), None);
+        assert!(!default.finishes_in_background());
+    }
+
+    /// The deprecated `with_*` methods still configure the same worker, and refuse what the
+    /// builder refuses.
+    #[test]
+    #[allow(deprecated)]
+    fn the_deprecated_with_methods_configure_the_same_worker() {
+        let l = Ledger::new(offline_client());
+        let id = l.worker_id().to_owned();
+        let l = l
+            .with_lease(Duration::from_secs(10))
+            .unwrap()
+            .with_hot_database("db_hot")
+            .unwrap()
+            .with_background_finish()
+            .with_stepwise_transfers()
+            .with_lookup_first()
+            .with_write_quorum(WriteQuorum::ServerDefault);
+        assert_eq!(l.worker_id(), id);
+        assert_eq!(l.lease(), Duration::from_secs(10));
+        assert_eq!(l.hot_database(), Some("db_hot"));
+        assert!(l.finishes_in_background());
+        assert!(l.inner.stepwise && l.inner.lookup_first);
+        assert_eq!(l.inner.write_quorum, WriteQuorum::ServerDefault);
+        let l = l.with_progress(ProgressHook(Arc::new(|_| {})));
+        assert!(l.inner.progress.is_some());
+        assert_eq!(l.worker_id(), id);
+        let e = l.clone().with_lease(Duration::ZERO).unwrap_err();
+        assert_eq!(e.field(), Some("lease"));
+        let e = l.with_hot_database("db").unwrap_err();
+        assert_eq!(e.field(), Some("hot_db"));
     }
 
     fn limit(n: u32) -> ResponseTemplate {

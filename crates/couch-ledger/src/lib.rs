@@ -80,7 +80,9 @@ mod engine;
 mod error;
 mod iam;
 mod ledger;
-pub mod limits;
+// Every named limit, the crate's own; the public few are in `limits` below.
+#[path = "limits.rs"]
+mod all_limits;
 mod money;
 mod observe;
 mod one_write;
@@ -103,7 +105,8 @@ pub use couch::{
 pub use engine::WriteQuorum;
 pub use error::{plain_seconds, Condition, Error, Result};
 pub use ledger::{
-    ConflictCounts, HotReport, InitReport, Ledger, Progress, ProgressFn, ProgressHook,
+    ConflictCounts, HotReport, InitReport, Ledger, LedgerBuilder, Progress, ProgressFn,
+    ProgressHook,
 };
 /// Test hooks (feature `testing`): a pause before a protocol write, and the fail points' names.
 #[cfg(feature = "testing")]
@@ -120,12 +123,33 @@ pub use sweeper::{LedgerStatus, StateCounts, SweepOptions, SweepOutcome};
 #[cfg(feature = "testing")]
 pub use transfer::FAIL_POINTS;
 pub use transfer::{Claim, Reason, TransferOutcome, TransferRequest, TransferView};
+/// The limits a user tunes against or must know: the longest lease a ledger takes and its
+/// default, a sweep pass's default age and largest batch ([`SweepOptions`]), the longest id,
+/// and how long a background finish holds a settle. The engine's own limits stay inside the
+/// crate (src/limits.rs, with the relationships between them checked at compile time).
+pub mod limits {
+    pub use crate::all_limits::{
+        ID_CHARS_MAX, LEASE_MS, SETTLE_HOLD_MS, STALE_AFTER_DEFAULT_MS, SWEEP_LIMIT_MAX,
+    };
+    // The crate reaches every limit by the same path.
+    pub(crate) use crate::all_limits::*;
+}
+
 /// What a deterministic simulation of the server needs (feature `testing`): a transport to
 /// answer requests, and a wall clock that follows a paused runtime's.
 #[cfg(feature = "testing")]
 pub mod testing {
     pub use crate::clock::testing::simulate_wall_clock;
     pub use crate::wire::{Exchange, Transport, WireFailure, WireReply, WireRequest};
+
+    /// The engine's limits that tests check against (feature `testing`; src/limits.rs says
+    /// what each one is).
+    pub mod limits {
+        pub use crate::all_limits::{
+            MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, PRUNE_CONFIRMED_MS, REVS_LIMIT,
+            REVS_LIMIT_ONE_COPY, SETTLED_AGE_MIN_MS, SWEEP_CONCURRENCY_MAX,
+        };
+    }
 }
 
 /// The Rust snippets of the README and of docs/LIBRARY.md, compiled as doctests so that they

@@ -5,9 +5,13 @@
 //! any lease by far, so that a worker that was paused while holding a claim still finds the
 //! marker of the step it is about to repeat and skips it (docs/PROTOCOL.md, "why
 //! nothing is applied twice").
+//!
+//! They are the crate's own: the few a user tunes against or must know are public through
+//! `couch_ledger::limits` (src/lib.rs), and those tests check against through
+//! `couch_ledger::testing::limits`.
 
 /// How long a claim on a transfer lasts, and the longest lease a ledger may be configured with
-/// (`Ledger::with_lease` refuses more).
+/// (`LedgerBuilder::lease` refuses more).
 pub const LEASE_MS: u64 = 30_000;
 
 /// A worker stops acting `lease / LEASE_MARGIN_DIVISOR` before its claim expires (5 s of a
@@ -158,7 +162,7 @@ pub const GATHER_YIELDS_MAX: u32 = 16;
 
 /// Default age after which the sweeper takes over a transfer whose claim has expired.
 pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
-/// The longest a background finish ([`crate::Ledger::with_background_finish`]) holds a settle
+/// The longest a background finish ([`crate::LedgerBuilder::background_finish`]) holds a settle
 /// back so it can go out with its account's next write: far inside a lease, so a held settle
 /// never outlives its worker's claim. At 250 ms, on the one-write path an
 /// account's next write comes later than that often enough to matter (under `p8`'s load, 512
@@ -166,7 +170,7 @@ pub const STALE_AFTER_DEFAULT_MS: u64 = 30_000;
 /// 1 s took `p8` from 3.29 to 3.20 documents a transfer on CouchDB 3.4.3 (BENCHMARKS.md).
 pub const SETTLE_HOLD_MS: u64 = 1000;
 /// ... and at most this fraction of the ledger's lease, however short it was made
-/// (`Ledger::with_lease`).
+/// (`LedgerBuilder::lease`).
 pub const SETTLE_HOLD_LEASE_DIVISOR: u32 = 20;
 
 /// Transfers one sweeper process drives at once (so the account-op engine can group their
@@ -243,3 +247,17 @@ const _: () = assert!(ACCOUNT_CACHE_MAX >= 2 * SWEEP_CONCURRENCY_MAX);
 const _: () = assert!(WATCH_WAIT_MIN_MS < WATCH_WAIT_MAX_MS);
 const _: () = assert!(ACCOUNT_CAS_ATTEMPTS_MAX >= 2);
 const _: () = assert!(READ_BATCH_KEYS_MAX as u64 <= PAGE_ROWS_MAX);
+
+// ---- what public docs state in numbers (these limits are not public) -----------------------
+
+// `SweepOutcome::problems`.
+const _: () = assert!(PROBLEMS_MAX == 1_000);
+// `Ledger::sweep_watch`.
+const _: () = assert!(WATCH_WAIT_MIN_MS == 100);
+const _: () = assert!(WATCH_WAIT_MAX_MS == 30_000);
+const _: () = assert!(WATCH_BACKOFF_MAX_MS == 10_000);
+// `Ledger::reverse`.
+const _: () = assert!(REVERSAL_ATTEMPTS_MAX == 100);
+// `InitReport::revs_limit`.
+const _: () = assert!(REVS_LIMIT == 20);
+const _: () = assert!(REVS_LIMIT_ONE_COPY == 3);

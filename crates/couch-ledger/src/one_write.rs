@@ -112,6 +112,58 @@ fn judge(attempt: Attempt, debit: OpResult, credit: OpResult) -> Next {
     }
 }
 
+/// The decision the engine made (`Ok`), or the simulated crash that kept it from one.
+type Made = Arc<Mutex<Option<std::result::Result<TxnDoc, Error>>>>;
+
+/// What the engine calls once both applies of `terms` by `attempt` are answered: the decision
+/// their answers call for (the document and its id) for the engine to write, kept in `made`
+/// too; `None` when they call for none, or when the document cannot be written (its error in
+/// `made`).
+fn decider(terms: TxnDoc, attempt: Attempt, made: Made) -> Decide {
+    Box::new(move |debit, credit| {
+        fail_point!("once-after-apply", |_| {
+            *made.lock().unwrap_or_else(|e| e.into_inner()) = Some(Err(crash("once-after-apply")));
+            None
+        });
+        let doc = match judge(attempt, debit, credit) {
+            Next::Done(named) => decision(&terms, State::Done, Some(named), None),
+            Next::Cancel(reason) => decision(&terms, State::Cancelled, None, Some(reason)),
+            Next::Follow | Next::Retry => return None,
+        };
+        let raw = doc
+            .check()
+            .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))
+            .and_then(|()| RawDoc::new(&doc.id, &doc));
+        let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
+        match raw {
+            Ok(raw) => {
+                let id = doc.id.clone();
+                *made = Some(Ok(doc));
+                Some((id, raw))
+            }
+            Err(e) => {
+                *made = Some(Err(e));
+                None
+            }
+        }
+    })
+}
+
+/// How a call answers about the transfer `existing` it followed: `created` when it is the
+/// decision this call tried to write (`tried`), `exists` otherwise.
+fn answer_status(existing: &TxnDoc, tried: Option<&TxnDoc>) -> RecordStatus {
+    let ours = tried.is_some_and(|t| {
+        existing.created_at == t.created_at
+            && existing.state == t.state
+            && existing.markers == t.markers
+    });
+    if ours {
+        RecordStatus::Created
+    } else {
+        RecordStatus::Exists
+    }
+}
+
 /// "Not decided in time": the worker's deadline passed before its accounts were applied (the
 /// sweeper's pass, whose transfer's document exists already, tries again next pass).
 fn undecided(id: &str) -> Error {
@@ -152,7 +204,7 @@ impl Ledger {
             extra: Map::new(),
         };
         // A re-sent id, answered from its document with nothing written: known to have ended
-        // here, or looked up first (`Ledger::with_lookup_first`).
+        // here, or looked up first (`LedgerBuilder::lookup_first`).
         if self.inner.accounts.has_ended(id) {
             return self.follow_once(&terms, None, Vec::new()).await;
         }
@@ -264,41 +316,8 @@ impl Ledger {
         deadline: Instant,
         touched: &mut Vec<String>,
     ) -> Result<Applied> {
-        // The decision the engine made (`Ok`), or the simulated crash that kept it from one.
-        let made: Arc<Mutex<Option<std::result::Result<TxnDoc, Error>>>> =
-            Arc::new(Mutex::new(None));
-        let decide: Decide = {
-            let terms = terms.clone();
-            let made = Arc::clone(&made);
-            Box::new(move |debit, credit| {
-                fail_point!("once-after-apply", |_| {
-                    *made.lock().unwrap_or_else(|e| e.into_inner()) =
-                        Some(Err(crash("once-after-apply")));
-                    None
-                });
-                let doc = match judge(attempt, debit, credit) {
-                    Next::Done(named) => decision(&terms, State::Done, Some(named), None),
-                    Next::Cancel(reason) => decision(&terms, State::Cancelled, None, Some(reason)),
-                    Next::Follow | Next::Retry => return None,
-                };
-                let raw = doc
-                    .check()
-                    .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))
-                    .and_then(|()| RawDoc::new(&doc.id, &doc));
-                let mut made = made.lock().unwrap_or_else(|e| e.into_inner());
-                match raw {
-                    Ok(raw) => {
-                        let id = doc.id.clone();
-                        *made = Some(Ok(doc));
-                        Some((id, raw))
-                    }
-                    Err(e) => {
-                        *made = Some(Err(e));
-                        None
-                    }
-                }
-            })
-        };
+        let made: Made = Arc::new(Mutex::new(None));
+        let decide = decider(terms.clone(), attempt, Arc::clone(&made));
         self.pause_at("apply").await;
         // A test's pause at `decide` holds the decision's write in the engine, on this path.
         let hold = self.inner.pause.as_ref().map(|hook| (hook.0)("decide"));
@@ -434,26 +453,7 @@ impl Ledger {
     ) -> Result<TransferOutcome> {
         let id = &terms.txn_id;
         for _ in 0..DRIVE_PHASES_MAX {
-            let existing = match self.read_txn(id).await {
-                Ok(doc) => doc,
-                Err(e) if e.is_not_found() => {
-                    return Err(match tried {
-                        // A create answered 202 whose revision this read did not reach yet.
-                        Some(_) => Error::ledger(
-                            Condition::Uncertain,
-                            format!(
-                                "the decision of transfer {id} was accepted but not confirmed; \
-                                 submit it again with the same id"
-                            ),
-                        ),
-                        None => Error::invariant(format!(
-                            "an account shows transfer {id} decided, but its document does \
-                             not exist"
-                        )),
-                    });
-                }
-                Err(e) => return Err(e),
-            };
+            let existing = self.read_followed(id, tried).await?;
             if let Some(field) = existing.differing_term(terms) {
                 if existing.state.is_terminal() {
                     // Decided: this call's markers are not its markers (unless it named them).
@@ -461,16 +461,7 @@ impl Ledger {
                 }
                 return Err(Error::mismatch(&terms.id, field));
             }
-            let ours = tried.is_some_and(|t| {
-                existing.created_at == t.created_at
-                    && existing.state == t.state
-                    && existing.markers == t.markers
-            });
-            let status = if ours {
-                RecordStatus::Created
-            } else {
-                RecordStatus::Exists
-            };
+            let status = answer_status(&existing, tried);
             match existing.state {
                 State::Done | State::Cancelled => {
                     return self.converge_decided(existing, touched, status).await;
@@ -481,43 +472,90 @@ impl Ledger {
                     let Some(tried) = tried else {
                         return Ok(existing.outcome(status));
                     };
-                    let mut decided = existing.clone();
-                    decided.state = tried.state;
-                    decided.reason = tried.reason.clone();
-                    decided.markers = tried.markers;
-                    decided.claim = None;
-                    decided.last_modified = now_ms();
-                    match self.write_txn_outcome(&decided).await? {
-                        TxnWritten::Written(rev) => {
-                            decided.rev = Some(rev);
-                            return self.converge_decided(decided, touched, status).await;
-                        }
-                        TxnWritten::Uncertain => return Err(unconfirmed(id)),
-                        TxnWritten::Taken => {}
+                    if let Some(decided) = self.decide_left(id, &existing, tried).await? {
+                        return self.converge_decided(decided, touched, status).await;
                     }
                 }
                 State::Pending | State::Committed | State::Canceling => {
-                    // A transfer of the stepwise protocol (a reversal, or one begun by `step`):
-                    // its own drive counts whatever marker of it the accounts hold.
-                    if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
-                        return Ok(existing.outcome(status));
-                    }
-                    let end = match self.take_over(&existing).await? {
-                        Some(drive) => self.drive(drive).await?.doc,
-                        None => self.read_txn(id).await?,
-                    };
-                    // On a cluster the drive may have met other terms of this id and kept
-                    // those (`resolve_transfer`): then this call's transfer never happened.
-                    return match end.differing_term(terms) {
-                        Some(field) => Err(Error::mismatch(&terms.id, field)),
-                        None => Ok(end.outcome(status)),
-                    };
+                    return self.follow_stepwise(terms, existing, status).await;
                 }
             }
         }
         Err(Error::invariant(format!(
             "transfer {id} kept changing while this call followed it"
         )))
+    }
+
+    /// Step 3's read of the transfer `id`. Not there: after this call's decision was tried
+    /// (`tried`), a create answered 202 whose revision the read did not reach yet; otherwise an
+    /// account showed it decided, and a document missing then is an invariant broken.
+    async fn read_followed(&self, id: &str, tried: Option<&TxnDoc>) -> Result<TxnDoc> {
+        match self.read_txn(id).await {
+            Ok(doc) => Ok(doc),
+            Err(e) if e.is_not_found() => Err(match tried {
+                // A create answered 202 whose revision this read did not reach yet.
+                Some(_) => Error::ledger(
+                    Condition::Uncertain,
+                    format!(
+                        "the decision of transfer {id} was accepted but not confirmed; submit \
+                         it again with the same id"
+                    ),
+                ),
+                None => Error::invariant(format!(
+                    "an account shows transfer {id} decided, but its document does not exist"
+                )),
+            }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The decision `tried` written over the transfer `id` left `initial` (`existing`), as a
+    /// CAS on its revision: the document written, or `None` when someone else wrote first
+    /// (followed on the next read).
+    async fn decide_left(
+        &self,
+        id: &str,
+        existing: &TxnDoc,
+        tried: &TxnDoc,
+    ) -> Result<Option<TxnDoc>> {
+        let mut decided = existing.clone();
+        decided.state = tried.state;
+        decided.reason = tried.reason.clone();
+        decided.markers = tried.markers;
+        decided.claim = None;
+        decided.last_modified = now_ms();
+        match self.write_txn_outcome(&decided).await? {
+            TxnWritten::Written(rev) => {
+                decided.rev = Some(rev);
+                Ok(Some(decided))
+            }
+            TxnWritten::Uncertain => Err(unconfirmed(id)),
+            TxnWritten::Taken => Ok(None),
+        }
+    }
+
+    /// A transfer of the stepwise protocol (a reversal, or one begun by `step`) met under this
+    /// call's id: its own drive counts whatever marker of it the accounts hold, so it is
+    /// driven here when nobody holds it, and answered as it ends (or stands).
+    async fn follow_stepwise(
+        &self,
+        terms: &TxnDoc,
+        existing: TxnDoc,
+        status: RecordStatus,
+    ) -> Result<TransferOutcome> {
+        if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
+            return Ok(existing.outcome(status));
+        }
+        let end = match self.take_over(&existing).await? {
+            Some(drive) => self.drive(drive).await?.doc,
+            None => self.read_txn(&terms.txn_id).await?,
+        };
+        // On a cluster the drive may have met other terms of this id and kept those
+        // (`resolve_transfer`): then this call's transfer never happened.
+        match end.differing_term(terms) {
+            Some(field) => Err(Error::mismatch(&terms.id, field)),
+            None => Ok(end.outcome(status)),
+        }
     }
 
     /// Step 4 after a decision: converges `touched` (and, for a `done` one, both of its

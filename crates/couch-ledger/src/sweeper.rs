@@ -12,6 +12,10 @@
 //!
 //! [`Ledger::sweep_watch`] loops passes, woken by the `_changes` feed of transfers and by a
 //! periodic timer as a safety net, until its shutdown future resolves.
+//!
+//! Long, and one file on purpose: it is one worker, its pass read as numbered steps (each a
+//! function below it), the loop that runs passes, and the status built from the same views and
+//! counts; split, one pass would be followed across files.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -89,7 +93,8 @@ pub struct SweepOutcome {
     /// Orphan markers undone (a pending marker whose transfer had already finished).
     pub repaired_markers: u64,
     /// Malformed transfers passed over without a read: found by an earlier pass (they are
-    /// reported then, in `skipped` and `problems`) and remembered in `_local/`[`SKIP_LIST`].
+    /// reported then, in `skipped` and `problems`) and remembered in
+    /// `_local/couch-ledger-sweeper-skip`.
     pub skipped_malformed: u64,
     /// Ledger documents found holding a conflict (the `transactions/conflicts` view) and left
     /// with one leaf: accounts merged, transfers resolved (docs/CLUSTER.md).
@@ -98,7 +103,7 @@ pub struct SweepOutcome {
     /// documents with two different bodies (a person decides), or what could not be resolved
     /// now (a later pass tries again).
     pub conflicts_unresolved: u64,
-    /// What could not be handled, one line each (at most [`PROBLEMS_MAX`]).
+    /// What could not be handled, one line each (at most 1,000: the counts stay exact beyond).
     pub problems: Vec<String>,
 }
 
@@ -645,8 +650,33 @@ impl Ledger {
         converge: &mut Vec<AccountOp>,
         out: &mut SweepOutcome,
     ) -> Result<Vec<TxnDoc>> {
-        // The accounts as they are (a conflicted one's winning leaf will do: the terms come
-        // from a marker, and the engine merges the account before anything is applied to it).
+        let accounts = self.marked_accounts(marks).await?;
+        let lease_ms = i64::try_from(self.inner.lease.as_millis()).unwrap_or(i64::MAX);
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut recovered = Vec::new();
+        for (account, txn) in marks {
+            let Some((initial, peer)) =
+                undecided_document(account, txn, &accounts, lease_ms, &mut seen, out)
+            else {
+                continue;
+            };
+            if let Some(created) = self
+                .create_undecided(account, txn, &peer, initial, converge, out)
+                .await
+            {
+                recovered.push(created);
+            }
+        }
+        Ok(recovered)
+    }
+
+    /// The accounts of `marks` as they are, by document id (`None`: not there, or not an
+    /// object). A conflicted one's winning leaf will do: the terms come from a marker, and the
+    /// engine merges the account before anything is applied to it.
+    async fn marked_accounts(
+        &self,
+        marks: &[(String, String)],
+    ) -> Result<HashMap<String, Option<Value>>> {
         let ids: Vec<String> = marks.iter().map(|(a, _)| account_doc_id(a)).collect();
         let mut accounts: HashMap<String, Option<Value>> = HashMap::new();
         for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
@@ -659,101 +689,55 @@ impl Ledger {
                 accounts.insert(id.clone(), doc);
             }
         }
-        let lease_ms = i64::try_from(self.inner.lease.as_millis()).unwrap_or(i64::MAX);
-        let mut seen: HashSet<String> = HashSet::new();
-        let mut recovered = Vec::new();
-        for (account, txn) in marks {
-            let doc = accounts
-                .get(&account_doc_id(account))
-                .cloned()
-                .flatten()
-                .and_then(|v| AccountDoc::from_value(v).ok());
-            let marker = doc
-                .as_ref()
-                .and_then(|d| d.pending.iter().find(|m| &m.txn == txn).cloned());
-            let (Some(doc), Some(marker)) = (doc, marker) else {
-                // Converged since the view was built.
-                continue;
-            };
-            let (Some(_), Some(peer)) = (marker.attempt, marker.peer.clone()) else {
-                out.skipped += 1;
-                out.problem(format!(
-                    "account:{account} holds a pending marker of transfer {txn}, which does not \
-                     exist"
-                ));
-                continue;
-            };
-            // Past any lease of its worker (which decides nothing after it), so that a live
-            // worker is not raced to a decision it was about to make.
-            if marker.at.unwrap_or(0) > now_ms().saturating_sub(lease_ms) {
-                out.skipped += 1;
-                continue;
+        Ok(accounts)
+    }
+
+    /// Creates the undecided transfer's document `initial` (exclusive): the document, with its
+    /// revision, to be driven. Written meanwhile by its worker or another sweeper: followed,
+    /// the markers of `account` and `peer` converging (ops pushed to `converge`) if it is
+    /// decided, left to the by_state scan if it is open; `None` either way.
+    async fn create_undecided(
+        &self,
+        account: &str,
+        txn: &str,
+        peer: &str,
+        mut initial: TxnDoc,
+        converge: &mut Vec<AccountOp>,
+        out: &mut SweepOutcome,
+    ) -> Option<TxnDoc> {
+        match self.write_txn(&initial).await {
+            Ok(Some(rev)) => {
+                tracing::warn!(%txn, "nobody decided this transfer; driving it from its markers");
+                initial.rev = Some(rev);
+                return Some(initial);
             }
-            if !seen.insert(txn.clone()) {
-                continue;
-            }
-            let (source, destination) = if marker.delta.is_positive() {
-                (peer.clone(), account.clone())
-            } else {
-                (account.clone(), peer.clone())
-            };
-            let now = now_ms();
-            let mut initial = TxnDoc {
-                id: txn_doc_id(txn),
-                rev: None,
-                doc_type: "transaction".to_owned(),
-                txn_id: txn.clone(),
-                source,
-                destination,
-                value: if marker.delta.is_positive() {
-                    marker.delta
-                } else {
-                    marker.delta.neg()
-                },
-                currency: doc.currency.clone(),
-                state: State::Initial,
-                reason: None,
-                reverses: None,
-                claim: None,
-                created_at: marker.at.unwrap_or(now),
-                last_modified: now,
-                markers: None,
-                extra: serde_json::Map::new(),
-            };
-            match self.write_txn(&initial).await {
-                Ok(Some(rev)) => {
-                    tracing::warn!(%txn, "nobody decided this transfer; driving it from its markers");
-                    initial.rev = Some(rev);
-                    recovered.push(initial);
-                }
-                // Written meanwhile (by its worker, or another sweeper): follow it.
-                Ok(None) => match self.read_txn(txn).await {
-                    Ok(found) if found.state.is_terminal() => {
-                        for a in [account, &peer] {
-                            if let Some(kind) = found.convergence(a) {
-                                converge.push(AccountOp {
-                                    account: a.clone(),
-                                    txn: txn.clone(),
-                                    kind,
-                                    link: None,
-                                });
-                            }
+            // Written meanwhile (by its worker, or another sweeper): follow it.
+            Ok(None) => match self.read_txn(txn).await {
+                Ok(found) if found.state.is_terminal() => {
+                    for a in [account, peer] {
+                        if let Some(kind) = found.convergence(a) {
+                            converge.push(AccountOp {
+                                account: a.to_owned(),
+                                txn: txn.to_owned(),
+                                kind,
+                                link: None,
+                            });
                         }
                     }
-                    // Open: the by_state scan finds it (its driver adopts the marker).
-                    Ok(_) => {}
-                    Err(e) => {
-                        out.failed += 1;
-                        out.problem(format!("{}: {e}", txn_doc_id(txn)));
-                    }
-                },
+                }
+                // Open: the by_state scan finds it (its driver adopts the marker).
+                Ok(_) => {}
                 Err(e) => {
                     out.failed += 1;
                     out.problem(format!("{}: {e}", txn_doc_id(txn)));
                 }
+            },
+            Err(e) => {
+                out.failed += 1;
+                out.problem(format!("{}: {e}", txn_doc_id(txn)));
             }
         }
-        Ok(recovered)
+        None
     }
 
     /// Starts `doc`'s drive in `tasks` once fewer than [`SWEEP_CONCURRENCY_MAX`] run, tallying
@@ -895,10 +879,9 @@ impl Ledger {
 
     /// Runs passes until `shutdown` resolves: after each pass it waits for a change to a
     /// transfer (`_changes` longpoll, with its own deadline since pouchdb-server ignores
-    /// `timeout`) or for `stale_after / 2` (clamped to [`WATCH_WAIT_MIN_MS`]..
-    /// [`WATCH_WAIT_MAX_MS`]), whichever comes first. A pass in progress when `shutdown`
-    /// resolves is finished, never cut off mid-step. A failed pass is logged and retried after
-    /// a back-off that doubles up to [`WATCH_BACKOFF_MAX_MS`].
+    /// `timeout`) or for `stale_after / 2` (clamped to 100 ms..30 s), whichever comes first. A
+    /// pass in progress when `shutdown` resolves is finished, never cut off mid-step. A failed
+    /// pass is logged and retried after a back-off that doubles up to 10 s.
     ///
     /// Returns the sum of the passes (`remaining` from the last one).
     ///
@@ -970,25 +953,10 @@ impl Ledger {
         let mut since: Option<Value> = None;
         loop {
             if since.is_none() {
-                // Where the feed stands before the pass: a change during the pass wakes the
-                // next wait at once.
-                match self.inner.hot.database_info().await {
-                    Ok(info) => since = info.get("update_seq").cloned(),
-                    Err(e) => {
-                        tracing::warn!("sweep_watch: could not read the update sequence: {e}")
-                    }
-                }
+                since = self.feed_position().await;
             }
             // One pass, never interrupted: shutdown is noted and honoured after it.
-            let mut stopping = false;
-            let pass = self.sweep_once(options.clone());
-            tokio::pin!(pass);
-            let result = loop {
-                tokio::select! {
-                    r = &mut pass => break r,
-                    () = &mut shutdown, if !stopping => stopping = true,
-                }
-            };
+            let (result, stopping) = self.whole_pass(options.clone(), shutdown.as_mut()).await;
             match result {
                 Ok(outcome) => {
                     if outcome.advanced + outcome.cancelled + outcome.failed > 0 {
@@ -1012,34 +980,89 @@ impl Ledger {
                     continue;
                 }
             }
-            if stopping {
+            if stopping
+                || self
+                    .wait_between_passes(&mut since, wait_min, period, shutdown.as_mut())
+                    .await
+            {
                 return Ok(totals);
             }
-            // A busy database would wake us constantly: at least `wait_min` between passes.
-            tokio::select! {
-                () = &mut shutdown => return Ok(totals),
-                () = tokio::time::sleep(wait_min) => {}
-            }
-            let query = ChangesQuery {
-                since: since.clone(),
-                longpoll: true,
-                timeout: Some(period),
-                view: Some(("transactions".to_owned(), "by_state".to_owned())),
-                ..ChangesQuery::default()
-            };
-            let changes = tokio::time::timeout(period, self.inner.hot.changes(&query));
-            tokio::select! {
-                () = &mut shutdown => return Ok(totals),
-                r = changes => match r {
-                    Ok(Ok(reply)) => since = Some(reply.last_seq),
-                    Ok(Err(e)) => {
-                        tracing::warn!("sweep_watch: changes feed failed: {e}");
-                        since = None;
-                    }
-                    Err(_) => {} // the period ran out: scan anyway
-                },
+        }
+    }
+
+    /// Where the transfers' feed stands before a pass, so that a change during the pass wakes
+    /// the next wait at once; `None` (logged) when it cannot be read.
+    async fn feed_position(&self) -> Option<Value> {
+        match self.inner.hot.database_info().await {
+            Ok(info) => info.get("update_seq").cloned(),
+            Err(e) => {
+                tracing::warn!("sweep_watch: could not read the update sequence: {e}");
+                None
             }
         }
+    }
+
+    /// One pass, never interrupted, and whether `shutdown` resolved during it (it is not
+    /// polled again then).
+    async fn whole_pass<F>(
+        &self,
+        options: SweepOptions,
+        mut shutdown: std::pin::Pin<&mut F>,
+    ) -> (Result<SweepOutcome>, bool)
+    where
+        F: Future<Output = ()>,
+    {
+        let mut stopping = false;
+        let pass = self.sweep_once(options);
+        tokio::pin!(pass);
+        let result = loop {
+            tokio::select! {
+                r = &mut pass => break r,
+                () = &mut shutdown, if !stopping => stopping = true,
+            }
+        };
+        (result, stopping)
+    }
+
+    /// The wait between passes: at least `wait_min`, then a change to a transfer after `since`
+    /// or `period`, whichever comes first. `since` moves to where the feed stands (`None` when
+    /// the feed failed: it is read again before the next pass). `true` when `shutdown` resolved
+    /// meanwhile.
+    async fn wait_between_passes<F>(
+        &self,
+        since: &mut Option<Value>,
+        wait_min: Duration,
+        period: Duration,
+        mut shutdown: std::pin::Pin<&mut F>,
+    ) -> bool
+    where
+        F: Future<Output = ()>,
+    {
+        // A busy database would wake us constantly: at least `wait_min` between passes.
+        tokio::select! {
+            () = &mut shutdown => return true,
+            () = tokio::time::sleep(wait_min) => {}
+        }
+        let query = ChangesQuery {
+            since: since.clone(),
+            longpoll: true,
+            timeout: Some(period),
+            view: Some(("transactions".to_owned(), "by_state".to_owned())),
+            ..ChangesQuery::default()
+        };
+        let changes = tokio::time::timeout(period, self.inner.hot.changes(&query));
+        tokio::select! {
+            () = &mut shutdown => return true,
+            r = changes => match r {
+                Ok(Ok(reply)) => *since = Some(reply.last_seq),
+                Ok(Err(e)) => {
+                    tracing::warn!("sweep_watch: changes feed failed: {e}");
+                    *since = None;
+                }
+                Err(_) => {} // the period ran out: scan anyway
+            },
+        }
+        false
     }
 
     /// Transfers per state, the oldest open one's age, money in flight and pending markers.
@@ -1221,6 +1244,79 @@ fn sort_markers(
         }
     }
     (undo, undecided)
+}
+
+/// The document `initial` of the undecided transfer `txn`, with the terms its marker on
+/// `account` gives (its account, `peer`, the delta, the account's currency), and that peer.
+/// `None` for a marker converged since the view was built, one past which a live worker may
+/// still decide (younger than `lease_ms`: counted skipped), a transfer met before (`seen`), and
+/// a marker without attempt (the stepwise protocol writes the document first), which is
+/// reported.
+fn undecided_document(
+    account: &str,
+    txn: &str,
+    accounts: &HashMap<String, Option<Value>>,
+    lease_ms: i64,
+    seen: &mut HashSet<String>,
+    out: &mut SweepOutcome,
+) -> Option<(TxnDoc, String)> {
+    let doc = accounts
+        .get(&account_doc_id(account))
+        .cloned()
+        .flatten()
+        .and_then(|v| AccountDoc::from_value(v).ok());
+    let marker = doc
+        .as_ref()
+        .and_then(|d| d.pending.iter().find(|m| m.txn == txn).cloned());
+    let (Some(doc), Some(marker)) = (doc, marker) else {
+        // Converged since the view was built.
+        return None;
+    };
+    let (Some(_), Some(peer)) = (marker.attempt, marker.peer.clone()) else {
+        out.skipped += 1;
+        out.problem(format!(
+            "account:{account} holds a pending marker of transfer {txn}, which does not exist"
+        ));
+        return None;
+    };
+    // Past any lease of its worker (which decides nothing after it), so that a live worker is
+    // not raced to a decision it was about to make.
+    if marker.at.unwrap_or(0) > now_ms().saturating_sub(lease_ms) {
+        out.skipped += 1;
+        return None;
+    }
+    if !seen.insert(txn.to_owned()) {
+        return None;
+    }
+    let (source, destination) = if marker.delta.is_positive() {
+        (peer.clone(), account.to_owned())
+    } else {
+        (account.to_owned(), peer.clone())
+    };
+    let now = now_ms();
+    let initial = TxnDoc {
+        id: txn_doc_id(txn),
+        rev: None,
+        doc_type: "transaction".to_owned(),
+        txn_id: txn.to_owned(),
+        source,
+        destination,
+        value: if marker.delta.is_positive() {
+            marker.delta
+        } else {
+            marker.delta.neg()
+        },
+        currency: doc.currency.clone(),
+        state: State::Initial,
+        reason: None,
+        reverses: None,
+        claim: None,
+        created_at: marker.at.unwrap_or(now),
+        last_modified: now,
+        markers: None,
+        extra: serde_json::Map::new(),
+    };
+    Some((initial, peer))
 }
 
 /// Transfers per state (`transactions/by_state`, `group_level=1`).

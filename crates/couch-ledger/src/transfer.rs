@@ -27,6 +27,10 @@
 //! `lease − lease/LEASE_MARGIN_DIVISOR` after it; before every write it checks the deadline
 //! and stops (leaving the transfer to the sweeper) once it passed. That only avoids wasted
 //! work: two workers on one transfer still produce one effect.
+//!
+//! Long, and one file on purpose: it is the stepwise protocol whole, the transfer document,
+//! its drive one step a state, and the public calls that start or read a drive; the safety
+//! rules above hold across all three, and split they would be checked across files.
 
 use crate::clock::Instant;
 use std::collections::HashSet;
@@ -408,7 +412,7 @@ pub(crate) struct Drive {
     /// Effective phases left (a write that changed something); `step()` uses 1.
     budget: u32,
     /// Once committed, hand the rest (settle, `done`) to a background task and return
-    /// ([`Ledger::with_background_finish`]).
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)).
     detach: bool,
     /// The settles go out with their accounts' next writes ([`AccountEngine::run_held`]).
     ///
@@ -478,6 +482,26 @@ fn judge(debit: OpResult, credit: OpResult) -> Verdict {
         // meet their write and follow it), Absent (not an apply answer).
         Verdict::Commit
     }
+}
+
+/// What a drive does after one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// The step of the transfer's (possibly new) state.
+    Step,
+    /// Stop here: the budget is spent, the rest is handed to a background task, or the
+    /// transfer is finished.
+    End,
+}
+
+/// An account step that changed a balance spends one phase of the budget: `true` when none is
+/// left, and the drive ends there.
+fn spent(d: &mut Drive, results: [OpResult; 2]) -> bool {
+    if results.contains(&OpResult::Applied) {
+        d.spend();
+        return d.budget == 0;
+    }
+    false
 }
 
 impl Ledger {
@@ -852,8 +876,8 @@ impl Ledger {
     }
 
     /// The rest of a committed transfer's drive, in a task of its own
-    /// ([`Ledger::with_background_finish`]). Boxed: `drive` spawns it, so its future type
-    /// would contain itself.
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)). Boxed:
+    /// `drive` spawns it, so its future type would contain itself.
     fn finish_in_background(
         self,
         d: Drive,
@@ -874,207 +898,233 @@ impl Ledger {
         })
     }
 
+    /// The drive's loop: each pass runs the step of the transfer's state, until the transfer
+    /// is finished, the budget is spent or a step ends the drive. Bounded: a transfer that has
+    /// not finished within [`DRIVE_PHASES_MAX`] steps is an invariant broken.
     async fn drive_phases(&self, d: &mut Drive) -> Result<(), Stop> {
         for _ in 0..DRIVE_PHASES_MAX {
             if d.budget == 0 {
                 return Ok(());
             }
-            match d.doc.state {
-                State::Initial => {
-                    if self.cas(d, Event::Begin, None, "begin").await? {
-                        fail_point!("txn-after-begin", |_| Err(Stop::Fail(crash(
-                            "txn-after-begin"
-                        ))));
-                    }
-                }
-                State::Pending => {
-                    let value = d.doc.value;
-                    let currency = d.doc.currency.clone();
-                    let link = Some(self.inner.accounts.next_link());
-                    let [debit, credit] = self
-                        .account_step(
-                            d,
-                            "apply",
-                            [
-                                OpKind::Apply {
-                                    delta: value.neg(),
-                                    currency: currency.clone(),
-                                    check_funds: true,
-                                    deadline: Some(d.deadline),
-                                    attempt: None,
-                                    peer: None,
-                                    exists: true,
-                                },
-                                OpKind::Apply {
-                                    delta: value,
-                                    currency,
-                                    check_funds: false,
-                                    deadline: Some(d.deadline),
-                                    attempt: None,
-                                    peer: None,
-                                    exists: true,
-                                },
-                            ],
-                            link,
-                        )
-                        .await?;
-                    if debit == OpResult::Applied {
-                        d.applied.push(d.doc.source.clone());
-                    }
-                    if credit == OpResult::Applied {
-                        d.applied.push(d.doc.destination.clone());
-                    }
-                    fail_point!("txn-after-debit", |_| Err(Stop::Fail(crash(
-                        "txn-after-debit"
-                    ))));
-                    fail_point!("txn-after-credit", |_| Err(Stop::Fail(crash(
-                        "txn-after-credit"
-                    ))));
-                    if debit == OpResult::Applied || credit == OpResult::Applied {
-                        d.spend();
-                        if d.budget == 0 {
-                            return Ok(());
-                        }
-                    }
-                    match judge(debit, credit) {
-                        Verdict::Commit => {
-                            if self.cas(d, Event::Commit, None, "commit").await? {
-                                fail_point!("txn-after-commit", |_| Err(Stop::Fail(crash(
-                                    "txn-after-commit"
-                                ))));
-                            }
-                        }
-                        Verdict::Cancel(reason) => {
-                            if self
-                                .cas(d, Event::Cancel, Some(reason), "canceling")
-                                .await?
-                            {
-                                fail_point!("txn-after-canceling", |_| Err(Stop::Fail(crash(
-                                    "txn-after-canceling"
-                                ))));
-                            }
-                        }
-                        Verdict::Retry => {}
-                    }
-                }
-                State::Committed if d.detach => {
-                    // Decided: the caller has its answer, the settles wait for their accounts'
-                    // next writes. A crash from here on leaves a committed transfer, which the
-                    // sweeper finishes like any other.
-                    let rest = Drive {
-                        doc: d.doc.clone(),
-                        deadline: d.deadline,
-                        applied: std::mem::take(&mut d.applied),
-                        budget: d.budget,
-                        detach: false,
-                        hold: true,
-                    };
-                    self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
-                    tokio::spawn(self.clone().finish_in_background(rest));
-                    return Ok(());
-                }
-                State::Committed => {
-                    let [source, destination] = self
-                        .account_step(
-                            d,
-                            "settle",
-                            [
-                                OpKind::Settle {
-                                    named: None,
-                                    delta: d.doc.value.neg(),
-                                },
-                                OpKind::Settle {
-                                    named: None,
-                                    delta: d.doc.value,
-                                },
-                            ],
-                            None,
-                        )
-                        .await?;
-                    // Our markers (if any) are settled now: nothing left to clean up.
-                    d.applied.clear();
-                    fail_point!("txn-after-settle-source", |_| Err(Stop::Fail(crash(
-                        "txn-after-settle-source"
-                    ))));
-                    fail_point!("txn-after-settle-destination", |_| Err(Stop::Fail(crash(
-                        "txn-after-settle-destination"
-                    ))));
-                    if source == OpResult::Applied || destination == OpResult::Applied {
-                        d.spend();
-                        if d.budget == 0 {
-                            return Ok(());
-                        }
-                    }
-                    // Only a settle that landed, or one done before, lets `done` be written. A
-                    // marker of other terms undone here (`Repaired`) leaves this account's own
-                    // marker still to settle, like finding none (`Absent`) or no account at
-                    // all (`UnknownAccount`, seen on a simulated cluster while the account held
-                    // a conflict): `done` over a marker still pending loses it to the orphan
-                    // repair.
-                    let unsettled =
-                        |r: OpResult| !matches!(r, OpResult::Applied | OpResult::Finished);
-                    if unsettled(source) || unsettled(destination) {
-                        // Committed means both markers were applied, so an account that shows
-                        // neither the marker nor a settled entry was read from a copy the
-                        // apply has not reached yet (accounts written at the server's default
-                        // quorum). `done` now would leave that marker to arrive later, pending
-                        // on a done transfer, where the orphan repair undoes it: the transfer's
-                        // effect lost on that account. Unless someone finished it meanwhile,
-                        // leave it committed for a later settle (the sweeper's).
-                        d.doc = self.read_txn(&d.doc.txn_id).await?;
-                        if d.doc.state == State::Committed {
-                            return Err(Stop::Fail(Error::ledger(
-                                Condition::Conflicted,
-                                format!(
-                                    "transfer {} is committed, but an account read shows no \
-                                     marker of it (a copy behind); left committed for a later \
-                                     settle",
-                                    d.doc.txn_id
-                                ),
-                            )));
-                        }
-                        continue;
-                    }
-                    if self.cas(d, Event::Complete, None, "done").await? {
-                        fail_point!("txn-after-done", |_| Err(Stop::Fail(crash(
-                            "txn-after-done"
-                        ))));
-                    }
-                }
-                State::Canceling => {
-                    let [source, destination] = self
-                        .account_step(
-                            d,
-                            "undo",
-                            [
-                                OpKind::Undo { decided: false },
-                                OpKind::Undo { decided: false },
-                            ],
-                            None,
-                        )
-                        .await?;
-                    d.applied.clear();
-                    fail_point!("txn-after-undo", |_| Err(Stop::Fail(crash(
-                        "txn-after-undo"
-                    ))));
-                    if source == OpResult::Applied || destination == OpResult::Applied {
-                        d.spend();
-                        if d.budget == 0 {
-                            return Ok(());
-                        }
-                    }
-                    self.cas(d, Event::FinishCancel, None, "cancelled").await?;
-                }
+            let next = match d.doc.state {
+                State::Initial => self.begin(d).await?,
+                State::Pending => self.apply_and_decide(d).await?,
+                State::Committed if d.detach => self.finish_detached(d),
+                State::Committed => self.settle_and_complete(d).await?,
+                State::Canceling => self.undo_and_cancel(d).await?,
                 State::Done | State::Cancelled => {
                     self.clean_up_orphans(d).await;
-                    return Ok(());
+                    Next::End
                 }
+            };
+            if next == Next::End {
+                return Ok(());
             }
         }
         Err(Stop::Fail(Error::invariant(format!(
             "transfer {} did not settle within {DRIVE_PHASES_MAX} phases (state {})",
             d.doc.txn_id, d.doc.state
         ))))
+    }
+
+    /// `initial` → `pending`.
+    async fn begin(&self, d: &mut Drive) -> Result<Next, Stop> {
+        if self.cas(d, Event::Begin, None, "begin").await? {
+            fail_point!("txn-after-begin", |_| Err(Stop::Fail(crash(
+                "txn-after-begin"
+            ))));
+        }
+        Ok(Next::Step)
+    }
+
+    /// `pending`: apply both markers (one linked engine call), then commit or cancel as their
+    /// answers call for; a linked apply skipped for a failure that did not stand is applied
+    /// again on the next step.
+    async fn apply_and_decide(&self, d: &mut Drive) -> Result<Next, Stop> {
+        let [debit, credit] = self.apply(d).await?;
+        if spent(d, [debit, credit]) {
+            return Ok(Next::End);
+        }
+        match judge(debit, credit) {
+            Verdict::Commit => {
+                if self.cas(d, Event::Commit, None, "commit").await? {
+                    fail_point!("txn-after-commit", |_| Err(Stop::Fail(crash(
+                        "txn-after-commit"
+                    ))));
+                }
+            }
+            Verdict::Cancel(reason) => {
+                if self
+                    .cas(d, Event::Cancel, Some(reason), "canceling")
+                    .await?
+                {
+                    fail_point!("txn-after-canceling", |_| Err(Stop::Fail(crash(
+                        "txn-after-canceling"
+                    ))));
+                }
+            }
+            Verdict::Retry => {}
+        }
+        Ok(Next::Step)
+    }
+
+    /// The debit on the source (funds checked) and the credit on the destination, as pending
+    /// markers; the accounts whose balance changed are remembered for the orphan cleanup.
+    async fn apply(&self, d: &mut Drive) -> Result<[OpResult; 2], Stop> {
+        let value = d.doc.value;
+        let currency = d.doc.currency.clone();
+        let link = Some(self.inner.accounts.next_link());
+        let [debit, credit] = self
+            .account_step(
+                d,
+                "apply",
+                [
+                    OpKind::Apply {
+                        delta: value.neg(),
+                        currency: currency.clone(),
+                        check_funds: true,
+                        deadline: Some(d.deadline),
+                        attempt: None,
+                        peer: None,
+                        exists: true,
+                    },
+                    OpKind::Apply {
+                        delta: value,
+                        currency,
+                        check_funds: false,
+                        deadline: Some(d.deadline),
+                        attempt: None,
+                        peer: None,
+                        exists: true,
+                    },
+                ],
+                link,
+            )
+            .await?;
+        if debit == OpResult::Applied {
+            d.applied.push(d.doc.source.clone());
+        }
+        if credit == OpResult::Applied {
+            d.applied.push(d.doc.destination.clone());
+        }
+        fail_point!("txn-after-debit", |_| Err(Stop::Fail(crash(
+            "txn-after-debit"
+        ))));
+        fail_point!("txn-after-credit", |_| Err(Stop::Fail(crash(
+            "txn-after-credit"
+        ))));
+        Ok([debit, credit])
+    }
+
+    /// `committed`, detached: the caller has its answer, the settles wait for their accounts'
+    /// next writes in a task of its own. A crash from here on leaves a committed transfer,
+    /// which the sweeper finishes like any other.
+    fn finish_detached(&self, d: &mut Drive) -> Next {
+        let rest = Drive {
+            doc: d.doc.clone(),
+            deadline: d.deadline,
+            applied: std::mem::take(&mut d.applied),
+            budget: d.budget,
+            detach: false,
+            hold: true,
+        };
+        self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(self.clone().finish_in_background(rest));
+        Next::End
+    }
+
+    /// `committed`: settle both markers, then `done` once both settles have landed.
+    async fn settle_and_complete(&self, d: &mut Drive) -> Result<Next, Stop> {
+        let [source, destination] = self
+            .account_step(
+                d,
+                "settle",
+                [
+                    OpKind::Settle {
+                        named: None,
+                        delta: d.doc.value.neg(),
+                    },
+                    OpKind::Settle {
+                        named: None,
+                        delta: d.doc.value,
+                    },
+                ],
+                None,
+            )
+            .await?;
+        // Our markers (if any) are settled now: nothing left to clean up.
+        d.applied.clear();
+        fail_point!("txn-after-settle-source", |_| Err(Stop::Fail(crash(
+            "txn-after-settle-source"
+        ))));
+        fail_point!("txn-after-settle-destination", |_| Err(Stop::Fail(crash(
+            "txn-after-settle-destination"
+        ))));
+        if spent(d, [source, destination]) {
+            return Ok(Next::End);
+        }
+        // Only a settle that landed, or one done before, lets `done` be written. A marker of
+        // other terms undone here (`Repaired`) leaves this account's own marker still to
+        // settle, like finding none (`Absent`) or no account at all (`UnknownAccount`, seen on
+        // a simulated cluster while the account held a conflict): `done` over a marker still
+        // pending loses it to the orphan repair.
+        let unsettled = |r: OpResult| !matches!(r, OpResult::Applied | OpResult::Finished);
+        if unsettled(source) || unsettled(destination) {
+            self.recheck_unsettled(d).await?;
+            return Ok(Next::Step);
+        }
+        if self.cas(d, Event::Complete, None, "done").await? {
+            fail_point!("txn-after-done", |_| Err(Stop::Fail(crash(
+                "txn-after-done"
+            ))));
+        }
+        Ok(Next::Step)
+    }
+
+    /// A settle that did not land on both accounts. Committed means both markers were
+    /// applied, so an account that shows neither the marker nor a settled entry was read from
+    /// a copy the apply has not reached yet (accounts written at the server's default quorum).
+    /// `done` now would leave that marker to arrive later, pending on a done transfer, where
+    /// the orphan repair undoes it: the transfer's effect lost on that account. Unless someone
+    /// finished it meanwhile (the transfer read again, for the next step to follow), it is
+    /// left committed for a later settle (the sweeper's).
+    async fn recheck_unsettled(&self, d: &mut Drive) -> Result<(), Stop> {
+        d.doc = self.read_txn(&d.doc.txn_id).await?;
+        if d.doc.state == State::Committed {
+            return Err(Stop::Fail(Error::ledger(
+                Condition::Conflicted,
+                format!(
+                    "transfer {} is committed, but an account read shows no marker of it (a \
+                     copy behind); left committed for a later settle",
+                    d.doc.txn_id
+                ),
+            )));
+        }
+        Ok(())
+    }
+
+    /// `canceling`: undo both markers, then `cancelled`.
+    async fn undo_and_cancel(&self, d: &mut Drive) -> Result<Next, Stop> {
+        let [source, destination] = self
+            .account_step(
+                d,
+                "undo",
+                [
+                    OpKind::Undo { decided: false },
+                    OpKind::Undo { decided: false },
+                ],
+                None,
+            )
+            .await?;
+        d.applied.clear();
+        fail_point!("txn-after-undo", |_| Err(Stop::Fail(crash(
+            "txn-after-undo"
+        ))));
+        if spent(d, [source, destination]) {
+            return Ok(Next::End);
+        }
+        self.cas(d, Event::FinishCancel, None, "cancelled").await?;
+        Ok(Next::Step)
     }
 
     /// This drive applied markers, then found the transfer finished by someone else: undo
@@ -1369,8 +1419,7 @@ impl Ledger {
     /// the first reversal ([`RecordStatus::Exists`]) instead of making another, and a transfer is
     /// reversed at most once. A reversal is an ordinary transfer: it can end `cancelled` (e.g.
     /// `insufficient_funds` when the destination spent the money). Reversing again then makes
-    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to
-    /// [`REVERSAL_ATTEMPTS_MAX`](crate::limits::REVERSAL_ATTEMPTS_MAX): each is made only after
+    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to `rev100-{id}`: each is made only after
     /// the one before it ended `cancelled`, so at most one can ever move money.
     ///
     /// # Errors

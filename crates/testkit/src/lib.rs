@@ -14,7 +14,9 @@ pub mod trio;
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use couch_ledger::{AccountSpec, Amount, Client, Currency, Ledger, RecordStatus, TransferRequest};
+use couch_ledger::{
+    AccountSpec, Amount, Client, Currency, Ledger, LedgerBuilder, RecordStatus, TransferRequest,
+};
 use devserver::DevServer;
 
 /// Where the tests' server is.
@@ -118,13 +120,24 @@ pub async fn ledger(test: &str) -> Ledger {
     l
 }
 
+/// A ledger on a fresh database with the design documents installed, configured by
+/// `configure`: built from [`ledger`]'s settings once that one initialised the database.
+pub async fn ledger_with(
+    test: &str,
+    configure: impl FnOnce(LedgerBuilder) -> LedgerBuilder,
+) -> Ledger {
+    let l = ledger(test).await;
+    configure(l.to_builder()).build().expect("ledger settings")
+}
+
 /// A split ledger (accounts and transfers in a database of their own, `<db>_hot`) on fresh
 /// databases, initialised.
 pub async fn split_ledger(test: &str) -> Ledger {
     let client = builder(test).build().expect("client");
     let hot = format!("{}_hot", client.database());
-    let l = Ledger::new(client)
-        .with_hot_database(&hot)
+    let l = Ledger::builder(client)
+        .hot_database(&hot)
+        .build()
         .expect("hot database");
     let report = l.init().await.expect("init");
     assert!(report.created);
@@ -412,7 +425,7 @@ pub async fn every_copy(client: &Client) -> couch_ledger::WriteOptions {
 }
 
 /// Whether database `db` states several copies of each document (`cluster.n` > 1: a CouchDB
-/// cluster behind `COUCHDB_URL`). A test of the one-copy path (`Ledger::with_one_copy`, a knob
+/// cluster behind `COUCHDB_URL`). A test of the one-copy path (`LedgerBuilder::one_copy`, a knob
 /// that makes a ledger treat its database as a single node's) skips there: on a cluster that
 /// premise is false, and the copies' lag shows in it as flakiness, not as a finding.
 pub async fn keeps_several_copies(db: &str) -> bool {
@@ -568,7 +581,7 @@ impl Gate {
 }
 
 /// A [`Gate`] at `phase` and the pause hook that holds a worker there
-/// (`Ledger::with_pause_hook`).
+/// (`LedgerBuilder::pause_hook`).
 pub fn gate(phase: &'static str) -> (std::sync::Arc<Gate>, couch_ledger::PauseHook) {
     use std::sync::atomic::Ordering;
     let g = std::sync::Arc::new(Gate {

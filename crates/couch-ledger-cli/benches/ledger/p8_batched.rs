@@ -22,7 +22,7 @@ use crate::transfers::{
 
 /// When `p8`'s `submit` calls return (`BENCH_FINISH`): `background` (the default) answers at
 /// the commit and finishes in the background, settles folded into later account writes
-/// (`Ledger::with_background_finish`); `wait` answers at `done`.
+/// (`LedgerBuilder::background_finish`); `wait` answers at `done`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Finish {
     Background,
@@ -32,7 +32,11 @@ pub enum Finish {
 impl Finish {
     pub fn apply(self, ledger: Ledger) -> Ledger {
         match self {
-            Finish::Background => ledger.with_background_finish(),
+            Finish::Background => ledger
+                .to_builder()
+                .background_finish(true)
+                .build()
+                .expect("the settings of a ledger already built"),
             Finish::Wait => ledger,
         }
     }

@@ -15,7 +15,7 @@ pub struct Settings {
     pub only: Option<Vec<String>>,
     /// The layout of every ledger the transfer figures use (`BENCH_LAYOUT`, `split` by
     /// default): `split` keeps accounts and transfers in a second database without validation
-    /// (`Ledger::with_hot_database`, docs/LAYOUT.md), `single` keeps everything in the one
+    /// (`LedgerBuilder::hot_database`, docs/LAYOUT.md), `single` keeps everything in the one
     /// validated database.
     pub layout: Layout,
 }

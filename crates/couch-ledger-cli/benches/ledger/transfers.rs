@@ -79,7 +79,7 @@ pub async fn fresh_ledger_in(bench: &Bench, purpose: &str, layout: Layout) -> Re
     let hot = format!("{}_hot", client.database());
     let ledger = match layout {
         Layout::Single => Ledger::new(client),
-        Layout::Split => Ledger::new(client).with_hot_database(&hot)?,
+        Layout::Split => Ledger::builder(client).hot_database(&hot).build()?,
     };
     ledger.init().await?;
     Ok(ledger)

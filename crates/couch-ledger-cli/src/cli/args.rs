@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand};
-use couch_ledger::{redact_url, Client, Ledger, DEFAULT_DATABASE, DEFAULT_URL};
+use couch_ledger::{redact_url, Client, Ledger, LedgerBuilder, DEFAULT_DATABASE, DEFAULT_URL};
 use secrecy::{ExposeSecret, SecretString};
 
 use super::parse::parse_duration;
@@ -437,17 +437,21 @@ impl HiArgs {
             .observer(std::sync::Arc::new(super::output::RetryNotices))
     }
 
-    /// The ledger on the configured server and database.
+    /// The ledger on the configured server and database (and hot database), configured
+    /// further by `configure` (a command's own settings).
     ///
     /// # Errors
     ///
-    /// As [`HiArgs::client`].
-    pub(crate) fn ledger(&self) -> couch_ledger::Result<Ledger> {
-        let ledger = Ledger::new(self.client(&self.url, &self.db, true)?);
-        match &self.hot_db {
-            Some(hot) => ledger.with_hot_database(hot),
-            None => Ok(ledger),
+    /// As [`HiArgs::client`]; an invalid hot database.
+    pub(crate) fn ledger_with(
+        &self,
+        configure: impl FnOnce(LedgerBuilder) -> LedgerBuilder,
+    ) -> couch_ledger::Result<Ledger> {
+        let mut builder = Ledger::builder(self.client(&self.url, &self.db, true)?);
+        if let Some(hot) = &self.hot_db {
+            builder = builder.hot_database(hot);
         }
+        configure(builder).build()
     }
 }
 

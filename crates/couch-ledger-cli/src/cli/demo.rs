@@ -3,7 +3,12 @@
 //! One function per scenario, each taking the ledger and the [`Story`] it tells into and
 //! checking (`ensure!`) that every step did what it says: [`cloudant_order`] (seed 004),
 //! [`mongodb_two_phase`] (seeds 002, 003) and [`couchbase_multiphase`] (seed 000), called in
-//! that order by [`run`].
+//! that order by [`run`]. Each scenario reads as the list of its scenes, one function a scene,
+//! defined below it in the order they run.
+//!
+//! Longer than most files, and one on purpose: it is one narrated run, read top to bottom in
+//! the order it happens, whose scenes share the narration helpers in the middle; split, one run
+//! would be followed across files.
 
 use std::io::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -14,7 +19,7 @@ use couch_ledger::design::InstallStatus;
 use couch_ledger::{
     AccountSpec, AccountView, Adjustment, Amount, Currency, Ledger, Payment, Purchase,
     RecordStatus, Refund, Shipment, State, SweepOptions, TransferRequest, TransitionError,
-    VerifyOptions, ViewQuery,
+    VerifyOptions, VerifyReport, ViewQuery,
 };
 use couch_ledger_devserver::{self as devserver, DevServer};
 use serde_json::{json, Value};
@@ -191,12 +196,24 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
     let purchase = Purchase::from_json(CLOUDANT_PURCHASE, Some(gbp))
         .context("the embedded example purchase")?;
     let order = purchase.order_id.clone();
-    let m = |a| money(gbp, a);
 
-    let r = ledger
-        .record_purchase(&purchase)
-        .await
-        .context("purchase")?;
+    record_the_purchase(ledger, story, &purchase, gbp).await?;
+    let card = pay_by_card_and_voucher(ledger, story, &order, gbp).await?;
+    pay_again(ledger, story, &card, gbp).await?;
+    return_one_item(ledger, story, &order, gbp).await?;
+    let balance = refund_the_return(ledger, story, &order, gbp).await?;
+    ship(ledger, story, &order, gbp, balance).await
+}
+
+/// The order's purchase, then its balance: the total, owed.
+async fn record_the_purchase(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    purchase: &Purchase,
+    gbp: Currency,
+) -> anyhow::Result<()> {
+    let m = |a| money(gbp, a);
+    let r = ledger.record_purchase(purchase).await.context("purchase")?;
     ensure!(
         r.status == RecordStatus::Created,
         "the purchase should be new"
@@ -218,7 +235,10 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         json!({"id": r.id, "status": r.status.as_str(), "total": purchase.total}),
     )?;
 
-    let balance = ledger.order_balance(&order).await.context("balance")?;
+    let balance = ledger
+        .order_balance(&purchase.order_id)
+        .await
+        .context("balance")?;
     ensure!(balance == purchase.total, "the balance should be the total");
     story.step(
         "balance_owed",
@@ -228,16 +248,27 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         ),
         json!({"balance": balance}),
     )?;
+    Ok(())
+}
 
+/// Two payments, by card and by voucher, settle the order; the card payment, for the next
+/// scene to send again.
+async fn pay_by_card_and_voucher(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    order: &str,
+    gbp: Currency,
+) -> anyhow::Result<Payment> {
+    let m = |a| money(gbp, a);
     let card = Payment {
-        order_id: order.clone(),
+        order_id: order.to_owned(),
         reference: "AB9977G244FF2F667".into(),
         amount: gbp.parse("6.46")?,
         currency: gbp,
         method: Some("credit card".into()),
     };
     let r = ledger.record_payment(&card).await.context("card payment")?;
-    let balance = ledger.order_balance(&order).await.context("balance")?;
+    let balance = ledger.order_balance(order).await.context("balance")?;
     story.step(
         "pay_card",
         &format!(
@@ -250,7 +281,7 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
     )?;
 
     let voucher = Payment {
-        order_id: order.clone(),
+        order_id: order.to_owned(),
         reference: "Q88775662377224".into(),
         amount: gbp.parse("20.00")?,
         currency: gbp,
@@ -260,7 +291,7 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         .record_payment(&voucher)
         .await
         .context("voucher payment")?;
-    let summary = ledger.order(&order).await.context("order")?;
+    let summary = ledger.order(order).await.context("order")?;
     ensure!(summary.balance.minor() == 0, "the order should be settled");
     ensure!(summary.entries.len() == 3, "three entries expected");
     let entries: Vec<String> = summary
@@ -282,16 +313,30 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         json!({"id": r.id, "status": r.status.as_str(), "balance": summary.balance,
                "paid": summary.paid, "entries": summary.entries.len()}),
     )?;
+    Ok(card)
+}
 
+/// The card payment sent again: as it was, it exists and writes nothing; with another amount,
+/// it is refused.
+async fn pay_again(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    card: &Payment,
+    gbp: Currency,
+) -> anyhow::Result<()> {
+    let m = |a| money(gbp, a);
     // Counts, not the update sequence: sequences are opaque strings on CouchDB.
     let counts = |info: Value| (info["doc_count"].clone(), info["doc_del_count"].clone());
     let before = counts(ledger.client().database_info().await?);
     let r = ledger
-        .record_payment(&card)
+        .record_payment(card)
         .await
         .context("re-sent payment")?;
     let after = counts(ledger.client().database_info().await?);
-    let balance = ledger.order_balance(&order).await.context("balance")?;
+    let balance = ledger
+        .order_balance(&card.order_id)
+        .await
+        .context("balance")?;
     ensure!(
         r.status == RecordStatus::Exists,
         "a re-sent payment should exist"
@@ -326,16 +371,27 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         ),
         json!({"refused": true, "field": e.field(), "error": e.to_string()}),
     )?;
+    Ok(())
+}
 
+/// A paperback sent back: an adjustment takes it off the order, which the merchant now owes,
+/// so it is outstanding.
+async fn return_one_item(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    order: &str,
+    gbp: Currency,
+) -> anyhow::Result<()> {
+    let m = |a| money(gbp, a);
     let ret = Adjustment {
-        order_id: order.clone(),
+        order_id: order.to_owned(),
         reference: "RET-B32-1".into(),
         amount: gbp.parse("-3.49")?,
         currency: gbp,
         reason: Some("one paperback returned".into()),
     };
     let r = ledger.record_adjustment(&ret).await.context("adjustment")?;
-    let balance = ledger.order_balance(&order).await.context("balance")?;
+    let balance = ledger.order_balance(order).await.context("balance")?;
     ensure!(balance.minor() == -349, "the return should leave -3.49");
     story.step(
         "adjust",
@@ -370,16 +426,26 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         json!({"orders": page.orders.iter()
             .map(|o| json!({"order_id": o.order_id, "balance": o.balance})).collect::<Vec<_>>()}),
     )?;
+    Ok(())
+}
 
+/// The refund of the return settles the order again: its balance, zero.
+async fn refund_the_return(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    order: &str,
+    gbp: Currency,
+) -> anyhow::Result<Amount> {
+    let m = |a| money(gbp, a);
     let refund = Refund {
-        order_id: order.clone(),
+        order_id: order.to_owned(),
         reference: "RET-B32-1".into(),
         amount: gbp.parse("3.49")?,
         currency: gbp,
         reason: Some("one paperback returned".into()),
     };
     let r = ledger.record_refund(&refund).await.context("refund")?;
-    let balance = ledger.order_balance(&order).await.context("balance")?;
+    let balance = ledger.order_balance(order).await.context("balance")?;
     ensure!(balance.minor() == 0, "the refund should settle the order");
     story.step(
         "refund",
@@ -391,27 +457,36 @@ async fn cloudant_order(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Resul
         ),
         json!({"id": r.id, "status": r.status.as_str(), "balance": balance}),
     )?;
+    Ok(balance)
+}
 
+/// The shipment, a status document: the order's `balance` does not move.
+async fn ship(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    order: &str,
+    gbp: Currency,
+    balance: Amount,
+) -> anyhow::Result<()> {
     let r = ledger
         .record_shipment(&Shipment {
-            order_id: order.clone(),
+            order_id: order.to_owned(),
             reference: "RM-1234567".into(),
             carrier: Some("Royal Mail".into()),
         })
         .await
         .context("shipment")?;
-    let after = ledger.order_balance(&order).await.context("balance")?;
+    let after = ledger.order_balance(order).await.context("balance")?;
     ensure!(after == balance, "a shipment moves no money");
     story.step(
         "ship",
         &format!(
             "The shipment {} is a status document: recorded, and the balance does not move ({}).",
             r.id,
-            m(after)
+            money(gbp, after)
         ),
         json!({"id": r.id, "status": r.status.as_str(), "balance": after}),
     )?;
-
     Ok(())
 }
 
@@ -571,6 +646,40 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
          half-way finished by the sweeper, a cancel, a reversal and insufficient funds",
     )?;
     let eur = Currency::from_code("EUR").expect("EUR is known");
+    open_a_and_b(ledger, story, eur).await?;
+    let hundred = eur.parse("100.00")?;
+    t1_initial(ledger, story, eur, hundred).await?;
+    t1_pending(ledger, story, eur, hundred).await?;
+    t1_applied(ledger, story, eur).await?;
+    t1_committed(ledger, story, eur, hundred).await?;
+    t1_settled(ledger, story, eur).await?;
+    t1_done(ledger, story, eur).await?;
+    let expires_at = t2_crash(ledger, story, eur).await?;
+    t2_swept(ledger, story, eur, expires_at).await?;
+    t3_cancelled(ledger, story, eur).await?;
+    t1_cancel_refused(ledger, story).await?;
+    let (a, b) = t1_reversed(ledger, story, eur, hundred).await?;
+    t4_insufficient_funds(ledger, story, eur, &a, &b).await?;
+
+    let report = verify_at_rest(ledger).await?;
+    story.step(
+        "verify",
+        &format!(
+            "verify (at rest): every invariant holds — {}.",
+            report
+                .checks
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        json!({"ok": report.ok, "checks": report.checks.len()}),
+    )?;
+    Ok(())
+}
+
+/// Accounts A and B, 1000.00 each.
+async fn open_a_and_b(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyhow::Result<()> {
     let m = |a| money(eur, a);
     open_account(ledger, "A", eur, "1000.00").await?;
     open_account(ledger, "B", eur, "1000.00").await?;
@@ -585,8 +694,16 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         ),
         json!({"accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(())
+}
 
-    let hundred = eur.parse("100.00")?;
+/// t1 written, `initial`: no account touched, nothing pending.
+async fn t1_initial(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    eur: Currency,
+    hundred: Amount,
+) -> anyhow::Result<()> {
     let t = ledger
         .submit(request("t1", "A", "B", hundred, eur), false)
         .await
@@ -599,12 +716,22 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         &format!(
             "Transfer t1 ({} from A to B) is written as txn:t1 in state initial, with its \
              terms: no account is touched and the pending view is {}.",
-            m(hundred),
+            money(eur, hundred),
             sums_words(&pending, eur)
         ),
         json!({"id": t.id, "state": t.state.as_str(), "pending_view": sums_json(&pending)}),
     )?;
+    Ok(())
+}
 
+/// begin: t1 `pending` and in the pending view; the balances not moved yet.
+async fn t1_pending(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    eur: Currency,
+    hundred: Amount,
+) -> anyhow::Result<()> {
+    let m = |a| money(eur, a);
     let v = ledger.step("t1").await.context("begin t1")?;
     ensure!(v.state == State::Pending, "t1 should be pending");
     let pending = view_sums(ledger, "pending").await?;
@@ -627,7 +754,11 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         json!({"state": v.state.as_str(), "pending_view": sums_json(&pending),
                "accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(())
+}
 
+/// apply: both balances moved, each account holding t1's marker; B's credit not spendable yet.
+async fn t1_applied(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyhow::Result<()> {
     let v = ledger.step("t1").await.context("apply t1")?;
     ensure!(v.state == State::Pending, "t1 is still pending after apply");
     let (a, b) = pair(ledger, "A", "B").await?;
@@ -644,11 +775,20 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
              rolled back is not spendable yet.",
             account_words(&a, eur),
             account_words(&b, eur),
-            m(b.available)
+            money(eur, b.available)
         ),
         json!({"state": v.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(())
+}
 
+/// commit: t1 moves from the pending view to the committed one.
+async fn t1_committed(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    eur: Currency,
+    hundred: Amount,
+) -> anyhow::Result<()> {
     let v = ledger.step("t1").await.context("commit t1")?;
     ensure!(v.state == State::Committed, "t1 should be committed");
     let pending = view_sums(ledger, "pending").await?;
@@ -669,7 +809,11 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         json!({"state": v.state.as_str(), "pending_view": sums_json(&pending),
                "committed_view": sums_json(&committed)}),
     )?;
+    Ok(())
+}
 
+/// settle: both accounts drop t1's marker; t1 still `committed`.
+async fn t1_settled(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyhow::Result<()> {
     let v = ledger.step("t1").await.context("settle t1")?;
     ensure!(
         v.state == State::Committed,
@@ -684,11 +828,16 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
              (so a repeated step is recognised and skipped): {}; {}, available {}.",
             account_words(&a, eur),
             account_words(&b, eur),
-            m(b.available)
+            money(eur, b.available)
         ),
         json!({"state": v.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(())
+}
 
+/// t1 `done`, in neither view: the tutorial's result.
+async fn t1_done(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyhow::Result<()> {
+    let m = |a| money(eur, a);
     let v = ledger.step("t1").await.context("finish t1")?;
     ensure!(v.state == State::Done, "t1 should be done");
     let pending = view_sums(ledger, "pending").await?;
@@ -707,10 +856,16 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         ),
         json!({"state": v.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(())
+}
 
+/// Another writer begins and applies t2, then is gone (dropped) before committing; its claim's
+/// expiry, for the sweep to wait out.
+async fn t2_crash(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyhow::Result<i64> {
     // A writer that dies half-way: its own worker id and a short lease.
-    let crashing = Ledger::new(ledger.client().clone())
-        .with_lease(Duration::from_millis(CRASH_LEASE_MS))
+    let crashing = Ledger::builder(ledger.client().clone())
+        .lease(Duration::from_millis(CRASH_LEASE_MS))
+        .build()
         .context("a short lease")?;
     let fifty = eur.parse("50.00")?;
     crashing
@@ -730,14 +885,25 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
             "Another writer starts t2 ({} from A to B), applies it to both accounts and then \
              crashes before committing: t2 stays pending and the accounts hold its markers: \
              {}; {}.",
-            m(fifty),
+            money(eur, fifty),
             account_words(&a, eur),
             account_words(&b, eur)
         ),
         json!({"id": "t2", "state": v.state.as_str(),
                "accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(expires_at)
+}
 
+/// Once the crashed writer's claim (expiring at `expires_at`) has expired, a sweep finishes
+/// t2: moved exactly once.
+async fn t2_swept(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    eur: Currency,
+    expires_at: i64,
+) -> anyhow::Result<()> {
+    let m = |a| money(eur, a);
     // The sweeper leaves a transfer alone while its claim is live: wait for it to expire.
     let wait_ms = expires_at
         .saturating_sub(now_ms())
@@ -772,7 +938,12 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
                          "cancelled": swept.cancelled, "remaining": swept.remaining},
                "state": t2.state.as_str(), "accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(())
+}
 
+/// t3 begun and applied, then cancelled: its deltas undone on both accounts.
+async fn t3_cancelled(ledger: &Ledger, story: &mut Story<'_>, eur: Currency) -> anyhow::Result<()> {
+    let m = |a| money(eur, a);
     let twenty = eur.parse("20.00")?;
     ledger
         .submit(request("t3", "A", "B", twenty, eur), false)
@@ -799,7 +970,11 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         json!({"id": c.id, "state": c.state.as_str(), "reason": c.reason,
                "accounts": [account_json(&a), account_json(&b)]}),
     )?;
+    Ok(())
+}
 
+/// Cancelling the done t1 is refused.
+async fn t1_cancel_refused(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Result<()> {
     let e = ledger
         .cancel("t1")
         .await
@@ -814,7 +989,18 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         &format!("Cancelling t1 is refused ({e}): a done transfer is never rolled back."),
         json!({"refused": true, "error": e.to_string()}),
     )?;
+    Ok(())
+}
 
+/// t1 reversed by a new transfer from B to A, and reversing it again moves nothing; the
+/// accounts after the reversal.
+async fn t1_reversed(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    eur: Currency,
+    hundred: Amount,
+) -> anyhow::Result<(AccountView, AccountView)> {
+    let m = |a| money(eur, a);
     let r = ledger.reverse("t1").await.context("reverse t1")?;
     ensure!(r.state == State::Done && r.status == RecordStatus::Created);
     let (a, b) = pair(ledger, "A", "B").await?;
@@ -849,7 +1035,18 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         ),
         json!({"id": again.id, "state": again.state.as_str(), "status": again.status.as_str()}),
     )?;
+    Ok((a, b))
+}
 
+/// t4 asks for more than A (`a`, with `b` beside it) has: cancelled, nothing moves.
+async fn t4_insufficient_funds(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    eur: Currency,
+    a: &AccountView,
+    b: &AccountView,
+) -> anyhow::Result<()> {
+    let m = |a| money(eur, a);
     let big = eur.parse("5000.00")?;
     let t4 = ledger
         .submit(request("t4", "A", "B", big, eur), true)
@@ -870,26 +1067,17 @@ async fn mongodb_two_phase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow::Re
         ),
         json!({"id": t4.id, "state": t4.state.as_str(), "reason": t4.reason}),
     )?;
+    Ok(())
+}
 
+/// `verify` at rest, which must pass.
+async fn verify_at_rest(ledger: &Ledger) -> anyhow::Result<VerifyReport> {
     let report = ledger
         .verify_with(VerifyOptions::at_rest())
         .await
         .context("verify")?;
     ensure!(report.ok, "verify should pass: {report:?}");
-    story.step(
-        "verify",
-        &format!(
-            "verify (at rest): every invariant holds — {}.",
-            report
-                .checks
-                .iter()
-                .map(|c| c.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        json!({"ok": report.ok, "checks": report.checks.len()}),
-    )?;
-    Ok(())
+    Ok(report)
 }
 
 /// Couchbase's "multi-phase transactions" (seed 000): Alice 200 and James 100, a transfer of
@@ -902,11 +1090,34 @@ async fn couchbase_multiphase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow:
          30.00; the pending and committed views and `status` show the money in flight",
     )?;
     let usd = Currency::from_code("USD").expect("USD is known");
+    let hundred = usd.parse("100.00")?;
+    let thirty = usd.parse("30.00")?;
+    c1_waiting(ledger, story, usd, hundred).await?;
+    c1_and_c2_pending(ledger, story, usd, hundred, thirty).await?;
+    c1_updated(ledger, story, usd).await?;
+    c1_committed(ledger, story, usd, hundred, thirty).await?;
+    both_done(ledger, story, usd).await?;
+
+    let report = verify_at_rest(ledger).await?;
+    story.step(
+        "verify",
+        "verify (at rest): every invariant still holds, across both scenarios' accounts and \
+         currencies.",
+        json!({"ok": report.ok, "checks": report.checks.len()}),
+    )?;
+    Ok(())
+}
+
+/// Alice and James open, and c1 is recorded, not started: `status` counts it initial.
+async fn c1_waiting(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    usd: Currency,
+    hundred: Amount,
+) -> anyhow::Result<()> {
     let m = |a| money(usd, a);
     open_account(ledger, "Alice", usd, "200.00").await?;
     open_account(ledger, "James", usd, "100.00").await?;
-    let hundred = usd.parse("100.00")?;
-    let thirty = usd.parse("30.00")?;
     ledger
         .submit(request("c1", "Alice", "James", hundred, usd), false)
         .await
@@ -926,7 +1137,18 @@ async fn couchbase_multiphase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow:
         ),
         json!({"states": status.states, "in_flight": status.in_flight}),
     )?;
+    Ok(())
+}
 
+/// c1 begun, and c2 the other way: both pending, both in flight.
+async fn c1_and_c2_pending(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    usd: Currency,
+    hundred: Amount,
+    thirty: Amount,
+) -> anyhow::Result<()> {
+    let m = |a| money(usd, a);
     ledger.step("c1").await.context("begin c1")?;
     ledger
         .submit(request("c2", "James", "Alice", thirty, usd), false)
@@ -951,7 +1173,11 @@ async fn couchbase_multiphase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow:
         json!({"pending_view": sums_json(&pending), "states": status.states,
                "in_flight": status.in_flight}),
     )?;
+    Ok(())
+}
 
+/// c1 applied: both accounts note it among their active transactions.
+async fn c1_updated(ledger: &Ledger, story: &mut Story<'_>, usd: Currency) -> anyhow::Result<()> {
     ledger.step("c1").await.context("apply c1")?;
     let (alice, james) = pair(ledger, "Alice", "James").await?;
     ensure!(alice.pending.len() == 1 && james.pending.len() == 1);
@@ -965,7 +1191,17 @@ async fn couchbase_multiphase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow:
         ),
         json!({"accounts": [account_json(&alice), account_json(&james)]}),
     )?;
+    Ok(())
+}
 
+/// c1 committed: in the committed view; only c2 still in flight.
+async fn c1_committed(
+    ledger: &Ledger,
+    story: &mut Story<'_>,
+    usd: Currency,
+    hundred: Amount,
+    thirty: Amount,
+) -> anyhow::Result<()> {
     let v = ledger.step("c1").await.context("commit c1")?;
     ensure!(v.state == State::Committed, "c1 should be committed");
     let pending = view_sums(ledger, "pending").await?;
@@ -980,12 +1216,17 @@ async fn couchbase_multiphase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow:
              pending view now holds only c2 ({}); money in flight {}.",
             sums_words(&committed, usd),
             sums_words(&pending, usd),
-            m(status.in_flight)
+            money(usd, status.in_flight)
         ),
         json!({"pending_view": sums_json(&pending), "committed_view": sums_json(&committed),
                "in_flight": status.in_flight}),
     )?;
+    Ok(())
+}
 
+/// c1 and c2 stepped to `done`: both views empty, the balances final.
+async fn both_done(ledger: &Ledger, story: &mut Story<'_>, usd: Currency) -> anyhow::Result<()> {
+    let m = |a| money(usd, a);
     ensure!(step_to_end(ledger, "c1").await? == State::Done);
     ensure!(step_to_end(ledger, "c2").await? == State::Done);
     let pending = view_sums(ledger, "pending").await?;
@@ -1011,18 +1252,6 @@ async fn couchbase_multiphase(ledger: &Ledger, story: &mut Story<'_>) -> anyhow:
         ),
         json!({"states": status.states, "in_flight": status.in_flight,
                "accounts": [account_json(&alice), account_json(&james)]}),
-    )?;
-
-    let report = ledger
-        .verify_with(VerifyOptions::at_rest())
-        .await
-        .context("verify")?;
-    ensure!(report.ok, "verify should pass: {report:?}");
-    story.step(
-        "verify",
-        "verify (at rest): every invariant still holds, across both scenarios' accounts and \
-         currencies.",
-        json!({"ok": report.ok, "checks": report.checks.len()}),
     )?;
     Ok(())
 }

@@ -10,7 +10,7 @@ use std::fmt;
 
 use anyhow::Context as _;
 use couch_ledger::design::{InstallStatus, Scope};
-use couch_ledger::ViewQuery;
+use couch_ledger::{InitReport, ViewQuery};
 use serde_json::{json, Value};
 
 pub(crate) mod args;
@@ -55,7 +55,17 @@ pub(crate) struct Context {
 impl Context {
     /// The ledger on the configured server and database (no request is sent yet).
     pub(crate) fn ledger(&self) -> anyhow::Result<couch_ledger::Ledger> {
-        self.settings.ledger().context("invalid server settings")
+        self.ledger_with(|builder| builder)
+    }
+
+    /// [`Context::ledger`] configured further by `configure` (a command's own settings).
+    pub(crate) fn ledger_with(
+        &self,
+        configure: impl FnOnce(couch_ledger::LedgerBuilder) -> couch_ledger::LedgerBuilder,
+    ) -> anyhow::Result<couch_ledger::Ledger> {
+        self.settings
+            .ledger_with(configure)
+            .context("invalid server settings")
     }
 }
 
@@ -145,12 +155,15 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         })?),
         None => None,
     };
-    let as_json = |docs: &[couch_ledger::design::Installed]| -> Vec<Value> {
-        docs.iter()
-            .map(|d| json!({"id": d.id, "status": output::install_status(d.status)}))
-            .collect()
-    };
-    let docs = as_json(&report.design_docs);
+    let text = init_words(&report, args.member_role.as_deref());
+    let value = init_json(&report, security);
+    ctx.out.print(&value, &text)?;
+    Ok(Exit::Success)
+}
+
+/// What `init` did, in words: each database and its design documents, then the settings and
+/// records it wrote (`member_role`: the role `--member-role` gave the databases).
+fn init_words(report: &InitReport, member_role: Option<&str>) -> String {
     let mut text = String::new();
     let mut describe = |database: &str, created: bool, docs: &[couch_ledger::design::Installed]| {
         text.push_str(&format!(
@@ -177,7 +190,7 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
             "  _revs_limit              {limit} (accounts' revision history kept short)\n"
         ));
     }
-    if let Some(role) = &args.member_role {
+    if let Some(role) = member_role {
         text.push_str(&format!(
             "  _security                only admins and role {role:?} may read and write\n"
         ));
@@ -188,6 +201,17 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
             report.opening_records
         ));
     }
+    text
+}
+
+/// What `init` did, as `--json` prints it (`security`: the `_security` it set, if any).
+fn init_json(report: &InitReport, security: Option<Value>) -> Value {
+    let as_json = |docs: &[couch_ledger::design::Installed]| -> Vec<Value> {
+        docs.iter()
+            .map(|d| json!({"id": d.id, "status": output::install_status(d.status)}))
+            .collect()
+    };
+    let docs = as_json(&report.design_docs);
     let mut value =
         json!({"database": report.database, "created": report.created, "design_docs": docs});
     if let Some(security) = security {
@@ -202,8 +226,7 @@ async fn init(args: args::InitArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
             "design_docs": as_json(&hot.design_docs),
         });
     }
-    ctx.out.print(&value, &text)?;
-    Ok(Exit::Success)
+    value
 }
 
 /// After new or changed design documents: asks one view of each for nothing, which makes the

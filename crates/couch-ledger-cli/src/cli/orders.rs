@@ -189,84 +189,11 @@ pub(crate) struct StatementArgs {
 pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<Exit> {
     match cmd {
         OrderCommand::Purchase(a) => purchase(a, ctx).await,
-        OrderCommand::Pay(a) => {
-            let currency = currency(&a.currency)?;
-            let p = Payment {
-                order_id: a.order,
-                reference: a.reference,
-                amount: amount(currency, &a.amount)?,
-                currency,
-                method: a.method,
-            };
-            p.validate()?;
-            let r = ctx
-                .ledger()?
-                .record_payment(&p)
-                .await
-                .context("could not record the payment")?;
-            Ok(ctx.out.recorded("payment", &r)?)
-        }
-        OrderCommand::Refund(a) => {
-            let currency = currency(&a.currency)?;
-            let r = Refund {
-                order_id: a.order,
-                reference: a.reference,
-                amount: amount(currency, &a.amount)?,
-                currency,
-                reason: a.reason,
-            };
-            r.validate()?;
-            let r = ctx
-                .ledger()?
-                .record_refund(&r)
-                .await
-                .context("could not record the refund")?;
-            Ok(ctx.out.recorded("refund", &r)?)
-        }
-        OrderCommand::Adjust(a) => {
-            let currency = currency(&a.currency)?;
-            let adj = Adjustment {
-                order_id: a.order,
-                reference: a.reference,
-                amount: amount(currency, &a.amount)?,
-                currency,
-                reason: a.reason,
-            };
-            adj.validate()?;
-            let r = ctx
-                .ledger()?
-                .record_adjustment(&adj)
-                .await
-                .context("could not record the adjustment")?;
-            Ok(ctx.out.recorded("adjustment", &r)?)
-        }
-        OrderCommand::Ship(a) => {
-            let s = Shipment {
-                order_id: a.order,
-                reference: a.reference,
-                carrier: a.carrier,
-            };
-            s.validate()?;
-            let r = ctx
-                .ledger()?
-                .record_shipment(&s)
-                .await
-                .context("could not record the shipment")?;
-            Ok(ctx.out.recorded("shipment", &r)?)
-        }
-        OrderCommand::Deliver(a) => {
-            let d = Delivered {
-                order_id: a.order,
-                reference: a.reference,
-            };
-            d.validate()?;
-            let r = ctx
-                .ledger()?
-                .record_delivery(&d)
-                .await
-                .context("could not record the delivery")?;
-            Ok(ctx.out.recorded("delivery", &r)?)
-        }
+        OrderCommand::Pay(a) => pay(a, ctx).await,
+        OrderCommand::Refund(a) => refund(a, ctx).await,
+        OrderCommand::Adjust(a) => adjust(a, ctx).await,
+        OrderCommand::Ship(a) => ship(a, ctx).await,
+        OrderCommand::Deliver(a) => deliver(a, ctx).await,
         OrderCommand::Order {
             command: OrderSub::Show { order, fresh },
         } => show(&order, fresh, ctx).await,
@@ -275,6 +202,89 @@ pub(crate) async fn run(cmd: OrderCommand, ctx: &mut Context) -> anyhow::Result<
         } => outstanding(a, ctx).await,
         OrderCommand::Statement(a) => statement(&a.account, ctx).await,
     }
+}
+
+async fn pay(a: PayArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let currency = currency(&a.currency)?;
+    let p = Payment {
+        order_id: a.order,
+        reference: a.reference,
+        amount: amount(currency, &a.amount)?,
+        currency,
+        method: a.method,
+    };
+    p.validate()?;
+    let r = ctx
+        .ledger()?
+        .record_payment(&p)
+        .await
+        .context("could not record the payment")?;
+    Ok(ctx.out.recorded("payment", &r)?)
+}
+
+async fn refund(a: RefundArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let currency = currency(&a.currency)?;
+    let r = Refund {
+        order_id: a.order,
+        reference: a.reference,
+        amount: amount(currency, &a.amount)?,
+        currency,
+        reason: a.reason,
+    };
+    r.validate()?;
+    let r = ctx
+        .ledger()?
+        .record_refund(&r)
+        .await
+        .context("could not record the refund")?;
+    Ok(ctx.out.recorded("refund", &r)?)
+}
+
+async fn adjust(a: AdjustArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let currency = currency(&a.currency)?;
+    let adj = Adjustment {
+        order_id: a.order,
+        reference: a.reference,
+        amount: amount(currency, &a.amount)?,
+        currency,
+        reason: a.reason,
+    };
+    adj.validate()?;
+    let r = ctx
+        .ledger()?
+        .record_adjustment(&adj)
+        .await
+        .context("could not record the adjustment")?;
+    Ok(ctx.out.recorded("adjustment", &r)?)
+}
+
+async fn ship(a: ShipArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let s = Shipment {
+        order_id: a.order,
+        reference: a.reference,
+        carrier: a.carrier,
+    };
+    s.validate()?;
+    let r = ctx
+        .ledger()?
+        .record_shipment(&s)
+        .await
+        .context("could not record the shipment")?;
+    Ok(ctx.out.recorded("shipment", &r)?)
+}
+
+async fn deliver(a: DeliverArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let d = Delivered {
+        order_id: a.order,
+        reference: a.reference,
+    };
+    d.validate()?;
+    let r = ctx
+        .ledger()?
+        .record_delivery(&d)
+        .await
+        .context("could not record the delivery")?;
+    Ok(ctx.out.recorded("delivery", &r)?)
 }
 
 async fn purchase(a: PurchaseArgs, ctx: &mut Context) -> anyhow::Result<Exit> {

@@ -43,7 +43,7 @@ pub(crate) struct ServeArgs {
     /// its accounts' markers follow inside the service, each going out with its account's next
     /// write): more transfers a second under load. What is still settling at a stop is finished
     /// before the process exits, or by a sweeper if it is killed
-    /// (`Ledger::with_background_finish`).
+    /// (`LedgerBuilder::background_finish`).
     #[arg(long)]
     pub(crate) answer_at_commit: bool,
 

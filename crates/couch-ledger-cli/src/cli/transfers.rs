@@ -420,7 +420,7 @@ async fn transfer(a: TransferArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         currency: c,
     };
     // One transfer per process: a look first keeps a re-sent --id from touching the accounts.
-    let ledger = ctx.ledger()?.with_lookup_first();
+    let ledger = ctx.ledger_with(|b| b.lookup_first(true))?;
     let o = match ledger.submit(request, !a.no_wait).await {
         Ok(o) => o,
         Err(e) => {
@@ -570,10 +570,11 @@ async fn sweep(a: SweepArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     let ledger = ctx.ledger()?;
     if a.once {
         let bar = super::progress::Bar::new(ctx.out.is_json(), "sweeping", Some(0));
-        let swept = match bar.hook() {
-            Some(hook) => ledger.with_progress(hook).sweep_once(options).await,
-            None => ledger.sweep_once(options).await,
+        let ledger = match bar.hook() {
+            Some(hook) => ledger.to_builder().progress(hook).build()?,
+            None => ledger,
         };
+        let swept = ledger.sweep_once(options).await;
         bar.finish();
         let s = swept.context("the sweep could not run")?;
         let mut text = format!("swept once: {}\n", sweep_words(&s));
@@ -718,7 +719,7 @@ async fn verify(a: VerifyArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         }
     }
     if let Some(hook) = bar.hook() {
-        ledger = ledger.with_progress(hook);
+        ledger = ledger.to_builder().progress(hook).build()?;
     }
     let verified = ledger.verify_with(options).await;
     bar.finish();

@@ -8,6 +8,10 @@
 //! A field's default is said in words (`[default: 0]`), not with JSON Schema's `default`:
 //! client generators such as openapi-typescript read a `default` as "always present" and would
 //! make the field required in requests.
+//!
+//! Long, and one file on purpose: it is the API's every body, plain types and their `From`,
+//! kept beside one another so the whole wire shape is read, and checked against the library,
+//! in one place. About 215 lines at the end are its tests.
 
 use couch_ledger::{
     AccountView, EntryKind, LedgerStatus, OrderBalance, OrderSummary, OutstandingPage,
@@ -895,6 +899,7 @@ mod tests {
         Currency::from_code("GBP").unwrap()
     }
 
+    /// Long on purpose: one flat list of fixtures, each body compared with its library type.
     #[test]
     fn every_body_answers_as_the_library_serializes() {
         let account = AccountView {

@@ -92,6 +92,8 @@ impl std::fmt::Debug for Metrics {
 }
 
 impl Metrics {
+    /// Every metric, registered with its name and help text. Long on purpose: a flat list of
+    /// registrations, each a name and the sentence that says it, read top to bottom.
     pub(crate) fn new() -> Metrics {
         let mut m = Metrics {
             registry: Registry::with_prefix("couch_ledger"),

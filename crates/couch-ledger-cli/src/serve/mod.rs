@@ -149,16 +149,11 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
         .observer(metrics.clone())
         .build()
         .context("invalid server settings")?;
-    let ledger = Ledger::new(client);
-    let ledger = match &global.hot_db {
-        Some(hot) => ledger.with_hot_database(hot).context("invalid --hot-db")?,
-        None => ledger,
-    };
-    let ledger = if settings.answer_at_commit {
-        ledger.with_background_finish()
-    } else {
-        ledger
-    };
+    let mut ledger = Ledger::builder(client).background_finish(settings.answer_at_commit);
+    if let Some(hot) = &global.hot_db {
+        ledger = ledger.hot_database(hot);
+    }
+    let ledger = ledger.build().context("invalid --hot-db")?;
     if settings.init {
         let report = ledger
             .init()
@@ -173,19 +168,8 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
     let auth = settings.keys.required();
     let app = router(ledger.clone(), metrics.clone(), Arc::new(settings.keys));
 
-    let (stop_tx, stop_rx) = watch::channel(false);
     let shutdown_timeout = settings.shutdown_timeout;
-    // Set when the signal comes: the moment by which the process has stopped.
-    let (deadline_tx, deadline_rx) = watch::channel(None::<tokio::time::Instant>);
-    tokio::spawn(async move {
-        signals.await;
-        let _ = deadline_tx.send(Some(tokio::time::Instant::now() + shutdown_timeout));
-        tracing::info!(
-            "stopping: no new connections; finishing the requests in flight (at most {})",
-            couch_ledger::plain_seconds(shutdown_timeout)
-        );
-        let _ = stop_tx.send(true);
-    });
+    let (stop_rx, deadline_rx) = stop_on(signals, shutdown_timeout);
     let sweeper = settings.sweep.map(|options| {
         let (ledger, metrics, stop) = (ledger.clone(), metrics.clone(), stopped(stop_rx.clone()));
         tokio::spawn(async move {
@@ -197,30 +181,61 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
 
     let url = format!("http://{local}");
     tracing::info!(%url, database = %global.db, sweeper = sweeper.is_some(), auth, "serving");
+    announce(&global, &url)?;
+
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(stopped(stop_rx.clone()))
+        .into_future();
+    serve_until_stopped(server, &ledger, sweeper, &deadline_rx, shutdown_timeout).await
+}
+
+/// The stop to come: a task that waits for `signals`, then sets the moment by which the
+/// process has stopped (`shutdown_timeout` later) and gives the stop signal. The receivers of
+/// the stop signal and of that moment.
+fn stop_on(
+    signals: impl Future<Output = ()> + Send + 'static,
+    shutdown_timeout: Duration,
+) -> (
+    watch::Receiver<bool>,
+    watch::Receiver<Option<tokio::time::Instant>>,
+) {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Set when the signal comes: the moment by which the process has stopped.
+    let (deadline_tx, deadline_rx) = watch::channel(None::<tokio::time::Instant>);
+    tokio::spawn(async move {
+        signals.await;
+        let _ = deadline_tx.send(Some(tokio::time::Instant::now() + shutdown_timeout));
+        tracing::info!(
+            "stopping: no new connections; finishing the requests in flight (at most {})",
+            couch_ledger::plain_seconds(shutdown_timeout)
+        );
+        let _ = stop_tx.send(true);
+    });
+    (stop_rx, deadline_rx)
+}
+
+/// The line that says where the service listens, on stdout (one JSON object with `--json`).
+fn announce(global: &HiArgs, url: &str) -> std::io::Result<()> {
     let line = if global.json {
         json!({"listening": url, "database": global.db}).to_string()
     } else {
         format!("listening on {url} (database {})", global.db)
     };
-    {
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{line}").and_then(|()| stdout.flush())?;
-    }
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{line}").and_then(|()| stdout.flush())
+}
 
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(stopped(stop_rx.clone()))
-        .into_future();
-    let out_of_time = || {
-        let mut rx = deadline_rx.clone();
-        async move {
-            let deadline = match rx.wait_for(Option::is_some).await {
-                Ok(d) => d.unwrap_or_else(tokio::time::Instant::now),
-                // The signal task is gone without a signal: never.
-                Err(_) => return std::future::pending().await,
-            };
-            tokio::time::sleep_until(deadline).await;
-        }
-    };
+/// Serves until the stop signal, then stops in what is left of `shutdown_timeout` after it:
+/// the requests in flight, the transfers still finishing, the sweeper's step, in that order.
+/// Out of time at any of them: stops without it (exit 1).
+async fn serve_until_stopped(
+    server: impl Future<Output = std::io::Result<()>>,
+    ledger: &Ledger,
+    sweeper: Option<tokio::task::JoinHandle<couch_ledger::Result<couch_ledger::SweepOutcome>>>,
+    deadline_rx: &watch::Receiver<Option<tokio::time::Instant>>,
+    shutdown_timeout: Duration,
+) -> anyhow::Result<Exit> {
+    let out_of_time = || out_of_time(deadline_rx.clone());
     let limit = couch_ledger::plain_seconds(shutdown_timeout);
     tokio::select! {
         served = server => served.context("serving")?,
@@ -267,6 +282,17 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
     }
     tracing::info!("stopped");
     Ok(Exit::Success)
+}
+
+/// Resolves at the moment by which the process has stopped, once the signal has set it; never
+/// when the signal task is gone without a signal.
+async fn out_of_time(mut rx: watch::Receiver<Option<tokio::time::Instant>>) {
+    let deadline = match rx.wait_for(Option::is_some).await {
+        Ok(d) => d.unwrap_or_else(tokio::time::Instant::now),
+        // The signal task is gone without a signal: never.
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::time::sleep_until(deadline).await;
 }
 
 /// Resolves once the stop signal was given.

@@ -15,10 +15,10 @@
 //! point firings seen as the "simulated crash" error they return, kills are SIGKILLs sent to
 //! live processes, faults are what the fault proxy injected, transfers are transfer documents
 //! found in the databases afterwards, split_rounds are the R1 rounds and R2 runs made on the
-//! split layout (`Ledger::with_hot_database`: accounts and transfers in a second database,
+//! split layout (`LedgerBuilder::hot_database`: accounts and transfers in a second database,
 //! which R1's odd rounds and R2 use; the trio parts, R3…R6 use the single layout), background
 //! counts the submits that R1's odd workers, finishing in the background
-//! (`Ledger::with_background_finish`), had answered at the commit.
+//! (`LedgerBuilder::background_finish`), had answered at the commit.
 //!
 //! One file a part, in the order they run; `shared` holds what several parts use.
 

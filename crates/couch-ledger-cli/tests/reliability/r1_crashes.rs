@@ -11,8 +11,8 @@ use tokio::task::JoinSet;
 use couch_ledger::{Client, Error, Ledger, PauseHook, State, TransferOutcome, FAIL_POINTS};
 
 use crate::shared::{
-    another, crash_point, create_accounts, eur, eur_accounts, part_ledger, spawn_overdraft_monitor,
-    spawn_sweeper, usd, Acct, Book, Dbs, Size, Tally, Terms,
+    another, another_with, crash_point, create_accounts, eur, eur_accounts, part_ledger,
+    spawn_overdraft_monitor, spawn_sweeper, usd, Acct, Book, Dbs, Size, Tally, Terms,
 };
 use crate::support::trio::Trio;
 use crate::trio::{rest_and_check, trio_ready};
@@ -455,12 +455,10 @@ impl Load {
 
     /// A new worker "process" on the round's databases, finishing in the background or not.
     fn make(&self, background: bool) -> Ledger {
-        let l = another(&self.base, self.lease).with_pause_hook(self.hook.clone());
-        if background {
-            l.with_background_finish()
-        } else {
-            l
-        }
+        another_with(&self.base, self.lease, |b| {
+            b.pause_hook(self.hook.clone())
+                .background_finish(background)
+        })
     }
 }
 

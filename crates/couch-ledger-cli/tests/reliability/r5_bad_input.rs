@@ -428,13 +428,13 @@ async fn state_and_setting_cases(t: &mut Table, l: &Ledger, long_id: &str) {
     t.lib(
         "ledger: zero lease",
         Invalid(Some("lease")),
-        l.clone().with_lease(Duration::ZERO),
+        l.to_builder().lease(Duration::ZERO).build(),
     )
     .await;
     t.lib(
         "ledger: lease above the maximum",
         Invalid(Some("lease")),
-        l.clone().with_lease(Duration::from_secs(31)),
+        l.to_builder().lease(Duration::from_secs(31)).build(),
     )
     .await;
     t.lib(

@@ -454,8 +454,9 @@ async fn working_credentials(creds: &Creds, tally: &Tally, printed: &mut Vec<(St
         ));
         let client = builder.build().unwrap();
         printed.push((format!("Debug of the {kind} client"), format!("{client:?}")));
-        let l = Ledger::new(client.clone())
-            .with_lease(Duration::from_millis(500))
+        let l = Ledger::builder(client.clone())
+            .lease(Duration::from_millis(500))
+            .build()
             .unwrap();
         printed.push((format!("Debug of the {kind} ledger"), format!("{l:?}")));
         // The whole ledger works with these credentials (the cookie client logs in).

@@ -43,10 +43,10 @@ pub(crate) enum Entries {
     /// states one copy (`cluster.n` = 1, CouchDB's single node).
     #[default]
     ByCopies,
-    /// Everywhere, and the rest as on several copies too (`Ledger::with_settled_entries`: tests
+    /// Everywhere, and the rest as on several copies too (`LedgerBuilder::settled_entries`: tests
     /// that plant a cluster's conflicts on a single node).
     Always,
-    /// Nowhere, whatever the server says (`Ledger::with_one_copy`: tests on a server that does
+    /// Nowhere, whatever the server says (`LedgerBuilder::one_copy`: tests on a server that does
     /// not say).
     Never,
 }

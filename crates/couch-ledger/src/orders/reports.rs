@@ -360,116 +360,166 @@ impl Ledger {
 
 /// An order's summary from its `orders/ledger` rows (with their documents), each row checked
 /// against its document.
-fn summarize(order_id: &str, rows: &[crate::couch::ViewRow]) -> Result<OrderSummary> {
-    {
-        if rows.is_empty() {
-            return Err(unknown_order(order_id));
+fn summarize(order_id: &str, rows: &[ViewRow]) -> Result<OrderSummary> {
+    if rows.is_empty() {
+        return Err(unknown_order(order_id));
+    }
+    let broken = |m: String| order_broken(order_id, m);
+    let mut currency: Option<Currency> = None;
+    let mut sums = Sums::default();
+    let mut entries = Vec::with_capacity(rows.len());
+    for row in rows {
+        let entry = row_entry(order_id, row, &mut currency)?;
+        sums.add(order_id, entry.kind, entry.amount)?;
+        entries.push(entry);
+    }
+    let total = sums
+        .total
+        .ok_or_else(|| broken("it has entries but no purchase".to_owned()))?;
+    let currency = currency.ok_or_else(|| broken("no document was readable".to_owned()))?;
+    let overflow = |_| broken("the balance overflows".to_owned());
+    let balance = total
+        .checked_add(sums.adjusted)
+        .and_then(|b| b.checked_sub(sums.paid))
+        .and_then(|b| b.checked_add(sums.refunded))
+        .map_err(overflow)?;
+    if balance != sums.rows {
+        return Err(broken(format!(
+            "the balance {} differs from the sum of its rows {}",
+            balance.minor(),
+            sums.rows.minor()
+        )));
+    }
+    entries.sort_by(|a, b| {
+        (a.kind != EntryKind::Purchase, &a.id).cmp(&(b.kind != EntryKind::Purchase, &b.id))
+    });
+    Ok(OrderSummary {
+        order_id: order_id.to_owned(),
+        currency,
+        total,
+        adjusted: sums.adjusted,
+        paid: sums.paid,
+        refunded: sums.refunded,
+        balance,
+        entries,
+    })
+}
+
+/// An order whose rows do not add up: `m` says how.
+fn order_broken(order_id: &str, m: String) -> Error {
+    Error::invariant(format!("order {order_id:?}: {m}"))
+}
+
+/// One `orders/ledger` row as an entry: its amount from the view, its kind from its document
+/// (whose amount must be the view's, and whose currency the order's: `currency`, set by the
+/// first document) or, without one, from its id's prefix.
+fn row_entry(order_id: &str, row: &ViewRow, currency: &mut Option<Currency>) -> Result<Entry> {
+    let broken = |m: String| order_broken(order_id, m);
+    let id = row
+        .id
+        .clone()
+        .ok_or_else(|| Error::decode("orders/ledger map row without an id"))?;
+    let value = exact_amount(&row.value, &id)?;
+    let (kind, from_doc) = match &row.doc {
+        Some(doc) if doc.is_object() => {
+            let (kind, signed) = doc_entry(order_id, &id, doc, currency)?;
+            (kind, Some(signed))
         }
-        let broken = |m: String| Error::invariant(format!("order {order_id:?}: {m}"));
-        let mut currency: Option<Currency> = None;
-        let mut total: Option<Amount> = None;
-        let (mut adjusted, mut paid, mut refunded, mut row_sum) =
-            (Amount::ZERO, Amount::ZERO, Amount::ZERO, Amount::ZERO);
-        let mut entries = Vec::with_capacity(rows.len());
-        for row in rows {
-            let id = row
-                .id
-                .clone()
-                .ok_or_else(|| Error::decode("orders/ledger map row without an id"))?;
-            let value = exact_amount(&row.value, &id)?;
-            let (kind, from_doc) = match &row.doc {
-                Some(doc) if doc.is_object() => {
-                    let kind = doc["type"]
-                        .as_str()
-                        .and_then(EntryKind::from_type)
-                        .ok_or_else(|| broken(format!("{id} has no money type")))?;
-                    let code = doc["currency"]
-                        .as_str()
-                        .ok_or_else(|| broken(format!("{id} has no currency")))?;
-                    let c = Currency::from_code(code)
-                        .map_err(|_| broken(format!("{id} has an unknown currency {code:?}")))?;
-                    if *currency.get_or_insert(c) != c {
-                        return Err(broken(format!("{id} is in {c}, other entries are not")));
-                    }
-                    let field = if kind == EntryKind::Purchase {
-                        "total"
-                    } else {
-                        "value"
-                    };
-                    let amount = exact_amount(&doc[field], &format!("{id} {field}"))?;
-                    let signed = if kind == EntryKind::Payment {
-                        amount.neg()
-                    } else {
-                        amount
-                    };
-                    (kind, Some(signed))
-                }
-                // Without its document (a view that lags a deletion) the id's prefix still
-                // says what the row is.
-                _ => {
-                    let prefix = id.split(':').next().unwrap_or("");
-                    let kind = EntryKind::from_type(prefix)
-                        .ok_or_else(|| broken(format!("{id} is not a money entry")))?;
-                    (kind, None)
-                }
-            };
-            if let Some(signed) = from_doc {
-                if signed != value {
-                    return Err(broken(format!(
-                        "the view says {} for {id}, its document {}",
-                        value.minor(),
-                        signed.minor()
-                    )));
-                }
-            }
-            let overflow = |_| broken("the sum overflows".to_owned());
-            row_sum = row_sum.checked_add(value).map_err(overflow)?;
-            match kind {
-                EntryKind::Purchase => {
-                    if total.replace(value).is_some() {
-                        return Err(broken("more than one purchase".to_owned()));
-                    }
-                }
-                EntryKind::Adjustment => {
-                    adjusted = adjusted.checked_add(value).map_err(overflow)?
-                }
-                EntryKind::Payment => paid = paid.checked_sub(value).map_err(overflow)?,
-                EntryKind::Refund => refunded = refunded.checked_add(value).map_err(overflow)?,
-            }
-            entries.push(Entry {
-                id,
-                kind,
-                amount: value,
-            });
+        // Without its document (a view that lags a deletion) the id's prefix still says what
+        // the row is.
+        _ => {
+            let prefix = id.split(':').next().unwrap_or("");
+            let kind = EntryKind::from_type(prefix)
+                .ok_or_else(|| broken(format!("{id} is not a money entry")))?;
+            (kind, None)
         }
-        let total = total.ok_or_else(|| broken("it has entries but no purchase".to_owned()))?;
-        let currency = currency.ok_or_else(|| broken("no document was readable".to_owned()))?;
-        let overflow = |_| broken("the balance overflows".to_owned());
-        let balance = total
-            .checked_add(adjusted)
-            .and_then(|b| b.checked_sub(paid))
-            .and_then(|b| b.checked_add(refunded))
-            .map_err(overflow)?;
-        if balance != row_sum {
+    };
+    if let Some(signed) = from_doc {
+        if signed != value {
             return Err(broken(format!(
-                "the balance {} differs from the sum of its rows {}",
-                balance.minor(),
-                row_sum.minor()
+                "the view says {} for {id}, its document {}",
+                value.minor(),
+                signed.minor()
             )));
         }
-        entries.sort_by(|a, b| {
-            (a.kind != EntryKind::Purchase, &a.id).cmp(&(b.kind != EntryKind::Purchase, &b.id))
-        });
-        Ok(OrderSummary {
-            order_id: order_id.to_owned(),
-            currency,
-            total,
-            adjusted,
-            paid,
-            refunded,
-            balance,
-            entries,
-        })
+    }
+    Ok(Entry {
+        id,
+        kind,
+        amount: value,
+    })
+}
+
+/// The kind of the entry `doc` (with the id `id`) and its amount signed as the view gives it
+/// (a payment negative); its currency must be the order's, `currency`, set by the first
+/// document.
+fn doc_entry(
+    order_id: &str,
+    id: &str,
+    doc: &Value,
+    currency: &mut Option<Currency>,
+) -> Result<(EntryKind, Amount)> {
+    let broken = |m: String| order_broken(order_id, m);
+    let kind = doc["type"]
+        .as_str()
+        .and_then(EntryKind::from_type)
+        .ok_or_else(|| broken(format!("{id} has no money type")))?;
+    let code = doc["currency"]
+        .as_str()
+        .ok_or_else(|| broken(format!("{id} has no currency")))?;
+    let c = Currency::from_code(code)
+        .map_err(|_| broken(format!("{id} has an unknown currency {code:?}")))?;
+    if *currency.get_or_insert(c) != c {
+        return Err(broken(format!("{id} is in {c}, other entries are not")));
+    }
+    let field = if kind == EntryKind::Purchase {
+        "total"
+    } else {
+        "value"
+    };
+    let amount = exact_amount(&doc[field], &format!("{id} {field}"))?;
+    let signed = if kind == EntryKind::Payment {
+        amount.neg()
+    } else {
+        amount
+    };
+    Ok((kind, signed))
+}
+
+/// An order's sums, entry by entry.
+#[derive(Default)]
+struct Sums {
+    /// The purchase's total; one purchase an order.
+    total: Option<Amount>,
+    adjusted: Amount,
+    /// Payments, counted positive (the view's values are negative).
+    paid: Amount,
+    refunded: Amount,
+    /// The view's values as they are, which the balance must equal.
+    rows: Amount,
+}
+
+impl Sums {
+    /// Adds the entry of `kind` whose view value is `value`.
+    fn add(&mut self, order_id: &str, kind: EntryKind, value: Amount) -> Result<()> {
+        let broken = |m: String| order_broken(order_id, m);
+        let overflow = |_| broken("the sum overflows".to_owned());
+        self.rows = self.rows.checked_add(value).map_err(overflow)?;
+        match kind {
+            EntryKind::Purchase => {
+                if self.total.replace(value).is_some() {
+                    return Err(broken("more than one purchase".to_owned()));
+                }
+            }
+            EntryKind::Adjustment => {
+                self.adjusted = self.adjusted.checked_add(value).map_err(overflow)?
+            }
+            EntryKind::Payment => self.paid = self.paid.checked_sub(value).map_err(overflow)?,
+            EntryKind::Refund => {
+                self.refunded = self.refunded.checked_add(value).map_err(overflow)?
+            }
+        }
+        Ok(())
     }
 }
 

@@ -138,6 +138,22 @@ enum Told {
     },
 }
 
+/// A process's ledger on `client`'s database, as its plan says: split or not, stepwise or
+/// one-write, finishing in the background or not, the write quorum; the run's lease.
+fn process_ledger(client: Client, split: bool, plan: ProcessPlan) -> Ledger {
+    let mut ledger = Ledger::builder(client)
+        .stepwise_transfers(plan.stepwise)
+        .background_finish(plan.background)
+        .lease(LEASE);
+    if split {
+        ledger = ledger.hot_database(HOT_DB);
+    }
+    if plan.server_default {
+        ledger = ledger.write_quorum(WriteQuorum::ServerDefault);
+    }
+    ledger.build().expect("ledger settings")
+}
+
 struct Slot {
     plan: ProcessPlan,
     ledger: Ledger,
@@ -332,20 +348,7 @@ impl Run {
             .transport(transport.clone())
             .build()
             .expect("client");
-        let mut ledger = Ledger::new(client);
-        if self.plan.split {
-            ledger = ledger.with_hot_database(HOT_DB).expect("hot database");
-        }
-        if plan.stepwise {
-            ledger = ledger.with_stepwise_transfers();
-        }
-        if plan.background {
-            ledger = ledger.with_background_finish();
-        }
-        if plan.server_default {
-            ledger = ledger.with_write_quorum(WriteQuorum::ServerDefault);
-        }
-        let ledger = ledger.with_lease(LEASE).expect("lease");
+        let ledger = process_ledger(client, self.plan.split, plan);
         (ledger, transport)
     }
 
@@ -524,20 +527,7 @@ impl Run {
                     .transport(transport.clone())
                     .build()
                     .expect("client");
-                let mut ledger = Ledger::new(client);
-                if split {
-                    ledger = ledger.with_hot_database(HOT_DB).expect("hot");
-                }
-                if plan.stepwise {
-                    ledger = ledger.with_stepwise_transfers();
-                }
-                if plan.background {
-                    ledger = ledger.with_background_finish();
-                }
-                if plan.server_default {
-                    ledger = ledger.with_write_quorum(WriteQuorum::ServerDefault);
-                }
-                let ledger = ledger.with_lease(LEASE).expect("lease");
+                let ledger = process_ledger(client, split, plan);
                 {
                     let mut s = slots.lock().unwrap();
                     s[slot].ledger = ledger;

@@ -86,7 +86,7 @@ pub async fn raw_transfers(db: &str) -> Vec<Value> {
 
 /// Where a part's documents live: orders in `db` (the ledger's database, validated), accounts
 /// and transfers in `hot` — `db` itself on the single layout, a second database without
-/// validation on the split layout (`Ledger::with_hot_database`). Raw reads of accounts and
+/// validation on the split layout (`LedgerBuilder::hot_database`). Raw reads of accounts and
 /// transfers go to `hot`, of orders to `db`.
 #[derive(Debug, Clone)]
 pub struct Dbs {

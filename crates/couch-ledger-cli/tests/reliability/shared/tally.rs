@@ -35,10 +35,10 @@ pub struct Tally {
     /// `(part, account document id)` of accounts below their minimum at rest: violations.
     pub overdrawn_at_rest: Mutex<BTreeSet<(String, String)>>,
     /// R1 rounds and R2 runs that ran on the split layout (accounts and transfers in a second
-    /// database, `Ledger::with_hot_database`), checks included.
+    /// database, `LedgerBuilder::hot_database`), checks included.
     pub split_rounds: AtomicU64,
     /// R1 submits answered `committed` by a worker finishing in the background
-    /// (`Ledger::with_background_finish`): half of every round's workers run that way.
+    /// (`LedgerBuilder::background_finish`): half of every round's workers run that way.
     pub background: AtomicU64,
 }
 

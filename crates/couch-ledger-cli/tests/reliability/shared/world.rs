@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use couch_ledger::{
-    AccountSpec, Amount, Client, Currency, Ledger, State, SweepOptions, TransferOutcome,
-    TransferRequest, WriteQuorum,
+    AccountSpec, Amount, Client, Currency, Ledger, LedgerBuilder, State, SweepOptions,
+    TransferOutcome, TransferRequest, WriteQuorum,
 };
 
 use super::{is_trio_part, raw_accounts, Tally, TRIO_DBS};
@@ -198,30 +198,41 @@ pub fn req(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
 /// quorum (`WriteQuorum::ServerDefault`): account conflicts then happen on the trio and are
 /// merged, while transfer documents keep their exclusive writes. `r2_trio` runs the program's
 /// default, `WriteQuorum::All`. (R1's workers are made with [`another`] from the part's ledger,
-/// which `part_ledger` makes with this quorum; `another_worker` keeps it.)
+/// which `part_ledger` makes with this quorum; `to_builder` keeps it.)
 pub static ACCOUNTS_AT_DEFAULT_QUORUM: AtomicBool = AtomicBool::new(false);
 
 /// A new worker on a client's database, on the single layout: for R3, R4 and R5, which run
 /// only that layout (R4's workers reach the server through its fault proxy). R1 and R2 use
 /// [`another`], which keeps their layout.
 pub fn fresh_ledger(client: &Client, lease: Duration) -> Ledger {
-    with_part_quorum(Ledger::new(client.clone()).with_lease(lease).unwrap())
+    part_quorum(Ledger::builder(client.clone()).lease(lease))
+        .build()
+        .unwrap()
 }
 
-/// `l` writing accounts with the server's default quorum while [`ACCOUNTS_AT_DEFAULT_QUORUM`]
+/// `b` writing accounts with the server's default quorum while [`ACCOUNTS_AT_DEFAULT_QUORUM`]
 /// is set.
-fn with_part_quorum(l: Ledger) -> Ledger {
+fn part_quorum(b: LedgerBuilder) -> LedgerBuilder {
     if ACCOUNTS_AT_DEFAULT_QUORUM.load(Ordering::Relaxed) {
-        l.with_write_quorum(WriteQuorum::ServerDefault)
+        b.write_quorum(WriteQuorum::ServerDefault)
     } else {
-        l
+        b
     }
 }
 
 /// A new worker (as if another process opened the ledger) on `like`'s databases — on the
 /// split layout too — with `lease`.
 pub fn another(like: &Ledger, lease: Duration) -> Ledger {
-    let l = like.another_worker().with_lease(lease).unwrap();
+    another_with(like, lease, |b| b)
+}
+
+/// [`another`], configured further by `configure`.
+pub fn another_with(
+    like: &Ledger,
+    lease: Duration,
+    configure: impl FnOnce(LedgerBuilder) -> LedgerBuilder,
+) -> Ledger {
+    let l = configure(like.to_builder().lease(lease)).build().unwrap();
     assert_eq!(l.hot_database(), like.hot_database());
     l
 }
@@ -336,5 +347,5 @@ pub async fn part_ledger(trio: Option<&Trio>, name: &str, split: bool) -> Ledger
             .unwrap(),
     );
     l.init().await.expect("init through the trio's proxy");
-    with_part_quorum(l)
+    part_quorum(l.to_builder()).build().unwrap()
 }

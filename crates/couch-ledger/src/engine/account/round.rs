@@ -501,32 +501,7 @@ impl AccountEngine {
     /// or the error of the request that carried it (unknown whether it landed).
     pub(super) async fn write_accounts(&self, writes: &[AccountDoc]) -> Vec<Result<BulkResult>> {
         let mut answers: Vec<Option<Result<BulkResult>>> = writes.iter().map(|_| None).collect();
-        let mut chunks: VecDeque<Vec<usize>> = VecDeque::new();
-        let mut chunk: Vec<usize> = Vec::new();
-        let mut bytes = 0usize;
-        // Each account serialized once: the same bytes size the chunks and go on the wire.
-        let mut raw: Vec<Option<RawDoc>> = Vec::with_capacity(writes.len());
-        for (i, doc) in writes.iter().enumerate() {
-            let serialized = RawDoc::new(&doc.id, doc);
-            let size = serialized.as_ref().map_or(0, RawDoc::bytes);
-            match serialized {
-                Ok(r) => raw.push(Some(r)),
-                Err(e) => {
-                    answers[i] = Some(Err(e));
-                    raw.push(None);
-                    continue;
-                }
-            }
-            if !chunk.is_empty() && bytes + size > BULK_BYTES_MAX {
-                chunks.push_back(std::mem::take(&mut chunk));
-                bytes = 0;
-            }
-            chunk.push(i);
-            bytes += size;
-        }
-        if !chunk.is_empty() {
-            chunks.push_back(chunk);
-        }
+        let (raw, mut chunks) = serialized_in_chunks(writes, &mut answers);
         while let Some(chunk) = chunks.pop_front() {
             let docs: Vec<RawDoc> = chunk
                 .iter()
@@ -555,19 +530,8 @@ impl AccountEngine {
                     chunks.push_front(a.to_vec());
                 }
                 Err(e) if e.is_too_large() => {
-                    let doc = &writes[chunk[0]];
                     let size = raw[chunk[0]].as_ref().map_or(0, RawDoc::bytes);
-                    let e = Error::status(
-                        413,
-                        Some("too_large".to_owned()),
-                        Some(format!(
-                            "the server refuses {} as too large ({size} bytes) even alone",
-                            doc.id
-                        )),
-                    )
-                    .with_request("POST", "_bulk_docs")
-                    .with_source(e.to_string());
-                    answers[chunk[0]] = Some(Err(e));
+                    answers[chunk[0]] = Some(Err(too_large_alone(&writes[chunk[0]].id, size, &e)));
                 }
                 Err(e) => {
                     for &i in &chunk {
@@ -581,6 +545,56 @@ impl AccountEngine {
             .map(|a| a.unwrap_or_else(|| Err(Error::invariant("an account write was not sent"))))
             .collect()
     }
+}
+
+/// The accounts `writes` serialized, each once (the same bytes size the chunks and go on the
+/// wire), and their indexes in chunks of at most [`BULK_BYTES_MAX`] bytes (a document larger
+/// than that alone in its chunk). One that cannot be serialized has its error in `answers` and
+/// no chunk.
+fn serialized_in_chunks(
+    writes: &[AccountDoc],
+    answers: &mut [Option<Result<BulkResult>>],
+) -> (Vec<Option<RawDoc>>, VecDeque<Vec<usize>>) {
+    let mut chunks: VecDeque<Vec<usize>> = VecDeque::new();
+    let mut chunk: Vec<usize> = Vec::new();
+    let mut bytes = 0usize;
+    let mut raw: Vec<Option<RawDoc>> = Vec::with_capacity(writes.len());
+    for (i, doc) in writes.iter().enumerate() {
+        let serialized = RawDoc::new(&doc.id, doc);
+        let size = serialized.as_ref().map_or(0, RawDoc::bytes);
+        match serialized {
+            Ok(r) => raw.push(Some(r)),
+            Err(e) => {
+                answers[i] = Some(Err(e));
+                raw.push(None);
+                continue;
+            }
+        }
+        if !chunk.is_empty() && bytes + size > BULK_BYTES_MAX {
+            chunks.push_back(std::mem::take(&mut chunk));
+            bytes = 0;
+        }
+        chunk.push(i);
+        bytes += size;
+    }
+    if !chunk.is_empty() {
+        chunks.push_back(chunk);
+    }
+    (raw, chunks)
+}
+
+/// The answer for the account `id` (`size` bytes) that the server refused as too large (`e`,
+/// a 413) even in a request of its own.
+fn too_large_alone(id: &str, size: usize, e: &Error) -> Error {
+    Error::status(
+        413,
+        Some("too_large".to_owned()),
+        Some(format!(
+            "the server refuses {id} as too large ({size} bytes) even alone"
+        )),
+    )
+    .with_request("POST", "_bulk_docs")
+    .with_source(e.to_string())
 }
 
 /// What an op on an account whose document cannot be read comes to. An apply is a business
