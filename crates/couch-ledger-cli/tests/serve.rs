@@ -26,6 +26,9 @@ struct Service {
     http: reqwest::Client,
     /// Everything it wrote on stderr so far (its log lines).
     stderr: Arc<Mutex<String>>,
+    /// The task that reads stderr into `stderr`; it ends at the pipe's end, when the process
+    /// has exited.
+    drain: Option<tokio::task::JoinHandle<()>>,
     key: Option<String>,
 }
 
@@ -73,7 +76,7 @@ impl Service {
         let mut child = cmd.spawn().expect("start couch-ledger serve");
         // Drain stderr into a buffer (a full pipe would block the service's logging).
         let stderr = Arc::new(Mutex::new(String::new()));
-        {
+        let drain = {
             let (pipe, buffer) = (child.stderr.take().unwrap(), stderr.clone());
             tokio::spawn(async move {
                 let mut lines = BufReader::new(pipe).lines();
@@ -82,8 +85,8 @@ impl Service {
                     b.push_str(&line);
                     b.push('\n');
                 }
-            });
-        }
+            })
+        };
         let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
         let first = tokio::time::timeout(Duration::from_secs(60), stdout.next_line())
             .await
@@ -103,6 +106,7 @@ impl Service {
                 .build()
                 .unwrap(),
             stderr,
+            drain: Some(drain),
             key: None,
         };
         support::wait_for("/healthz", Duration::from_secs(30), || async {
@@ -201,12 +205,25 @@ impl Service {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Once the process has exited: reads its stderr to the end, so that [`Service::log`] holds
+    /// every line it wrote (the last ones, written just before the exit, may not have been read
+    /// yet when `wait` returns). The pipe ends with the process, so the wait is short.
+    async fn log_to_end(&mut self) {
+        if let Some(drain) = self.drain.take() {
+            tokio::time::timeout(Duration::from_secs(30), drain)
+                .await
+                .expect("serve's stderr ended after its exit")
+                .expect("the stderr reader");
+        }
+    }
+
     /// Waits for the process to exit (after a SIGTERM) and asserts it exited 0.
     async fn exited_cleanly(&mut self) {
         let exit = tokio::time::timeout(Duration::from_secs(90), self.child.wait())
             .await
             .expect("serve exited after SIGTERM")
             .unwrap();
+        self.log_to_end().await;
         assert_eq!(exit.code(), Some(0), "{}", self.log());
     }
 }
@@ -1123,6 +1140,7 @@ async fn serve_stops_within_the_shutdown_timeout_whatever_couchdb_does() {
         .unwrap();
     request.abort();
     let took = started.elapsed();
+    svc.log_to_end().await;
     assert!(
         took < Duration::from_secs(SHUTDOWN_S + 2),
         "took {took:?}: {}",
