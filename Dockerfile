@@ -7,14 +7,14 @@
 #
 # docker-compose.yml has it as the `ledger` service next to CouchDB (profile `service`).
 
-# Build: the release binary with the default features (the command line and `serve`).
+# Build: the program's release binary with its default features (the command line and `serve`).
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
 # No debug info in the image's binary (the repository's release profile keeps some for
 # profiling).
 ENV CARGO_PROFILE_RELEASE_DEBUG=0
-RUN cargo build --release --locked --bin couch-ledger \
+RUN cargo build --release --locked -p couch-ledger-cli --bin couch-ledger \
     && cp target/release/couch-ledger /couch-ledger
 
 # Run: glibc, libgcc and CA certificates, no shell, no package manager; user nonroot (65532).

@@ -1,0 +1,1634 @@
+//! Multi-phase transfers between accounts (docs/PROTOCOL.md).
+//!
+//! ```text
+//! initial ──► pending ──► committed ──► done
+//!    │           │
+//!    │           └──► canceling ──► cancelled
+//!    └──────────────────────────────► cancelled
+//! ```
+//!
+//! A transfer is the document `txn:{id}`; every state change is a CAS on it decided by
+//! [`transition`]. The account steps (apply a delta, settle, undo) are CAS writes on the
+//! accounts, done through the group-commit engine (src/engine/) and each idempotent through
+//! the account's `pending` and `settled` markers.
+//!
+//! Two safety rules beyond idempotency, because a settled marker could in theory be pruned
+//! before a very late worker repeats a step:
+//!
+//! - a marker is added only by a worker that saw the transfer `pending` (its own claim write or
+//!   a read), and removed only once the transfer is `committed` (settle) or `canceling` (undo);
+//! - a worker that applied a marker and then finds the transfer already finished by someone
+//!   else undoes that marker wherever it is still pending. For a `cancelled` transfer that is
+//!   the rollback it missed; for a `done` one it can only be a repeat (`done` is written after
+//!   both markers were settled), so undoing it is what keeps the transfer exactly-once. The
+//!   sweeper repairs the same "orphan markers" when the worker died before doing it.
+//!
+//! A worker acts under a claim (`claim: {owner, expires_at}`) and keeps a monotonic deadline
+//! `lease − lease/LEASE_MARGIN_DIVISOR` after it; before every write it checks the deadline
+//! and stops (leaving the transfer to the sweeper) once it passed. That only avoids wasted
+//! work: two workers on one transfer still produce one effect.
+//!
+//! Long, and one file on purpose: it is the stepwise protocol whole, the transfer document,
+//! its drive one step a state, and the public calls that start or read a drive; the safety
+//! rules above hold across all three, and split they would be checked across files.
+
+use crate::clock::Instant;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::account_doc::Attempt;
+use crate::accounts::validate_id;
+use crate::conflict::{choose_transfer_leaf, Evidence};
+use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
+use crate::error::{Condition, Error, Result};
+use crate::ledger::Ledger;
+use crate::limits::{
+    DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SETTLE_HOLD_LEASE_DIVISOR,
+    SETTLE_HOLD_MS,
+};
+use crate::money::{Amount, Currency};
+use crate::orders::RecordStatus;
+use crate::state::{transition, Event, State, TransitionError};
+
+/// Every fail point of the protocol, in protocol order. With the `failpoints` feature,
+/// `fail::cfg(name, "1*return")` makes the next pass through it stop as if the process crashed
+/// there (the call returns an error and writes nothing more).
+#[cfg(any(test, feature = "testing"))]
+pub const FAIL_POINTS: &[&str] = &[
+    "once-after-apply",
+    "once-after-decide",
+    "txn-after-create",
+    "txn-after-begin",
+    "txn-after-debit",
+    "txn-after-credit",
+    "txn-after-commit",
+    "txn-after-settle-source",
+    "txn-after-settle-destination",
+    "txn-after-done",
+    "txn-after-canceling",
+    "txn-after-undo",
+    "sweeper-after-takeover",
+    "sweeper-after-repair",
+];
+
+/// Why a transfer was cancelled (the document's `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The source's `available − value` would fall below its `min_balance`.
+    InsufficientFunds,
+    /// The source or the destination does not exist.
+    UnknownAccount,
+    /// An account's currency differs from the transfer's.
+    CurrencyMismatch,
+    /// [`Ledger::cancel`].
+    CancelledByUser,
+    /// A balance would pass 2^53 − 1 minor units (the most CouchDB holds exactly).
+    BalanceOverflow,
+    /// The source's or destination's document is not a valid account for this program (written
+    /// by another tool); `verify` names it.
+    UnreadableAccount,
+    /// Another transfer under the same id, with other terms, was being applied at the same time
+    /// (two callers reused one idempotency key): this one did not happen; the other caller, if
+    /// its turn comes second, is told its id is taken (a mismatch).
+    ConflictingTerms,
+}
+
+impl Reason {
+    /// The name written in documents and printed by the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::InsufficientFunds => "insufficient_funds",
+            Reason::UnknownAccount => "unknown_account",
+            Reason::CurrencyMismatch => "currency_mismatch",
+            Reason::CancelledByUser => "cancelled_by_user",
+            Reason::BalanceOverflow => "balance_overflow",
+            Reason::UnreadableAccount => "unreadable_account",
+            Reason::ConflictingTerms => "conflicting_terms",
+        }
+    }
+}
+
+/// A transfer to make: [`Ledger::submit`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransferRequest {
+    /// The idempotency key (the document is `txn:{id}`); a UUID v7 when `None`. Submitting the
+    /// same id again with the same terms finds the first transfer instead of making a second.
+    pub id: Option<String>,
+    /// Account debited.
+    pub source: String,
+    /// Account credited.
+    pub destination: String,
+    /// Positive amount in minor units.
+    pub amount: Amount,
+    /// Both accounts must hold this currency, or the transfer ends `cancelled` with reason
+    /// `currency_mismatch`.
+    pub currency: Currency,
+}
+
+/// What a transfer call came to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TransferOutcome {
+    /// Transfer id.
+    pub id: String,
+    /// Its state when the call returned.
+    pub state: State,
+    /// Why it was cancelled (`insufficient_funds`, `unknown_account`, `currency_mismatch`,
+    /// `cancelled_by_user`); `None` unless cancelled.
+    pub reason: Option<String>,
+    /// Whether this call created the transfer or found it.
+    pub status: RecordStatus,
+}
+
+/// Who is working on a transfer, until when.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claim {
+    /// The worker id of the claiming process ([`Ledger::worker_id`]).
+    pub owner: String,
+    /// Wall-clock expiry, ms since the epoch.
+    pub expires_at: i64,
+}
+
+/// A transfer as [`Ledger::transfer`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TransferView {
+    /// Transfer id.
+    pub id: String,
+    /// Account debited.
+    pub source: String,
+    /// Account credited.
+    pub destination: String,
+    /// Amount in minor units.
+    pub amount: Amount,
+    /// ISO-4217 code.
+    pub currency: String,
+    /// Where it is.
+    pub state: State,
+    /// Why it was cancelled.
+    pub reason: Option<String>,
+    /// For a reversal, the transfer it reverses.
+    pub reverses: Option<String>,
+    /// The current claim, if any.
+    pub claim: Option<Claim>,
+    /// Creation time, ms since the epoch.
+    pub created_at: i64,
+    /// Last write, ms since the epoch.
+    pub last_modified: i64,
+}
+
+// ---- the document ---------------------------------------------------------------------------
+
+/// `txn:{id}` as stored; unknown fields are kept across CAS writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct TxnDoc {
+    #[serde(rename = "_id")]
+    pub(crate) id: String,
+    #[serde(rename = "_rev", default, skip_serializing_if = "Option::is_none")]
+    pub(crate) rev: Option<String>,
+    #[serde(rename = "type")]
+    pub(crate) doc_type: String,
+    pub(crate) txn_id: String,
+    pub(crate) source: String,
+    pub(crate) destination: String,
+    pub(crate) value: Amount,
+    pub(crate) currency: String,
+    pub(crate) state: State,
+    // Left out when null: every byte of a transfer document is written per
+    // transfer; readers of every version default a missing one to null.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) reverses: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) claim: Option<Claim>,
+    pub(crate) created_at: i64,
+    pub(crate) last_modified: i64,
+    /// A one-write decision `done`: the attempt of the marker it counts on each account
+    /// (docs/ONE_WRITE.md). `None` on the stepwise protocol's documents.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) markers: Option<Named>,
+    #[serde(flatten)]
+    pub(crate) extra: Map<String, Value>,
+}
+
+/// The markers a one-write `done` counts: an attempt on each account.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Named {
+    pub(crate) source: Attempt,
+    pub(crate) destination: Attempt,
+}
+
+/// `txn:{id}`.
+/// How a transfer document's write went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TxnWritten {
+    /// Every copy it had to reach took it (201 with `w` = the copies): the new `_rev`. A
+    /// decision written so is exclusive: no rival can exist or appear (docs/CLUSTER.md, F6).
+    Written(String),
+    /// Someone else's write is there (a conflict, or a refusal of a stale write).
+    Taken,
+    /// Some copies took it (202): a rival may have reached the others. A decision written so is
+    /// never answered as final, nor acted on by its writer: the sweeper resolves and finishes
+    /// it once the copies agree (`unconfirmed`).
+    Uncertain,
+}
+
+/// How far toward an outcome a transfer's state is, between leaves of other terms: a decided
+/// `done` first (money moved), then the commit path, then a decided `cancelled`, then the
+/// cancel path, then undecided.
+fn terms_rank(state: State) -> u8 {
+    match state {
+        State::Done => 5,
+        State::Committed => 4,
+        State::Cancelled => 3,
+        State::Canceling => 2,
+        State::Pending => 1,
+        State::Initial => 0,
+    }
+}
+
+/// The answer to a caller whose decision reached only some copies of a cluster.
+pub(crate) fn unconfirmed(id: &str) -> Error {
+    Error::ledger(
+        Condition::Unconfirmed,
+        format!(
+            "the decision of transfer {id} reached some copies of the database but not every \
+             one (a copy is down or behind), so it is not final yet; the sweeper finishes it \
+             once the copies agree: send the same id again later to learn how it ended"
+        ),
+    )
+}
+
+pub(crate) fn txn_doc_id(txn_id: &str) -> String {
+    format!("txn:{txn_id}")
+}
+
+/// The id of the `attempt`-th reversal of `txn_id` (from 1): `rev-{id}`, then `rev{n}-{id}`.
+/// Distinct for every pair: the text before the first `-` gives the attempt.
+fn reversal_id(txn_id: &str, attempt: u32) -> String {
+    if attempt == 1 {
+        format!("rev-{txn_id}")
+    } else {
+        format!("rev{attempt}-{txn_id}")
+    }
+}
+
+impl TxnDoc {
+    /// The convergence op of this document's decision for one account that holds (or may hold) one of its
+    /// markers: the named marker settled; on a `cancelled` transfer, on a `done` one of the
+    /// stepwise protocol (written after both markers were settled: a pending marker is a late
+    /// repeat) and on an account the transfer does not name, the marker undone.
+    pub(crate) fn convergence(&self, account: &str) -> Option<OpKind> {
+        match (self.state, self.markers) {
+            (State::Done, Some(named)) if account == self.source => Some(OpKind::Settle {
+                named: Some(named.source),
+                delta: self.value.neg(),
+            }),
+            (State::Done, Some(named)) if account == self.destination => Some(OpKind::Settle {
+                named: Some(named.destination),
+                delta: self.value,
+            }),
+            (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
+            // Undecided, or the stepwise protocol's own drive settles or undoes it.
+            _ => None,
+        }
+    }
+
+    /// Parses a document read from the server and asserts what must hold after a read.
+    pub(crate) fn from_value(value: Value) -> Result<TxnDoc> {
+        let id = value
+            .get("_id")
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned();
+        let doc: TxnDoc = serde_json::from_value(value)
+            .map_err(|e| Error::decode(format!("{id} is not a valid transfer document: {e}")))?;
+        doc.check()
+            .map_err(|m| Error::decode(format!("{id}: {m}")))?;
+        Ok(doc)
+    }
+
+    /// What a transfer document must satisfy, before a write and after a read.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        if self.doc_type != "transaction" {
+            return Err(format!("type is {:?}, not transaction", self.doc_type));
+        }
+        if self.id != txn_doc_id(&self.txn_id) {
+            return Err(format!("holds txn_id {:?}", self.txn_id));
+        }
+        if !self.value.is_positive() {
+            return Err(format!("value {} is not positive", self.value.minor()));
+        }
+        if self.source == self.destination {
+            return Err("source and destination are the same account".to_owned());
+        }
+        Ok(())
+    }
+
+    fn view(&self) -> TransferView {
+        TransferView {
+            id: self.txn_id.clone(),
+            source: self.source.clone(),
+            destination: self.destination.clone(),
+            amount: self.value,
+            currency: self.currency.clone(),
+            state: self.state,
+            reason: self.reason.clone(),
+            reverses: self.reverses.clone(),
+            claim: self.claim.clone(),
+            created_at: self.created_at,
+            last_modified: self.last_modified,
+        }
+    }
+
+    pub(crate) fn outcome(&self, status: RecordStatus) -> TransferOutcome {
+        TransferOutcome {
+            id: self.txn_id.clone(),
+            state: self.state,
+            reason: self.reason.clone(),
+            status,
+        }
+    }
+
+    /// Nobody holds a live claim (or, with `own_ok`, only this worker does).
+    pub(crate) fn claim_free(&self, now: i64, worker_id: &str, own_ok: bool) -> bool {
+        match &self.claim {
+            None => true,
+            Some(c) => c.expires_at <= now || (own_ok && c.owner == worker_id),
+        }
+    }
+
+    /// The first term in which `self` differs from `other`, by its document field name.
+    pub(crate) fn differing_term(&self, other: &TxnDoc) -> Option<&'static str> {
+        if self.source != other.source {
+            Some("source")
+        } else if self.destination != other.destination {
+            Some("destination")
+        } else if self.value != other.value {
+            Some("value")
+        } else if self.currency != other.currency {
+            Some("currency")
+        } else if self.reverses != other.reverses {
+            Some("reverses")
+        } else {
+            None
+        }
+    }
+}
+
+/// The error a fail point returns: "the process crashed here".
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+pub(crate) fn crash(point: &str) -> Error {
+    Error::invariant(format!("simulated crash at fail point {point}"))
+}
+
+// ---- driving a transfer ---------------------------------------------------------------------
+
+/// Why a drive stopped early.
+pub(crate) enum Stop {
+    /// The worker's deadline passed: the transfer is left for the sweeper.
+    LeaseLost,
+    /// An error (server, protocol, or a simulated crash).
+    Fail(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Fail(e)
+    }
+}
+
+/// One worker's hold on one transfer while it drives it.
+pub(crate) struct Drive {
+    pub(crate) doc: TxnDoc,
+    /// Monotonic: past it, this worker writes nothing more for the transfer.
+    deadline: Instant,
+    /// Accounts where this drive's apply changed the balance and no settle or undo of this
+    /// drive has run since: candidates for the orphan cleanup.
+    applied: Vec<String>,
+    /// Effective phases left (a write that changed something); `step()` uses 1.
+    budget: u32,
+    /// Once committed, hand the rest (settle, `done`) to a background task and return
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)).
+    detach: bool,
+    /// The settles go out with their accounts' next writes ([`AccountEngine::run_held`]).
+    ///
+    /// [`AccountEngine::run_held`]: crate::engine::AccountEngine::run_held
+    hold: bool,
+}
+
+impl Drive {
+    pub(crate) fn new(doc: TxnDoc, deadline: Instant) -> Drive {
+        Drive {
+            doc,
+            deadline,
+            applied: Vec::new(),
+            budget: u32::MAX,
+            detach: false,
+            hold: false,
+        }
+    }
+
+    fn spend(&mut self) {
+        self.budget = self.budget.saturating_sub(1);
+    }
+}
+
+/// Counts a background finish out when it ends, however it ends, and wakes [`Ledger::flush`]
+/// when it was the last.
+pub(crate) struct FinishingGuard<'a>(pub(crate) &'a crate::ledger::Finishing);
+
+impl Drop for FinishingGuard<'_> {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Where a drive ended.
+pub(crate) struct DriveEnd {
+    pub(crate) doc: TxnDoc,
+    pub(crate) lease_lost: bool,
+}
+
+/// What the apply results of a transfer call for.
+enum Verdict {
+    Commit,
+    Cancel(Reason),
+    /// A linked apply was skipped for a failure that did not stand: apply again.
+    Retry,
+}
+
+fn judge(debit: OpResult, credit: OpResult) -> Verdict {
+    let both = [debit, credit];
+    if both.contains(&OpResult::UnknownAccount) {
+        Verdict::Cancel(Reason::UnknownAccount)
+    } else if both.contains(&OpResult::Unreadable) {
+        Verdict::Cancel(Reason::UnreadableAccount)
+    } else if both.contains(&OpResult::CurrencyMismatch) {
+        Verdict::Cancel(Reason::CurrencyMismatch)
+    } else if both.contains(&OpResult::Overflow) {
+        Verdict::Cancel(Reason::BalanceOverflow)
+    } else if both.contains(&OpResult::Insufficient) || both.contains(&OpResult::Withdrawn) {
+        Verdict::Cancel(Reason::InsufficientFunds)
+    } else if both.contains(&OpResult::NotApplied) {
+        Verdict::Retry
+    } else {
+        // Applied, AlreadyPending, Finished (someone else moved it on: the commit CAS will
+        // meet their write and follow it), Absent (not an apply answer).
+        Verdict::Commit
+    }
+}
+
+/// What a drive does after one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Next {
+    /// The step of the transfer's (possibly new) state.
+    Step,
+    /// Stop here: the budget is spent, the rest is handed to a background task, or the
+    /// transfer is finished.
+    End,
+}
+
+/// An account step that changed a balance spends one phase of the budget: `true` when none is
+/// left, and the drive ends there.
+fn spent(d: &mut Drive, results: [OpResult; 2]) -> bool {
+    if results.contains(&OpResult::Applied) {
+        d.spend();
+        return d.budget == 0;
+    }
+    false
+}
+
+impl Ledger {
+    /// A fresh claim for this worker and the monotonic deadline that goes with it. The deadline
+    /// is taken before the claim is written, so it is never later than the server-side expiry.
+    pub(crate) fn new_claim(&self) -> (Claim, Instant) {
+        let lease = self.inner.lease;
+        let margin = lease / LEASE_MARGIN_DIVISOR;
+        let deadline = Instant::now() + (lease - margin);
+        let lease_ms = i64::try_from(lease.as_millis()).unwrap_or(i64::MAX);
+        let claim = Claim {
+            owner: self.inner.worker_id.clone(),
+            expires_at: now_ms().saturating_add(lease_ms),
+        };
+        (claim, deadline)
+    }
+
+    /// Writes a transfer document through the batching writer: `Some(rev)`, or `None` when
+    /// someone else's write is there or this one only reached some copies (a 202): either way
+    /// the caller reads the document again and follows it.
+    pub(crate) async fn write_txn(&self, doc: &TxnDoc) -> Result<Option<String>> {
+        Ok(match self.write_txn_outcome(doc).await? {
+            TxnWritten::Written(rev) => Some(rev),
+            TxnWritten::Taken | TxnWritten::Uncertain => None,
+        })
+    }
+
+    /// Writes a transfer document through the batching writer and says how it went: a
+    /// decision must tell a write every copy took from one that reached some of them.
+    pub(crate) async fn write_txn_outcome(&self, doc: &TxnDoc) -> Result<TxnWritten> {
+        doc.check()
+            .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))?;
+        let raw = crate::couch::RawDoc::new(&doc.id, doc)?;
+        let written = self.inner.txns.write(doc.id.clone(), raw).await;
+        self.txn_written(doc, written).await
+    }
+
+    /// What a transfer document's write came to ([`Ledger::write_txn_outcome`]).
+    pub(crate) async fn txn_written(
+        &self,
+        doc: &TxnDoc,
+        written: Result<crate::engine::TxnWrite>,
+    ) -> Result<TxnWritten> {
+        match written {
+            Ok(crate::engine::TxnWrite::Written(rev)) => {
+                if matches!(doc.state, State::Done | State::Cancelled) {
+                    self.inner.accounts.note_ended(&doc.txn_id);
+                }
+                Ok(TxnWritten::Written(rev))
+            }
+            Ok(crate::engine::TxnWrite::Conflict) => Ok(TxnWritten::Taken),
+            // 202: maybe landed, maybe beside a rival that reached the other copies.
+            Ok(crate::engine::TxnWrite::Uncertain(rev)) => {
+                tracing::info!(txn = %doc.txn_id, %rev, "transfer write accepted (202), not confirmed");
+                self.inner
+                    .conflicts
+                    .uncertain
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(TxnWritten::Uncertain)
+            }
+            Err(e)
+                if e.is_forbidden()
+                    && self.changed_under_us(&doc.id, doc.rev.as_deref()).await? =>
+            {
+                Ok(TxnWritten::Taken)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// After a 403: is the document no longer the revision we wrote over (or, for a create,
+    /// there at all)? pouchdb-server runs `validate_doc_update` against the *current* document
+    /// before it checks `_rev`, so a stale CAS — a 409 on CouchDB — can come back as a refusal
+    /// of the transition from the current state. That is a conflict, not a broken rule.
+    pub(crate) async fn changed_under_us(&self, id: &str, sent_rev: Option<&str>) -> Result<bool> {
+        let current: Option<Value> = self.inner.hot.get_opt(id).await?;
+        let current_rev = current
+            .as_ref()
+            .and_then(|v| v.get("_rev"))
+            .and_then(Value::as_str);
+        Ok(match (current_rev, sent_rev) {
+            (Some(current), Some(sent)) => current != sent,
+            (Some(_), None) => true,
+            (None, _) => false,
+        })
+    }
+
+    /// Reads a transfer with its conflicts, resolved when it holds any
+    /// ([`Ledger::resolve_transfer`]); a missing one is a 404.
+    pub(crate) async fn read_txn(&self, txn_id: &str) -> Result<TxnDoc> {
+        let id = txn_doc_id(txn_id);
+        let Some(leaves) = self.inner.hot.leaves(&id).await? else {
+            return Err(
+                Error::ledger(Condition::NotFound, format!("no transfer {txn_id}"))
+                    .with_request("GET", &id),
+            );
+        };
+        let winner = leaves
+            .winner
+            .ok_or_else(|| Error::decode(format!("{id}: no live revision")))?;
+        if leaves.losers.is_empty() {
+            return TxnDoc::from_value(winner);
+        }
+        self.resolve_transfer(&id, winner, leaves.losers).await
+    }
+
+    /// Resolves a conflicted transfer document (docs/CLUSTER.md): every leaf must hold the same
+    /// terms (different terms under one id are never picked between: an error for a person);
+    /// the leaf kept is the one furthest along the state graph, and between the commit and the
+    /// cancel path the one the accounts acted on ([`choose_transfer_leaf`]). The other leaves
+    /// are deleted (a CAS each: a leaf that moved meanwhile stays, and the next read resolves
+    /// again).
+    pub(crate) async fn resolve_transfer(
+        &self,
+        id: &str,
+        winner: Value,
+        losers: Vec<Value>,
+    ) -> Result<TxnDoc> {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.inner.conflicts.met.fetch_add(1, Relaxed);
+        let all: Vec<TxnDoc> = std::iter::once(winner)
+            .chain(losers)
+            .map(TxnDoc::from_value)
+            .collect::<Result<_>>()?;
+        // One id sent with other terms at once, both written on a cluster (each on some copies
+        // only, so neither writer was told its decision was final): the terms that stand are
+        // those furthest toward an outcome, CouchDB's winner among equals. Markers of the other
+        // terms are then strays the accounts drop (`conflict::merge_account`, the settle's
+        // delta check).
+        let standing = all
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, d)| (terms_rank(d.state), std::cmp::Reverse(*i)))
+            .map_or(0, |(i, _)| i);
+        let reference = all[standing].clone();
+        let (leaves, other_terms): (Vec<TxnDoc>, Vec<TxnDoc>) = all
+            .into_iter()
+            .partition(|d| reference.differing_term(d).is_none());
+        if !other_terms.is_empty() {
+            tracing::warn!(
+                %id,
+                kept = %reference.state,
+                dropped = other_terms.len(),
+                "a conflicted transfer holds other terms under its id; keeping those furthest along"
+            );
+        }
+        let states: Vec<State> = leaves.iter().map(|d| d.state).collect();
+        let keep = self.choose_leaf(id, &leaves, &states).await?;
+        tracing::warn!(
+            %id,
+            leaves = leaves.len(),
+            kept = %states[keep],
+            "resolving a conflicted transfer"
+        );
+        let kept = leaves[keep].rev.clone();
+        let stubs: Vec<Value> = leaves
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != keep)
+            .map(|(_, d)| d)
+            .chain(other_terms.iter())
+            .filter_map(|d| d.rev.clone())
+            .map(|rev| {
+                serde_json::json!({
+                    "_id": id, "_rev": rev, "_deleted": true, "merged_into": kept,
+                })
+            })
+            .collect();
+        let options = self.inner.quorum.write_options(&self.inner.hot, true).await;
+        let results = self.inner.hot.bulk_docs_with(&stubs, &options).await?;
+        if let Some(refused) = results.iter().find(|r| !r.is_ok() && !r.is_conflict()) {
+            return Err(Error::status(
+                403,
+                refused.error.clone(),
+                Some(format!(
+                    "{id} holds a conflict this user may not resolve (deleting a losing leaf \
+                     needs an admin): {}",
+                    refused.reason.clone().unwrap_or_default()
+                )),
+            ));
+        }
+        if results.iter().all(|r| r.is_ok()) {
+            self.inner.conflicts.resolved.fetch_add(1, Relaxed);
+        }
+        Ok(leaves.into_iter().nth(keep).expect("kept leaf"))
+    }
+
+    /// Which of a conflicted transfer's leaves of one terms to keep: the furthest along, and
+    /// between the commit and the cancel path the one its accounts acted on.
+    async fn choose_leaf(&self, id: &str, leaves: &[TxnDoc], states: &[State]) -> Result<usize> {
+        let mut evidence = Evidence::default();
+        let paths: HashSet<bool> = states
+            .iter()
+            .filter_map(|s| match s {
+                State::Committed | State::Done => Some(true),
+                State::Canceling | State::Cancelled => Some(false),
+                _ => None,
+            })
+            .collect();
+        if paths.len() > 1 {
+            // What the accounts acted on is told by their settled entries, which a database of
+            // one copy does not keep for one-write transfers: there (where no fork comes from
+            // the ledger's own writes) a person decides.
+            match self.inner.quorum.keeps_entries(&self.inner.hot).await {
+                Some(true) => {}
+                None => {
+                    return Err(Error::ledger(
+                        Condition::Unavailable,
+                        format!(
+                            "{id} holds a conflict, and the database's copies could not be \
+                             read to tell how to resolve it; tried again later"
+                        ),
+                    ))
+                }
+                Some(false) => {
+                    return Err(Error::invariant(format!(
+                        "{id} holds a conflict between the commit and the cancel path; on a \
+                     database that keeps one copy of each document the ledger keeps no settled \
+                     entries of one-write transfers to tell which path its accounts followed: a \
+                     person must decide (docs/ONE_WRITE.md, \"Conflicts on one copy\")"
+                    )))
+                }
+            }
+            let d = &leaves[0];
+            for account in [&d.source, &d.destination] {
+                let aid = crate::account_doc::account_doc_id(account);
+                if let Some(found) = self.inner.hot.leaves(&aid).await? {
+                    for mut leaf in found.winner.into_iter().chain(found.losers) {
+                        crate::couch::take_conflicts(&mut leaf);
+                        if let Ok(doc) = crate::account_doc::AccountDoc::from_value(leaf) {
+                            evidence.add(&doc, &d.txn_id);
+                        }
+                    }
+                }
+            }
+        }
+        choose_transfer_leaf(states, evidence).ok_or_else(|| {
+            Error::invariant(format!(
+                "{id} holds a conflict between the commit and the cancel path, and its accounts \
+                 show both a settle and an undo; a person must decide"
+            ))
+        })
+    }
+
+    /// Checks the lease, then lets a test hold the worker right before it writes.
+    async fn guard(&self, d: &Drive, phase: &'static str) -> Result<(), Stop> {
+        if Instant::now() >= d.deadline {
+            return Err(Stop::LeaseLost);
+        }
+        if let Some(hook) = &self.inner.pause {
+            (hook.0)(phase).await;
+        }
+        Ok(())
+    }
+
+    /// CAS of the transfer along `event`, renewing the claim. `Ok(true)`: written. `Ok(false)`:
+    /// someone else wrote first; `d.doc` is now what they wrote, and the caller decides again
+    /// from it (follow, never fight).
+    async fn cas(
+        &self,
+        d: &mut Drive,
+        event: Event,
+        reason: Option<Reason>,
+        phase: &'static str,
+    ) -> Result<bool, Stop> {
+        let next = transition(d.doc.state, event).map_err(Error::from)?;
+        self.guard(d, phase).await?;
+        let (claim, deadline) = self.new_claim();
+        let mut new = d.doc.clone();
+        new.state = next;
+        new.last_modified = now_ms();
+        if let Some(r) = reason {
+            new.reason = Some(r.as_str().to_owned());
+        }
+        new.claim = (!next.is_terminal()).then_some(claim);
+        match self.write_txn(&new).await? {
+            Some(rev) => {
+                tracing::debug!(
+                    txn = %d.doc.txn_id,
+                    from = %d.doc.state,
+                    to = %next,
+                    %rev,
+                    "transfer document written"
+                );
+                new.rev = Some(rev);
+                d.doc = new;
+                d.deadline = deadline;
+                d.spend();
+                Ok(true)
+            }
+            None => {
+                tracing::debug!(txn = %d.doc.txn_id, ?event, "transfer changed under us; following");
+                d.doc = self.read_txn(&d.doc.txn_id).await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Runs one account step for both accounts of the transfer (one engine call, so both
+    /// usually share a request), after the lease check.
+    async fn account_step(
+        &self,
+        d: &Drive,
+        phase: &'static str,
+        kinds: [OpKind; 2],
+        link: Option<u64>,
+    ) -> Result<[OpResult; 2], Stop> {
+        self.guard(d, phase).await?;
+        let [k1, k2] = kinds;
+        let ops = vec![
+            AccountOp {
+                account: d.doc.source.clone(),
+                txn: d.doc.txn_id.clone(),
+                kind: k1,
+                link,
+            },
+            AccountOp {
+                account: d.doc.destination.clone(),
+                txn: d.doc.txn_id.clone(),
+                kind: k2,
+                link,
+            },
+        ];
+        let answers = if d.hold {
+            // Far inside the claim, whatever lease this ledger was given.
+            let hold = std::time::Duration::from_millis(SETTLE_HOLD_MS)
+                .min(self.inner.lease / SETTLE_HOLD_LEASE_DIVISOR);
+            self.inner.accounts.run_held(ops, hold).await
+        } else {
+            self.inner.accounts.run(ops).await
+        };
+        let mut answers = answers.into_iter();
+        let first = answers.next().expect("two answers")?;
+        let second = answers.next().expect("two answers")?;
+        tracing::debug!(
+            txn = %d.doc.txn_id,
+            phase,
+            source = %d.doc.source,
+            source_result = ?first,
+            destination = %d.doc.destination,
+            destination_result = ?second,
+            "account step"
+        );
+        Ok([first, second])
+    }
+
+    /// Drives a claimed transfer as far as its budget allows (to the end by default).
+    ///
+    /// A lease that runs out is not an error: the transfer is left as it is, for the sweeper.
+    pub(crate) async fn drive(&self, mut d: Drive) -> Result<DriveEnd> {
+        use tracing::Instrument;
+        let span = tracing::info_span!("transfer", txn = %d.doc.txn_id);
+        let result = self.drive_phases(&mut d).instrument(span).await;
+        match result {
+            Ok(()) => Ok(DriveEnd {
+                doc: d.doc,
+                lease_lost: false,
+            }),
+            Err(Stop::LeaseLost) => {
+                tracing::warn!(
+                    txn = %d.doc.txn_id,
+                    state = %d.doc.state,
+                    "lease ran out; leaving the transfer to the sweeper"
+                );
+                Ok(DriveEnd {
+                    doc: d.doc,
+                    lease_lost: true,
+                })
+            }
+            Err(Stop::Fail(e)) => Err(e),
+        }
+    }
+
+    /// The rest of a committed transfer's drive, in a task of its own
+    /// ([`LedgerBuilder::background_finish`](crate::LedgerBuilder::background_finish)). Boxed:
+    /// `drive` spawns it, so its future type would contain itself.
+    fn finish_in_background(
+        self,
+        d: Drive,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(async move {
+            // Counted out even if the drive panics, so `flush` never waits for it forever.
+            let _counted = FinishingGuard(&self.inner.finishing);
+            let txn = d.doc.txn_id.clone();
+            match self.drive(d).await {
+                Ok(end) if end.lease_lost || end.doc.state == State::Committed => {
+                    tracing::warn!(%txn, "left committed for the sweeper");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(%txn, "finishing in the background failed (the sweeper will): {e}")
+                }
+            }
+        })
+    }
+
+    /// The drive's loop: each pass runs the step of the transfer's state, until the transfer
+    /// is finished, the budget is spent or a step ends the drive. Bounded: a transfer that has
+    /// not finished within [`DRIVE_PHASES_MAX`] steps is an invariant broken.
+    async fn drive_phases(&self, d: &mut Drive) -> Result<(), Stop> {
+        for _ in 0..DRIVE_PHASES_MAX {
+            if d.budget == 0 {
+                return Ok(());
+            }
+            let next = match d.doc.state {
+                State::Initial => self.begin(d).await?,
+                State::Pending => self.apply_and_decide(d).await?,
+                State::Committed if d.detach => self.finish_detached(d),
+                State::Committed => self.settle_and_complete(d).await?,
+                State::Canceling => self.undo_and_cancel(d).await?,
+                State::Done | State::Cancelled => {
+                    self.clean_up_orphans(d).await;
+                    Next::End
+                }
+            };
+            if next == Next::End {
+                return Ok(());
+            }
+        }
+        Err(Stop::Fail(Error::invariant(format!(
+            "transfer {} did not settle within {DRIVE_PHASES_MAX} phases (state {})",
+            d.doc.txn_id, d.doc.state
+        ))))
+    }
+
+    /// `initial` → `pending`.
+    async fn begin(&self, d: &mut Drive) -> Result<Next, Stop> {
+        if self.cas(d, Event::Begin, None, "begin").await? {
+            fail_point!("txn-after-begin", |_| Err(Stop::Fail(crash(
+                "txn-after-begin"
+            ))));
+        }
+        Ok(Next::Step)
+    }
+
+    /// `pending`: apply both markers (one linked engine call), then commit or cancel as their
+    /// answers call for; a linked apply skipped for a failure that did not stand is applied
+    /// again on the next step.
+    async fn apply_and_decide(&self, d: &mut Drive) -> Result<Next, Stop> {
+        let [debit, credit] = self.apply(d).await?;
+        if spent(d, [debit, credit]) {
+            return Ok(Next::End);
+        }
+        match judge(debit, credit) {
+            Verdict::Commit => {
+                if self.cas(d, Event::Commit, None, "commit").await? {
+                    fail_point!("txn-after-commit", |_| Err(Stop::Fail(crash(
+                        "txn-after-commit"
+                    ))));
+                }
+            }
+            Verdict::Cancel(reason) => {
+                if self
+                    .cas(d, Event::Cancel, Some(reason), "canceling")
+                    .await?
+                {
+                    fail_point!("txn-after-canceling", |_| Err(Stop::Fail(crash(
+                        "txn-after-canceling"
+                    ))));
+                }
+            }
+            Verdict::Retry => {}
+        }
+        Ok(Next::Step)
+    }
+
+    /// The debit on the source (funds checked) and the credit on the destination, as pending
+    /// markers; the accounts whose balance changed are remembered for the orphan cleanup.
+    async fn apply(&self, d: &mut Drive) -> Result<[OpResult; 2], Stop> {
+        let value = d.doc.value;
+        let currency = d.doc.currency.clone();
+        let link = Some(self.inner.accounts.next_link());
+        let [debit, credit] = self
+            .account_step(
+                d,
+                "apply",
+                [
+                    OpKind::Apply {
+                        delta: value.neg(),
+                        currency: currency.clone(),
+                        check_funds: true,
+                        deadline: Some(d.deadline),
+                        attempt: None,
+                        peer: None,
+                        exists: true,
+                    },
+                    OpKind::Apply {
+                        delta: value,
+                        currency,
+                        check_funds: false,
+                        deadline: Some(d.deadline),
+                        attempt: None,
+                        peer: None,
+                        exists: true,
+                    },
+                ],
+                link,
+            )
+            .await?;
+        if debit == OpResult::Applied {
+            d.applied.push(d.doc.source.clone());
+        }
+        if credit == OpResult::Applied {
+            d.applied.push(d.doc.destination.clone());
+        }
+        fail_point!("txn-after-debit", |_| Err(Stop::Fail(crash(
+            "txn-after-debit"
+        ))));
+        fail_point!("txn-after-credit", |_| Err(Stop::Fail(crash(
+            "txn-after-credit"
+        ))));
+        Ok([debit, credit])
+    }
+
+    /// `committed`, detached: the caller has its answer, the settles wait for their accounts'
+    /// next writes in a task of its own. A crash from here on leaves a committed transfer,
+    /// which the sweeper finishes like any other.
+    fn finish_detached(&self, d: &mut Drive) -> Next {
+        let rest = Drive {
+            doc: d.doc.clone(),
+            deadline: d.deadline,
+            applied: std::mem::take(&mut d.applied),
+            budget: d.budget,
+            detach: false,
+            hold: true,
+        };
+        self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(self.clone().finish_in_background(rest));
+        Next::End
+    }
+
+    /// `committed`: settle both markers, then `done` once both settles have landed.
+    async fn settle_and_complete(&self, d: &mut Drive) -> Result<Next, Stop> {
+        let [source, destination] = self
+            .account_step(
+                d,
+                "settle",
+                [
+                    OpKind::Settle {
+                        named: None,
+                        delta: d.doc.value.neg(),
+                    },
+                    OpKind::Settle {
+                        named: None,
+                        delta: d.doc.value,
+                    },
+                ],
+                None,
+            )
+            .await?;
+        // Our markers (if any) are settled now: nothing left to clean up.
+        d.applied.clear();
+        fail_point!("txn-after-settle-source", |_| Err(Stop::Fail(crash(
+            "txn-after-settle-source"
+        ))));
+        fail_point!("txn-after-settle-destination", |_| Err(Stop::Fail(crash(
+            "txn-after-settle-destination"
+        ))));
+        if spent(d, [source, destination]) {
+            return Ok(Next::End);
+        }
+        // Only a settle that landed, or one done before, lets `done` be written. A marker of
+        // other terms undone here (`Repaired`) leaves this account's own marker still to
+        // settle, like finding none (`Absent`) or no account at all (`UnknownAccount`, seen on
+        // a simulated cluster while the account held a conflict): `done` over a marker still
+        // pending loses it to the orphan repair.
+        let unsettled = |r: OpResult| !matches!(r, OpResult::Applied | OpResult::Finished);
+        if unsettled(source) || unsettled(destination) {
+            self.recheck_unsettled(d).await?;
+            return Ok(Next::Step);
+        }
+        if self.cas(d, Event::Complete, None, "done").await? {
+            fail_point!("txn-after-done", |_| Err(Stop::Fail(crash(
+                "txn-after-done"
+            ))));
+        }
+        Ok(Next::Step)
+    }
+
+    /// A settle that did not land on both accounts. Committed means both markers were
+    /// applied, so an account that shows neither the marker nor a settled entry was read from
+    /// a copy the apply has not reached yet (accounts written at the server's default quorum).
+    /// `done` now would leave that marker to arrive later, pending on a done transfer, where
+    /// the orphan repair undoes it: the transfer's effect lost on that account. Unless someone
+    /// finished it meanwhile (the transfer read again, for the next step to follow), it is
+    /// left committed for a later settle (the sweeper's).
+    async fn recheck_unsettled(&self, d: &mut Drive) -> Result<(), Stop> {
+        d.doc = self.read_txn(&d.doc.txn_id).await?;
+        if d.doc.state == State::Committed {
+            return Err(Stop::Fail(Error::ledger(
+                Condition::Conflicted,
+                format!(
+                    "transfer {} is committed, but an account read shows no marker of it (a \
+                     copy behind); left committed for a later settle",
+                    d.doc.txn_id
+                ),
+            )));
+        }
+        Ok(())
+    }
+
+    /// `canceling`: undo both markers, then `cancelled`.
+    async fn undo_and_cancel(&self, d: &mut Drive) -> Result<Next, Stop> {
+        let [source, destination] = self
+            .account_step(
+                d,
+                "undo",
+                [
+                    OpKind::Undo { decided: false },
+                    OpKind::Undo { decided: false },
+                ],
+                None,
+            )
+            .await?;
+        d.applied.clear();
+        fail_point!("txn-after-undo", |_| Err(Stop::Fail(crash(
+            "txn-after-undo"
+        ))));
+        if spent(d, [source, destination]) {
+            return Ok(Next::End);
+        }
+        self.cas(d, Event::FinishCancel, None, "cancelled").await?;
+        Ok(Next::Step)
+    }
+
+    /// This drive applied markers, then found the transfer finished by someone else: undo
+    /// whichever of them is still pending (a skip where it was settled or undone already).
+    /// No lease check: this removes a marker, it never adds one, and it is idempotent.
+    async fn clean_up_orphans(&self, d: &mut Drive) {
+        if d.applied.is_empty() {
+            return;
+        }
+        // The decision's own rule for each marker (a one-write `done` names the marker it
+        // counts: settled, any other undone).
+        let ops: Vec<AccountOp> = d
+            .applied
+            .drain(..)
+            .map(|account| AccountOp {
+                kind: d
+                    .doc
+                    .convergence(&account)
+                    .unwrap_or(OpKind::Undo { decided: false }),
+                account,
+                txn: d.doc.txn_id.clone(),
+                link: None,
+            })
+            .collect();
+        for (answer, op) in self
+            .inner
+            .accounts
+            .run(ops.clone())
+            .await
+            .into_iter()
+            .zip(ops)
+        {
+            match answer {
+                Ok(OpResult::Applied) => tracing::warn!(
+                    txn = %d.doc.txn_id,
+                    account = %op.account,
+                    state = %d.doc.state,
+                    "undid a marker applied after the transfer had finished"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(
+                    txn = %d.doc.txn_id,
+                    account = %op.account,
+                    "could not clean up a late marker (the sweeper will): {e}"
+                ),
+            }
+        }
+    }
+
+    /// Claims a transfer nobody is working on (`initial` → `pending` on the way), by CAS.
+    /// `None` when another worker wrote first.
+    pub(crate) async fn take_over(&self, doc: &TxnDoc) -> Result<Option<Drive>> {
+        debug_assert!(!doc.state.is_terminal());
+        let (claim, deadline) = self.new_claim();
+        let mut new = doc.clone();
+        let begin = doc.state == State::Initial;
+        if begin {
+            new.state = transition(State::Initial, Event::Begin)?;
+        }
+        new.claim = Some(claim);
+        new.last_modified = now_ms();
+        match self.write_txn(&new).await? {
+            Some(rev) => {
+                new.rev = Some(rev);
+                if begin {
+                    fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
+                }
+                Ok(Some(Drive::new(new, deadline)))
+            }
+            None => Ok(None),
+        }
+    }
+
+    // ---- public API -------------------------------------------------------------------------
+
+    /// Submits a transfer. Refused before anything is written when the ids are invalid, the
+    /// source is the destination, or the amount is not positive.
+    ///
+    /// With `wait = true` the transfer is created directly in `pending` under this worker's
+    /// claim (create and begin in one write) and driven to its end before returning: the state
+    /// is `done` or `cancelled` — unless the worker's lease ran out on a very slow server, in
+    /// which case it is returned as it stands and the sweeper finishes it. With `wait = false`
+    /// it is written `initial`, for the sweeper.
+    ///
+    /// Business refusals are not errors: an unknown account, an account in another currency or
+    /// insufficient funds end the transfer `cancelled` with that `reason`, balances unchanged.
+    ///
+    /// The same id again with the same terms is [`RecordStatus::Exists`] with the transfer's
+    /// current state; with `wait = true` an unfinished transfer nobody holds a live claim on is
+    /// driven on.
+    ///
+    /// # Errors
+    ///
+    /// Invalid input (nothing written); the id exists with other terms (a mismatch naming the
+    /// field); the server failed, or a write kept conflicting — the transfer is then left for
+    /// the sweeper, never half-applied for good.
+    pub async fn submit(&self, request: TransferRequest, wait: bool) -> Result<TransferOutcome> {
+        self.submit_terms(request, None, wait).await
+    }
+
+    async fn submit_terms(
+        &self,
+        request: TransferRequest,
+        reverses: Option<String>,
+        wait: bool,
+    ) -> Result<TransferOutcome> {
+        let id = request.id.clone().unwrap_or_else(crate::clock::uuid_v7);
+        validate_id("id", &id)?;
+        validate_id("source", &request.source)?;
+        validate_id("destination", &request.destination)?;
+        if request.source == request.destination {
+            return Err(Error::invalid(
+                "destination",
+                "must differ from the source account",
+            ));
+        }
+        if !request.amount.is_positive() {
+            return Err(Error::invalid(
+                "amount",
+                format!("{} is not positive", request.amount.minor()),
+            ));
+        }
+        // From the first write on, the transfer exists (or may: a write whose answer was lost
+        // can have landed), so every error names it: a caller that retries with the same id
+        // finds it instead of making a second transfer.
+        // (A mismatch is the exception: the id belongs to another transfer, this call wrote
+        // nothing that counts.)
+        let result = if wait && reverses.is_none() && !self.inner.stepwise {
+            // The one-write path (docs/ONE_WRITE.md); reversals keep the stepwise protocol.
+            self.submit_once(&id, &request).await
+        } else {
+            self.create_and_drive(&id, request, reverses, wait).await
+        };
+        result.map_err(|e| {
+            if e.is_mismatch() {
+                e
+            } else {
+                e.with_transfer(&id)
+            }
+        })
+    }
+
+    async fn create_and_drive(
+        &self,
+        id: &str,
+        request: TransferRequest,
+        reverses: Option<String>,
+        wait: bool,
+    ) -> Result<TransferOutcome> {
+        let id = id.to_owned();
+        let now = now_ms();
+        let (claim, deadline) = self.new_claim();
+        let mut doc = TxnDoc {
+            id: txn_doc_id(&id),
+            rev: None,
+            doc_type: "transaction".to_owned(),
+            txn_id: id.clone(),
+            source: request.source.clone(),
+            destination: request.destination.clone(),
+            value: request.amount,
+            currency: request.currency.code().to_owned(),
+            state: if wait { State::Pending } else { State::Initial },
+            reason: None,
+            reverses,
+            claim: wait.then_some(claim),
+            created_at: now,
+            last_modified: now,
+            markers: None,
+            extra: Map::new(),
+        };
+        // A drive follows the document wherever it goes; on a cluster the id's other terms,
+        // sent at once by another caller, may be the ones kept (`resolve_transfer`): then this
+        // call's transfer never happened, and the caller learns the id is taken.
+        let asked = doc.clone();
+        let answer = |end: TxnDoc, status| match end.differing_term(&asked) {
+            Some(field) => Err(Error::mismatch(&asked.id, field)),
+            None => Ok(end.outcome(status)),
+        };
+        if let Some(rev) = self.write_txn(&doc).await? {
+            doc.rev = Some(rev);
+            fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
+            if !wait {
+                return Ok(doc.outcome(RecordStatus::Created));
+            }
+            fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
+            let mut drive = Drive::new(doc, deadline);
+            drive.detach = self.inner.background;
+            let end = self.drive(drive).await?;
+            return answer(end.doc, RecordStatus::Created);
+        }
+
+        // The id exists: a retry of this very call whose write landed, or an earlier submit.
+        let existing = self.read_txn(&id).await?;
+        if let Some(field) = existing.differing_term(&doc) {
+            return Err(Error::mismatch(&doc.id, field));
+        }
+        let ours = existing.created_at == doc.created_at && existing.claim == doc.claim;
+        let status = if ours {
+            RecordStatus::Created
+        } else {
+            RecordStatus::Exists
+        };
+        if !wait || existing.state.is_terminal() {
+            return Ok(existing.outcome(status));
+        }
+        if ours {
+            let end = self.drive(Drive::new(existing, deadline)).await?;
+            return answer(end.doc, status);
+        }
+        if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
+            // Another worker is on it; it (or the sweeper) will finish it.
+            return Ok(existing.outcome(status));
+        }
+        match self.take_over(&existing).await? {
+            Some(drive) => answer(self.drive(drive).await?.doc, status),
+            None => answer(self.read_txn(&id).await?, status),
+        }
+    }
+
+    /// Cancels a transfer: from `initial` straight to `cancelled`; from `pending` through
+    /// `canceling`, undoing whatever was applied, to `cancelled` (reason `cancelled_by_user`).
+    /// A transfer already cancelled (or being cancelled) is reported as it is, finished.
+    ///
+    /// # Errors
+    ///
+    /// No such transfer (404); it is committed or done ([`Error::transition`] is
+    /// `AlreadyCommitted` / `AlreadyDone`: reverse it instead); the server failed.
+    pub async fn cancel(&self, id: &str) -> Result<TransferOutcome> {
+        validate_id("id", id)?;
+        let mut doc = self.read_txn(id).await?;
+        for _ in 0..DRIVE_PHASES_MAX {
+            match transition(doc.state, Event::Cancel) {
+                Ok(next) => {
+                    let (claim, deadline) = self.new_claim();
+                    let mut new = doc.clone();
+                    new.state = next;
+                    new.reason = Some(Reason::CancelledByUser.as_str().to_owned());
+                    new.last_modified = now_ms();
+                    new.claim = (!next.is_terminal()).then_some(claim);
+                    let written = match self.write_txn_outcome(&new).await? {
+                        TxnWritten::Written(rev) => Some(rev),
+                        // `cancelled` straight from `initial` is a decision: final only where
+                        // every copy took it.
+                        TxnWritten::Uncertain if next.is_terminal() => return Err(unconfirmed(id)),
+                        TxnWritten::Uncertain | TxnWritten::Taken => None,
+                    };
+                    match written {
+                        Some(rev) => {
+                            new.rev = Some(rev);
+                            if next.is_terminal() {
+                                return Ok(new.outcome(RecordStatus::Exists));
+                            }
+                            fail_point!("txn-after-canceling", |_| Err(crash(
+                                "txn-after-canceling"
+                            )));
+                            let end = self.drive(Drive::new(new, deadline)).await?;
+                            return Ok(end.doc.outcome(RecordStatus::Exists));
+                        }
+                        None => doc = self.read_txn(id).await?,
+                    }
+                }
+                Err(TransitionError::AlreadyCancelled) => {
+                    return Ok(doc.outcome(RecordStatus::Exists))
+                }
+                Err(TransitionError::NotAllowed {
+                    from: State::Canceling,
+                    ..
+                }) => {
+                    // Already being cancelled: help it to the end.
+                    match self.take_over(&doc).await? {
+                        Some(drive) => {
+                            let end = self.drive(drive).await?;
+                            return Ok(end.doc.outcome(RecordStatus::Exists));
+                        }
+                        None => doc = self.read_txn(id).await?,
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::invariant(format!(
+            "cancel of {id} kept meeting concurrent writes"
+        )))
+    }
+
+    /// Reverses a done transfer with a new transfer in the other direction, same amount and
+    /// currency, `reverses: id`, driven to its end. A `committed` transfer is first driven to
+    /// `done` (its credit is spendable only once settled); one still settling under another
+    /// worker's live claim is refused for now.
+    ///
+    /// The reversal's id is derived from the original: `rev-{id}` first. So a second call finds
+    /// the first reversal ([`RecordStatus::Exists`]) instead of making another, and a transfer is
+    /// reversed at most once. A reversal is an ordinary transfer: it can end `cancelled` (e.g.
+    /// `insufficient_funds` when the destination spent the money). Reversing again then makes
+    /// the next attempt, `rev2-{id}`, `rev3-{id}`, … up to `rev100-{id}`: each is made only after
+    /// the one before it ended `cancelled`, so at most one can ever move money.
+    ///
+    /// # Errors
+    ///
+    /// No such transfer (404); it is not committed or done, or still settling under another
+    /// worker; the reversal id would be longer than
+    /// [`ID_CHARS_MAX`](crate::limits::ID_CHARS_MAX); every attempt was cancelled; the server
+    /// failed.
+    pub async fn reverse(&self, id: &str) -> Result<TransferOutcome> {
+        validate_id("id", id)?;
+        let mut doc = self.read_txn(id).await?;
+        if doc.state == State::Committed {
+            doc = self.finish_committed(doc).await?;
+        }
+        if doc.state == State::Done && doc.markers.is_some() {
+            // A one-write transfer's settles may still be held (or left to the sweeper): the
+            // destination's credit is spendable only once settled.
+            let accounts = [doc.source.clone(), doc.destination.clone()];
+            self.converge_now(&doc, &accounts).await;
+        }
+        if doc.state != State::Done {
+            return Err(Error::invalid(
+                "id",
+                format!(
+                    "transfer {id} is {}: only a done transfer can be reversed{}",
+                    doc.state,
+                    if doc.state == State::Committed {
+                        " (it is still settling under another worker; try again in a moment)"
+                    } else {
+                        ""
+                    }
+                ),
+            ));
+        }
+        let currency = Currency::from_code(&doc.currency)?;
+        for attempt in 1..=REVERSAL_ATTEMPTS_MAX {
+            let reversal = reversal_id(id, attempt);
+            validate_id("id", &reversal).map_err(|_| {
+                Error::invalid(
+                    "id",
+                    format!("the reversal id {reversal:?} would be too long"),
+                )
+            })?;
+            // An earlier attempt that ended cancelled moved nothing: go on to the next id. Any
+            // other state is the reversal (made, or under way): answer it. Read as every
+            // transfer is, where transfers live and with its conflicts resolved.
+            let earlier = match self.read_txn(&reversal).await {
+                Ok(earlier) => Some(earlier),
+                Err(e) if e.is_not_found() => None,
+                Err(e) => return Err(e),
+            };
+            if earlier.is_some_and(|t| t.state == State::Cancelled) {
+                continue;
+            }
+            let request = TransferRequest {
+                id: Some(reversal),
+                source: doc.destination.clone(),
+                destination: doc.source.clone(),
+                amount: doc.value,
+                currency,
+            };
+            return self.submit_terms(request, Some(id.to_owned()), true).await;
+        }
+        Err(Error::invalid(
+            "id",
+            format!("transfer {id} could not be reversed: all {REVERSAL_ATTEMPTS_MAX} attempts were cancelled"),
+        ))
+    }
+
+    /// Drives a committed transfer to `done` unless another worker holds a live claim on it;
+    /// returns it as it is afterwards.
+    async fn finish_committed(&self, doc: TxnDoc) -> Result<TxnDoc> {
+        if !doc.claim_free(now_ms(), &self.inner.worker_id, true) {
+            return Ok(doc);
+        }
+        match self.take_over(&doc).await? {
+            Some(drive) => Ok(self.drive(drive).await?.doc),
+            None => self.read_txn(&doc.txn_id).await,
+        }
+    }
+
+    /// Reads a transfer.
+    ///
+    /// # Errors
+    ///
+    /// A bad id; no such transfer (404); a document that is not a valid transfer; the server
+    /// failed.
+    pub async fn transfer(&self, id: &str) -> Result<TransferView> {
+        validate_id("id", id)?;
+        Ok(self.read_txn(id).await?.view())
+    }
+
+    /// Test and demo support: advances a transfer by one effective step (begin, apply both
+    /// accounts, commit, settle both, done — or cancel, undo, cancelled), claiming it first.
+    /// Returns the transfer as it is afterwards.
+    ///
+    /// # Errors
+    ///
+    /// Another worker holds a live claim on it; the errors of [`Ledger::transfer`].
+    #[doc(hidden)]
+    pub async fn step(&self, id: &str) -> Result<TransferView> {
+        validate_id("id", id)?;
+        let doc = self.read_txn(id).await?;
+        if doc.state.is_terminal() {
+            return Ok(doc.view());
+        }
+        if !doc.claim_free(now_ms(), &self.inner.worker_id, true) {
+            return Err(Error::invalid_input(format!(
+                "transfer {id} is claimed by another worker"
+            )));
+        }
+        let begin = doc.state == State::Initial;
+        let Some(mut drive) = self.take_over(&doc).await? else {
+            return Err(Error::invalid_input(format!(
+                "transfer {id} changed while stepping it"
+            )));
+        };
+        if begin {
+            return Ok(drive.doc.view());
+        }
+        drive.budget = 1;
+        Ok(self.drive(drive).await?.doc.view())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc() -> Value {
+        json!({
+            "_id": "txn:t1", "_rev": "1-a", "type": "transaction", "txn_id": "t1",
+            "source": "a", "destination": "b", "value": 500, "currency": "EUR",
+            "state": "pending", "reason": null, "reverses": null,
+            "claim": {"owner": "w", "expires_at": 100}, "created_at": 1, "last_modified": 2
+        })
+    }
+
+    #[test]
+    fn documents_round_trip_and_are_checked() {
+        let t = TxnDoc::from_value(doc()).unwrap();
+        assert_eq!(t.state, State::Pending);
+        assert!(t.claim_free(100, "x", false), "expired at 100");
+        assert!(!t.claim_free(99, "x", false));
+        assert!(t.claim_free(99, "w", true));
+        let back = serde_json::to_value(&t).unwrap();
+        // Nulls are left out, the rest comes back as it was.
+        let mut expected = doc();
+        for field in ["reason", "reverses"] {
+            expected.as_object_mut().unwrap().remove(field);
+        }
+        assert_eq!(back, expected);
+        assert_eq!(TxnDoc::from_value(back).unwrap(), t);
+        for (field, bad) in [
+            ("state", json!("paused")),
+            ("value", json!(0)),
+            ("value", json!(1.5)),
+            ("destination", json!("a")),
+            ("txn_id", json!("t2")),
+        ] {
+            let mut v = doc();
+            v[field] = bad;
+            assert!(TxnDoc::from_value(v).is_err(), "{field}");
+        }
+    }
+
+    #[test]
+    fn the_verdict_prefers_the_most_telling_reason() {
+        use OpResult as R;
+        assert!(matches!(judge(R::Applied, R::Applied), Verdict::Commit));
+        assert!(matches!(
+            judge(R::AlreadyPending, R::Finished),
+            Verdict::Commit
+        ));
+        assert!(matches!(
+            judge(R::Insufficient, R::NotApplied),
+            Verdict::Cancel(Reason::InsufficientFunds)
+        ));
+        assert!(matches!(
+            judge(R::Insufficient, R::UnknownAccount),
+            Verdict::Cancel(Reason::UnknownAccount)
+        ));
+        assert!(matches!(
+            judge(R::Applied, R::CurrencyMismatch),
+            Verdict::Cancel(Reason::CurrencyMismatch)
+        ));
+        assert!(matches!(judge(R::Applied, R::NotApplied), Verdict::Retry));
+    }
+
+    #[test]
+    fn an_unconfirmed_decision_is_told_apart() {
+        let e = unconfirmed("t1");
+        assert!(e.is_unconfirmed(), "{e}");
+        assert!(!e.is_invalid_input() && !e.is_mismatch(), "{e}");
+        assert!(e.to_string().contains("send the same id again"), "{e}");
+        assert!(!Error::invalid("id", "x").is_unconfirmed());
+        // The ledger said it, not the server: no server status, a transient 503 of its own.
+        assert_eq!(e.status_code(), None, "{e}");
+        assert_eq!(e.condition(), Some(crate::Condition::Unconfirmed));
+        assert!(e.is_transient(), "{e}");
+        assert!(e.to_string().starts_with("unconfirmed: "), "{e}");
+    }
+
+    #[test]
+    fn fail_points_are_unique() {
+        let mut names = FAIL_POINTS.to_vec();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), FAIL_POINTS.len());
+    }
+}
