@@ -18,6 +18,8 @@ pub(crate) mod demo;
 pub(crate) mod dev;
 pub(crate) mod devserver;
 pub(crate) mod failure;
+pub(crate) mod history;
+pub(crate) mod lookup;
 pub(crate) mod orders;
 pub(crate) mod output;
 pub(crate) mod parse;
