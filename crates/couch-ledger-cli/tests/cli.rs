@@ -19,15 +19,15 @@ const ORDER: &str = "320afa89017426b994162ab004ce3383";
 type EnvVars<'a> = Vec<(&'a str, &'a str)>;
 
 /// A finished run of the program.
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Run {
     /// Stdout as the one JSON object `--json` promises.
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         assert_eq!(
             self.stdout.trim_end().lines().count(),
             1,
@@ -70,7 +70,7 @@ impl Run {
         );
     }
 
-    fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "exit {}\nstdout: {}\nstderr: {}",
             self.code, self.stdout, self.stderr
@@ -127,7 +127,7 @@ fn server_args(db: &str) -> Vec<String> {
 }
 
 /// Runs the program on the test server's database `db`.
-async fn cli(db: &str, args: &[&str]) -> Run {
+pub(crate) async fn cli(db: &str, args: &[&str]) -> Run {
     cli_stdin(db, args, None).await
 }
 

@@ -14,6 +14,8 @@ use crate::support;
 
 // The contract as other programs read it: the OpenAPI document, schemathesis, a generated client.
 mod contract;
+// An account's history and its balance at a time over HTTP.
+mod history;
 
 const BIN: &str = env!("CARGO_BIN_EXE_couch-ledger");
 const CLOUDANT: &str = include_str!("../../../examples/cloudant-purchase.json");

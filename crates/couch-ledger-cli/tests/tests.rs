@@ -34,3 +34,5 @@ mod layout;
 mod background;
 // The one-write path: one create decides, markers adopted, converged, abandoned.
 mod one_write;
+// An account's history and balance at a time: the library and the command line.
+mod history;

@@ -350,6 +350,7 @@ mod tests {
             views(1),
             [
                 "account_balances",
+                "account_history",
                 "account_overdrawn",
                 "account_pending",
                 "by_account",
@@ -364,6 +365,7 @@ mod tests {
         assert_eq!(reduce("account_overdrawn"), "_count");
         assert_eq!(reduce("account_pending"), "_count");
         assert_eq!(reduce("account_balances"), "_sum");
+        assert_eq!(reduce("account_history"), "_sum");
         assert_eq!(reduce("conflicts"), "_count");
         assert_eq!(reduce("in_flight"), "_sum");
         assert_eq!(reduce("by_state"), "_count");

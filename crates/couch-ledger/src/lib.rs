@@ -78,6 +78,7 @@ mod couch;
 pub mod design;
 mod engine;
 mod error;
+mod history;
 mod iam;
 mod ledger;
 // Every named limit, the crate's own; the public few are in `limits` below.
@@ -90,6 +91,7 @@ mod opening;
 mod orders;
 mod state;
 mod sweeper;
+mod timestamp;
 mod transfer;
 mod wire;
 
@@ -104,6 +106,10 @@ pub use couch::{
 };
 pub use engine::WriteQuorum;
 pub use error::{plain_seconds, Condition, Error, Result};
+pub use history::{
+    BalanceAt, HistoryCursor, HistoryEntry, HistoryPage, HistoryQuery, HISTORY_CURSOR_CHARS_MAX,
+    HISTORY_LIMIT_DEFAULT, HISTORY_LIMIT_MAX,
+};
 pub use ledger::{
     ConflictCounts, HotReport, InitReport, Ledger, LedgerBuilder, Progress, ProgressFn,
     ProgressHook,
@@ -120,6 +126,7 @@ pub use orders::{
 };
 pub use state::{transition, Event, State, TransitionError};
 pub use sweeper::{LedgerStatus, StateCounts, SweepOptions, SweepOutcome};
+pub use timestamp::{format_time_ms, parse_time_ms, TIME_FORMS, TIME_MS_DIGITS_MAX, TIME_MS_MAX};
 #[cfg(feature = "testing")]
 pub use transfer::FAIL_POINTS;
 pub use transfer::{Claim, Reason, TransferOutcome, TransferRequest, TransferView};

@@ -201,6 +201,7 @@ impl Ledger {
             created_at: now,
             last_modified: now,
             markers: None,
+            decided_at: None,
             extra: Map::new(),
         };
         // A re-sent id, answered from its document with nothing written: known to have ended
@@ -524,6 +525,7 @@ impl Ledger {
         decided.markers = tried.markers;
         decided.claim = None;
         decided.last_modified = now_ms();
+        decided.mark_decided(decided.last_modified);
         match self.write_txn_outcome(&decided).await? {
             TxnWritten::Written(rev) => {
                 decided.rev = Some(rev);
@@ -703,6 +705,7 @@ impl Ledger {
             decided.reason = reason.map(|r| r.as_str().to_owned());
             decided.claim = None;
             decided.last_modified = now_ms();
+            decided.mark_decided(decided.last_modified);
             self.pause_at("decide").await;
             match self.write_txn_outcome(&decided).await? {
                 TxnWritten::Written(rev) => {
@@ -746,6 +749,7 @@ fn decision(
     doc.reason = reason.map(|r| r.as_str().to_owned());
     doc.claim = None;
     doc.last_modified = now_ms();
+    doc.mark_decided(doc.last_modified);
     doc
 }
 

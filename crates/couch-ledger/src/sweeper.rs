@@ -1314,6 +1314,7 @@ fn undecided_document(
         created_at: marker.at.unwrap_or(now),
         last_modified: now,
         markers: None,
+        decided_at: None,
         extra: serde_json::Map::new(),
     };
     Some((initial, peer))

@@ -210,6 +210,13 @@ pub(crate) struct TxnDoc {
     /// (docs/ONE_WRITE.md). `None` on the stepwise protocol's documents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) markers: Option<Named>,
+    /// When the outcome was decided (ms since the epoch): the time the transfer took effect,
+    /// which an account's history is ordered by. Written with the first write that reaches
+    /// `committed` or `canceling` (the stepwise protocol) or `done` or `cancelled` (the
+    /// one-write path, or a cancel straight from `initial`), kept by every later write.
+    /// Documents written before it existed have none: readers take `last_modified` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) decided_at: Option<i64>,
     #[serde(flatten)]
     pub(crate) extra: Map<String, Value>,
 }
@@ -277,6 +284,19 @@ fn reversal_id(txn_id: &str, attempt: u32) -> String {
 }
 
 impl TxnDoc {
+    /// Records that this document, about to be written in its new state at `now`, decides the
+    /// transfer, unless an earlier write already did: the first decided state sets
+    /// `decided_at`, later ones keep it.
+    pub(crate) fn mark_decided(&mut self, now: i64) {
+        let decided = match self.state {
+            State::Committed | State::Canceling | State::Done | State::Cancelled => true,
+            State::Initial | State::Pending => false,
+        };
+        if decided && self.decided_at.is_none() {
+            self.decided_at = Some(now);
+        }
+    }
+
     /// The convergence op of this document's decision for one account that holds (or may hold) one of its
     /// markers: the named marker settled; on a `cancelled` transfer, on a `done` one of the
     /// stepwise protocol (written after both markers were settled: a pending marker is a late
@@ -773,6 +793,7 @@ impl Ledger {
         let mut new = d.doc.clone();
         new.state = next;
         new.last_modified = now_ms();
+        new.mark_decided(new.last_modified);
         if let Some(r) = reason {
             new.reason = Some(r.as_str().to_owned());
         }
@@ -1293,6 +1314,7 @@ impl Ledger {
             created_at: now,
             last_modified: now,
             markers: None,
+            decided_at: None,
             extra: Map::new(),
         };
         // A drive follows the document wherever it goes; on a cluster the id's other terms,
@@ -1363,6 +1385,7 @@ impl Ledger {
                     new.state = next;
                     new.reason = Some(Reason::CancelledByUser.as_str().to_owned());
                     new.last_modified = now_ms();
+                    new.mark_decided(new.last_modified);
                     new.claim = (!next.is_terminal()).then_some(claim);
                     let written = match self.write_txn_outcome(&new).await? {
                         TxnWritten::Written(rev) => Some(rev),
@@ -1557,6 +1580,31 @@ mod tests {
             "state": "pending", "reason": null, "reverses": null,
             "claim": {"owner": "w", "expires_at": 100}, "created_at": 1, "last_modified": 2
         })
+    }
+
+    #[test]
+    fn the_first_decided_state_sets_decided_at_and_later_writes_keep_it() {
+        let mut t = TxnDoc::from_value(doc()).unwrap();
+        assert_eq!(t.decided_at, None);
+        t.mark_decided(10);
+        assert_eq!(t.decided_at, None, "pending decides nothing");
+        t.state = State::Committed;
+        t.mark_decided(20);
+        t.state = State::Done;
+        t.mark_decided(30);
+        assert_eq!(t.decided_at, Some(20), "done keeps the commit's time");
+        // Kept beside a field another version added, across a write and a read.
+        let mut v = serde_json::to_value(&t).unwrap();
+        assert_eq!(v["decided_at"], 20);
+        v["added_later"] = json!({"x": 1});
+        let back = serde_json::to_value(TxnDoc::from_value(v.clone()).unwrap()).unwrap();
+        assert_eq!(back, v);
+        for state in [State::Cancelled, State::Canceling, State::Done] {
+            let mut once = TxnDoc::from_value(doc()).unwrap();
+            once.state = state;
+            once.mark_decided(40);
+            assert_eq!(once.decided_at, Some(40), "{state:?}");
+        }
     }
 
     #[test]

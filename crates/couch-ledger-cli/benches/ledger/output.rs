@@ -210,27 +210,12 @@ pub fn cpu_model() -> Option<String> {
         .map(|(_, v)| v.trim().to_owned())
 }
 
-/// `YYYY-MM-DDTHH:MM:SSZ` now, without a date crate (days to civil date: H. Hinnant).
+/// `YYYY-MM-DDTHH:MM:SSZ` now (the library's RFC 3339 writer, whole seconds).
 pub fn utc_now() -> String {
     let secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3_600,
-        rem % 3_600 / 60,
-        rem % 60
-    )
+    couch_ledger::format_time_ms(secs * 1000).replace(".000Z", "Z")
 }
 
 pub fn output_dir() -> PathBuf {

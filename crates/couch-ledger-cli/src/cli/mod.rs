@@ -17,6 +17,8 @@ pub(crate) mod args;
 pub(crate) mod demo;
 pub(crate) mod dev;
 pub(crate) mod failure;
+pub(crate) mod history;
+pub(crate) mod lookup;
 pub(crate) mod orders;
 pub(crate) mod output;
 pub(crate) mod parse;

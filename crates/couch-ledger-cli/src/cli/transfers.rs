@@ -10,11 +10,13 @@ use anyhow::Context as _;
 use clap::{ArgGroup, Args, Subcommand};
 use couch_ledger::limits::{STALE_AFTER_DEFAULT_MS, SWEEP_LIMIT_MAX};
 use couch_ledger::{
-    AccountSpec, AccountView, Amount, Currency, RecordStatus, State, SweepOptions, SweepOutcome,
+    format_time_ms, AccountSpec, Amount, Currency, RecordStatus, State, SweepOptions, SweepOutcome,
     TransferOutcome, TransferRequest, TransitionError, VerifyOptions,
 };
 use serde_json::{json, Value};
 
+use super::history::time_arg;
+use super::lookup::{money_in, or_missing};
 use super::output::{money, sweep_words};
 use super::parse::{amount, currency, parse_duration};
 use super::{Context, Exit, UsageError};
@@ -87,10 +89,27 @@ pub(crate) enum AccountSub {
     /// An account's balances and the transfers applied to it and not yet settled. `balance` is
     /// what the document stores, `available` leaves out credits that could still be rolled
     /// back, `posted` leaves out every unsettled transfer. An unknown account is exit 2.
+    ///
+    /// With --at T, also the balance as of T: the opening plus every committed or done
+    /// transfer that took effect at or before T (read from a view, which may lag a moment
+    /// behind the latest transfers), in `--json` as `as_of: {at, balance}` beside the current
+    /// fields. A bad T is exit 2.
     Show {
         /// The account id.
         account: String,
+        /// The balance as of this time: RFC 3339 (2025-11-22T08:00:00Z, with an offset or
+        /// fractions of a second) or milliseconds since the Unix epoch.
+        #[arg(long, value_name = "T")]
+        at: Option<String>,
     },
+
+    /// The transfers that moved money on an account, newest first: each committed or done
+    /// transfer (reversals too, marked), when it took effect, what it did to the account
+    /// (−amount as the source, +amount as the destination) and the balance right after it.
+    /// Cancelled transfers moved nothing and are left out. A page at a time: the last line
+    /// (`next` with --json) gives the --after that goes on. Read from a view, which may lag a
+    /// moment behind the latest transfers. An unknown account, a bad time or --limit is exit 2.
+    History(super::history::HistoryArgs),
 
     /// Every account with its balances.
     List,
@@ -189,8 +208,11 @@ pub(crate) async fn run(cmd: TransferCommand, ctx: &mut Context) -> anyhow::Resu
             command: AccountSub::Create(a),
         } => account_create(a, ctx).await,
         TransferCommand::Account {
-            command: AccountSub::Show { account },
-        } => account_show(&account, ctx).await,
+            command: AccountSub::Show { account, at },
+        } => account_show(&account, at.as_deref(), ctx).await,
+        TransferCommand::Account {
+            command: AccountSub::History(a),
+        } => super::history::history(a, ctx).await,
         TransferCommand::Account {
             command: AccountSub::List,
         } => account_list(ctx).await,
@@ -258,42 +280,33 @@ async fn account_create(a: AccountCreateArgs, ctx: &mut Context) -> anyhow::Resu
     Ok(Exit::Success)
 }
 
-/// A 404 for the document itself (not for the database: "no_db_file", "Database does not
-/// exist.").
-fn is_missing_doc(e: &couch_ledger::Error) -> bool {
-    e.condition() == Some(couch_ledger::Condition::NotFound)
-        || (e.is_not_found() && matches!(e.reason(), Some("missing" | "deleted")))
-}
-
-/// `err`, or a usage error saying `missing` when the document does not exist: naming a
-/// transfer or account that is not there is the caller's mistake (exit 2), not the server's.
-fn or_missing(err: couch_ledger::Error, missing: String, doing: String) -> anyhow::Error {
-    if is_missing_doc(&err) {
-        // The 404 stays in the chain (unsaid): a database name put in --url by mistake also
-        // answers `missing`, and `failure::explain` says so.
-        anyhow::Error::new(err).context(UsageError::new(missing))
-    } else {
-        anyhow::Error::new(err).context(doing)
-    }
-}
-
-/// An account's amounts in its currency, or in minor units when the code is not one we know.
-fn account_money(view: &AccountView) -> impl Fn(Amount) -> String + '_ {
-    let c = Currency::from_code(&view.currency).ok();
-    move |a| super::output::money_opt(c, a)
-}
-
-async fn account_show(account: &str, ctx: &mut Context) -> anyhow::Result<Exit> {
+/// `account show A [--at T]`: with `at`, the balance as of then (`as_of`) beside the account
+/// as it is now.
+async fn account_show(account: &str, at: Option<&str>, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let at = at.map(|text| time_arg("at", text)).transpose()?;
     let ledger = ctx.ledger()?;
-    let view = ledger.account(account).await.map_err(|e| {
+    let read = match at {
+        None => ledger.account(account).await.map(|view| (view, None)),
+        Some(at) => {
+            (ledger.balance_at(account, at).await).map(|b| (b.account, Some((b.at, b.balance))))
+        }
+    };
+    let (view, as_of) = read.map_err(|e| {
         or_missing(
             e,
             format!("no account {account:?} in database {}", ctx.settings.db),
             format!("could not read account {account}"),
         )
     })?;
-    let m = account_money(&view);
+    let m = money_in(&view.currency);
     let mut text = format!("account {} ({})\n", view.account, view.currency);
+    if let Some((at, then)) = as_of {
+        text.push_str(&format!(
+            "  as of {}: {}  (committed and done transfers up to then)\n  now\n",
+            format_time_ms(at),
+            m(then)
+        ));
+    }
     text.push_str(&format!("  balance    {:>18}\n", m(view.balance)));
     text.push_str(&format!(
         "  available  {:>18}  (without credits not yet settled)\n",
@@ -316,7 +329,11 @@ async fn account_show(account: &str, ctx: &mut Context) -> anyhow::Result<Exit> 
             text.push_str(&format!("    {:>18}  {}\n", m(p.delta), p.txn));
         }
     }
-    ctx.out.print(&serde_json::to_value(&view)?, &text)?;
+    let mut value = serde_json::to_value(&view)?;
+    if let Some((at, balance)) = as_of {
+        value["as_of"] = json!({"at": at, "balance": balance});
+    }
+    ctx.out.print(&value, &text)?;
     Ok(Exit::Success)
 }
 
@@ -336,7 +353,7 @@ async fn account_list(ctx: &mut Context) -> anyhow::Result<Exit> {
         ));
     }
     for view in &accounts {
-        let m = account_money(view);
+        let m = money_in(&view.currency);
         text.push_str(&format!(
             "{:<24} {:>18} {:>18} {:>18}  {}\n",
             view.account,

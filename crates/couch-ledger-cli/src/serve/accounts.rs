@@ -5,9 +5,10 @@ use axum::http::StatusCode;
 use axum::Json;
 use couch_ledger::AccountSpec;
 
-use super::api::{AccountBody, AccountList, CreateAccount, ErrorBody, RecordedBody};
+use super::api::{AccountBody, AccountList, AsOfBody, CreateAccount, ErrorBody, RecordedBody};
 use super::error::ApiError;
-use super::extract::{IdPath, JsonBody};
+use super::extract::{IdPath, JsonBody, QueryParams};
+use super::history::{time_param, AccountParams};
 use super::schema::Id;
 use super::{amount, currency, record_status, AppState};
 
@@ -50,16 +51,18 @@ pub(crate) async fn create(
     Ok((record_status(r.status), Json(body)))
 }
 
-/// One account's balances and the transfers applied to it and not yet settled.
+/// One account's balances and the transfers applied to it and not yet settled; with `at`, also
+/// its balance as of that time (`as_of`), read from a view that on a cluster is one copy's and
+/// may lag a moment behind the latest transfers.
 #[utoipa::path(
     get,
     path = "/v1/accounts/{id}",
     operation_id = "getAccount",
     tag = "accounts",
-    params(("id" = Id, Path, description = "The account id")),
+    params(("id" = Id, Path, description = "The account id"), AccountParams),
     responses(
         (status = 200, description = "The account", body = AccountBody),
-        (status = 400, description = "A malformed id (`invalid_input`)", body = ErrorBody),
+        (status = 400, description = "A malformed id or time (`invalid_input`)", body = ErrorBody),
         (status = 404, description = "No such account (`not_found`)", body = ErrorBody),
     ),
     security(("api_key" = []))
@@ -67,13 +70,23 @@ pub(crate) async fn create(
 pub(crate) async fn get(
     State(state): State<AppState>,
     IdPath(id): IdPath,
+    QueryParams(params): QueryParams<AccountParams>,
 ) -> Result<Json<AccountBody>, ApiError> {
-    let view = state
-        .ledger
-        .account(&id)
-        .await
-        .map_err(|e| ApiError::from_ledger(&e, || format!("no account {id:?}")))?;
-    Ok(Json(AccountBody::from(&view)))
+    let read = match time_param("at", params.at.as_deref())? {
+        None => state.ledger.account(&id).await.map(|view| (view, None)),
+        Some(at) => state.ledger.balance_at(&id, at).await.map(|b| {
+            let as_of = AsOfBody {
+                at: b.at,
+                balance: b.balance.minor(),
+            };
+            (b.account, Some(as_of))
+        }),
+    };
+    let (view, as_of) =
+        read.map_err(|e| ApiError::from_ledger(&e, || format!("no account {id:?}")))?;
+    let mut body = AccountBody::from(&view);
+    body.as_of = as_of;
+    Ok(Json(body))
 }
 
 /// Every account with its balances.

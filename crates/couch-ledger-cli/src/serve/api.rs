@@ -192,6 +192,19 @@ pub(crate) struct AccountBody {
     pub(crate) min_balance: Option<i64>,
     /// Transfers applied and not yet settled.
     pub(crate) pending: Vec<PendingBody>,
+    /// Only when `at` was asked: the balance as of that time (the other fields are now's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) as_of: Option<AsOfBody>,
+}
+
+/// The balance as of a time (`GET /v1/accounts/{id}?at=`, `account show --at --json`).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AsOfBody {
+    /// The time asked about, ms since the epoch.
+    pub(crate) at: i64,
+    /// The opening plus every committed or done transfer that took effect at or before `at`.
+    #[schema(value_type = MinorUnits)]
+    pub(crate) balance: i64,
 }
 
 impl From<&AccountView> for AccountBody {
@@ -212,6 +225,7 @@ impl From<&AccountView> for AccountBody {
                     delta: p.delta.minor(),
                 })
                 .collect(),
+            as_of: None,
         }
     }
 }

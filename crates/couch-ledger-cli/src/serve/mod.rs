@@ -8,7 +8,7 @@
 //! | `mod.rs` | settings, the router and its OpenAPI document, start and graceful stop |
 //! | `api.rs` | request and response bodies and their schemas |
 //! | `schema.rs` | the document's shared parts: constrained scalars, shared error answers |
-//! | `accounts.rs`, `transfers.rs`, `orders.rs`, `ops.rs` | the handlers |
+//! | `accounts.rs`, `history.rs`, `transfers.rs`, `orders.rs`, `ops.rs` | the handlers (`history.rs` with its own bodies) |
 //! | `error.rs`, `extract.rs` | errors as answers; extractors that refuse the same way |
 //! | `auth.rs`, `access.rs`, `metrics.rs` | API keys; the request log line; Prometheus metrics |
 //!
@@ -49,6 +49,7 @@ mod api;
 mod auth;
 mod error;
 mod extract;
+mod history;
 mod metrics;
 mod ops;
 mod orders;
@@ -367,6 +368,7 @@ fn routes(keys: Arc<ApiKeys>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let v1 = OpenApiRouter::new()
         .routes(routes!(accounts::create, accounts::list))
         .routes(routes!(accounts::get))
+        .routes(routes!(history::history))
         .routes(routes!(transfers::create))
         .routes(routes!(transfers::get))
         .routes(routes!(transfers::cancel))

@@ -14,7 +14,10 @@
 use std::borrow::Cow;
 
 use couch_ledger::limits::ID_CHARS_MAX;
-use couch_ledger::{Currency, AMOUNT_ABS_MAX, TEXT_LEN_MAX};
+use couch_ledger::{
+    Currency, AMOUNT_ABS_MAX, HISTORY_CURSOR_CHARS_MAX, TEXT_LEN_MAX, TIME_FORMS,
+    TIME_MS_DIGITS_MAX,
+};
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::Operation;
@@ -266,6 +269,46 @@ component!(
         .into()
 );
 
+/// The pattern of [`Time`]: `parse_time_ms`'s two forms, each date one that exists.
+pub(crate) fn time_pattern() -> String {
+    let year = "[0-9]{4}";
+    let leap = "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)";
+    let month_day = "(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])\
+        |(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))";
+    let clock = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?";
+    let zone = "(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
+    format!(
+        "^(?:[0-9]{{1,{TIME_MS_DIGITS_MAX}}}|(?:{year}-{month_day}|{leap}-02-29)[Tt ]{clock}{zone})$"
+    )
+}
+
+component!(
+    /// A time: RFC 3339 or epoch milliseconds.
+    Time,
+    string()
+        .pattern(Some(time_pattern()))
+        .description(Some(format!(
+            "A time: {TIME_FORMS}. Digits after the seconds are cut to the millisecond."
+        )))
+        .into()
+);
+
+component!(
+    /// Where a page of an account's history goes on.
+    HistoryCursorText,
+    string()
+        .min_length(Some(3))
+        .max_length(Some(HISTORY_CURSOR_CHARS_MAX))
+        .pattern(Some(format!(
+            "^[0-9]{{1,{TIME_MS_DIGITS_MAX}}}\\.[^{CONTROL}]+$"
+        )))
+        .description(Some(
+            "The `next` of a page of an account's history, passed back as it is; never built \
+             or read by a caller (its form may change).",
+        ))
+        .into()
+);
+
 /// Every component above. Derived `ToSchema` collects those a body names itself, not those
 /// only a parameter or another component names.
 pub(crate) fn components() -> Vec<(String, RefOr<Schema>)> {
@@ -286,6 +329,8 @@ pub(crate) fn components() -> Vec<(String, RefOr<Schema>)> {
         named::<Quantity>(),
         named::<AnyValue>(),
         named::<OutstandingOnly>(),
+        named::<Time>(),
+        named::<HistoryCursorText>(),
     ]
 }
 

@@ -112,8 +112,8 @@ async fn serve_contract_schemathesis_with_every_check_finds_nothing() {
     );
     // Every operation was tested, in every phase, and nothing was skipped for an error.
     for line in [
-        "Selected: 21/21",
-        "Tested: 21",
+        "Selected: 22/22",
+        "Tested: 22",
         "✅ Examples",
         "✅ Coverage",
     ] {
@@ -233,6 +233,7 @@ async fn serve_contract_every_answer_is_documented_json() {
         "createAccount",
         "listAccounts",
         "getAccount",
+        "getAccountHistory",
         "createTransfer",
         "getTransfer",
         "cancelTransfer",

@@ -21,4 +21,5 @@ pub use self::model::{
     OrderSummary, OutstandingPage, Payment, Purchase, RecordStatus, Recorded, Refund, Shipment,
     Statement, BASKET_ITEMS_MAX, ID_PART_LEN_MAX, TEXT_LEN_MAX,
 };
+pub(crate) use self::reports::exact_amount;
 pub use self::reports::OUTSTANDING_LIMIT_MAX;

@@ -31,7 +31,7 @@ const _: () = assert!(OUTSTANDING_LIMIT_MAX <= VIEW_PAGE_ROWS * OUTSTANDING_PAGE
 /// A reduced or emitted view value as an exact amount: an integer within ±(2^53 − 1). A
 /// fraction means a document with a non-integer amount got past validation; it is reported,
 /// never rounded.
-fn exact_amount(value: &Value, what: &str) -> Result<Amount> {
+pub(crate) fn exact_amount(value: &Value, what: &str) -> Result<Amount> {
     let Some(n) = value.as_i64() else {
         return Err(Error::decode(format!(
             "{what}: {value} is not an integer number of minor units"
