@@ -275,6 +275,21 @@ impl HistoryQuery {
         }
     }
 
+    /// Whether no entry can be in the page: it would start (at `to`, or the cursor) before
+    /// `from`. CouchDB refuses such a key range (400 `query_parse_error`) instead of answering
+    /// no rows.
+    fn is_empty_range(&self) -> bool {
+        let Some(from) = self.from else {
+            return false;
+        };
+        let cursor = self
+            .after
+            .as_ref()
+            .filter(|c| self.to.is_none_or(|to| c.at <= to))
+            .map(|c| c.at);
+        cursor.or(self.to).is_some_and(|start| start < from)
+    }
+
     /// Whether `row` is the cursor's own entry (the last of the previous page).
     fn is_cursor(&self, row: &Row) -> bool {
         self.after
@@ -303,13 +318,17 @@ impl Ledger {
         validate_id("account", account)?;
         query.check()?;
         let view = self.account(account).await?;
-        let reply = self
-            .inner
-            .hot
-            .view(DDOC, VIEW, &query.rows_request(account))
-            .await?;
-        let mut rows = Vec::with_capacity(reply.rows.len());
-        for row in reply.rows {
+        let found = if query.is_empty_range() {
+            Vec::new()
+        } else {
+            self.inner
+                .hot
+                .view(DDOC, VIEW, &query.rows_request(account))
+                .await?
+                .rows
+        };
+        let mut rows = Vec::with_capacity(found.len());
+        for row in found {
             let row = Row::from_view(row, account)?;
             if !query.is_cursor(&row) {
                 rows.push(row);
@@ -457,6 +476,29 @@ mod tests {
             ..HistoryQuery::default()
         };
         assert!(most.check().is_ok());
+    }
+
+    #[test]
+    fn a_page_that_would_start_before_from_is_empty_without_a_request() {
+        let cursor = |at| {
+            Some(HistoryCursor {
+                at,
+                txn: "t".to_owned(),
+            })
+        };
+        let q = |from, to, after| HistoryQuery {
+            from,
+            to,
+            after,
+            ..HistoryQuery::default()
+        };
+        assert!(q(Some(200), Some(100), None).is_empty_range());
+        assert!(q(Some(200), None, cursor(150)).is_empty_range());
+        assert!(q(Some(200), Some(100), cursor(300)).is_empty_range());
+        assert!(!q(Some(100), Some(100), None).is_empty_range());
+        assert!(!q(Some(100), None, cursor(100)).is_empty_range());
+        assert!(!q(None, Some(100), cursor(50)).is_empty_range());
+        assert!(!q(Some(100), Some(300), cursor(500)).is_empty_range());
     }
 
     #[test]
