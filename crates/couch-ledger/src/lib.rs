@@ -78,6 +78,7 @@ mod couch;
 pub mod design;
 mod engine;
 mod error;
+mod events;
 mod history;
 mod iam;
 mod ledger;
@@ -106,6 +107,11 @@ pub use couch::{
 };
 pub use engine::WriteQuorum;
 pub use error::{plain_seconds, Condition, Error, Result};
+pub use events::{
+    AccountFacts, EntryFacts, EventCursor, EventData, EventKind, EventPage, EventQuery,
+    LedgerEvent, OrderFacts, TransferFacts, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX,
+    EVENTS_WAIT_MAX, EVENT_CURSOR_CHARS_MAX,
+};
 pub use history::{
     BalanceAt, HistoryCursor, HistoryEntry, HistoryPage, HistoryQuery, HISTORY_CURSOR_CHARS_MAX,
     HISTORY_LIMIT_DEFAULT, HISTORY_LIMIT_MAX,

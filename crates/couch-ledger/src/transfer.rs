@@ -348,7 +348,7 @@ impl TxnDoc {
         Ok(())
     }
 
-    fn view(&self) -> TransferView {
+    pub(crate) fn view(&self) -> TransferView {
         TransferView {
             id: self.txn_id.clone(),
             source: self.source.clone(),
