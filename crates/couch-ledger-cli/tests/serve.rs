@@ -14,6 +14,8 @@ use crate::support;
 
 // The contract as other programs read it: the OpenAPI document, schemathesis, a generated client.
 mod contract;
+// Events: a JSON page, Server-Sent Events resumed with Last-Event-ID, webhooks.
+mod events;
 // An account's history and its balance at a time over HTTP.
 mod history;
 

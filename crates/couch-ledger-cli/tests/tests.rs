@@ -36,3 +36,5 @@ mod background;
 mod one_write;
 // An account's history and balance at a time: the library and the command line.
 mod history;
+// Events from the change feeds: each fact once, in order, resumable from any cursor.
+mod events;

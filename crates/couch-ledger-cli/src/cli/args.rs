@@ -237,6 +237,13 @@ pub(crate) enum Command {
     #[command(flatten)]
     Transfers(super::transfers::TransferCommand),
 
+    /// The ledger's events as JSON lines, oldest first: transfer.done, transfer.cancelled,
+    /// transfer.reversed, payment.recorded, refund.recorded, adjustment.recorded,
+    /// order.settled, order.unsettled, account.created, account.overdrawn. Each has a stable
+    /// `id` (a fact read twice has the same id) and a `cursor`: pass the last one you handled to
+    /// --after to go on from there. Read from the databases' change feeds (docs/EVENTS.md).
+    Events(super::events::EventsArgs),
+
     /// Run the seed scenarios end to end on a fresh database and say what each step shows.
     /// Uses COUCHDB_URL or --url when given; otherwise the server at the default URL, or, when
     /// nothing answers there, a local pouchdb-server it starts and stops itself.

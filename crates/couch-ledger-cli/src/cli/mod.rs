@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 pub(crate) mod args;
 pub(crate) mod demo;
 pub(crate) mod dev;
+pub(crate) mod events;
 pub(crate) mod failure;
 pub(crate) mod history;
 pub(crate) mod lookup;
@@ -98,6 +99,7 @@ async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
         Command::Init(args) => init(args, ctx).await,
         Command::Orders(cmd) => orders::run(cmd, ctx).await,
         Command::Transfers(cmd) => transfers::run(cmd, ctx).await,
+        Command::Events(args) => events::events(args, ctx).await,
         Command::Demo(args) => demo::run(args, ctx).await,
         Command::DevServer(args) => dev::run(args, ctx).await,
         // main.rs hands `serve` to the service (src/serve/) before it gets here.

@@ -58,6 +58,23 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     pub(crate) init: bool,
 
+    /// POST every event of the ledger (docs/EVENTS.md) to this URL, in order, at least once:
+    /// a JSON body signed with --webhook-secret-file (header Couch-Ledger-Signature:
+    /// t=SECONDS,v1=HEX, HMAC-SHA256 of "SECONDS.BODY"), retried until the endpoint answers
+    /// 2xx. Where delivery is, is kept in the database, so a restart goes on from there.
+    #[arg(long, value_name = "URL", env = "COUCH_LEDGER_WEBHOOK_URL")]
+    pub(crate) webhook_url: Option<String>,
+
+    /// The file holding the webhook's signing secret (at least 16 bytes; a trailing newline is
+    /// not part of it).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) webhook_secret_file: Option<std::path::PathBuf>,
+
+    /// The longest wait between two tries of a delivery that failed (the wait doubles from
+    /// 250ms up to this): 5s, 1m.
+    #[arg(long, value_name = "DUR", default_value = "1m")]
+    pub(crate) webhook_retry_max: String,
+
     /// Log lines on stderr: text for people, or one JSON object a line for a log collector.
     /// The level comes from RUST_LOG (default info: one line per request).
     #[arg(long, value_enum, value_name = "FORMAT", default_value_t = LogFormat::Text)]

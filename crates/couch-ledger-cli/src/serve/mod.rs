@@ -48,6 +48,7 @@ mod accounts;
 mod api;
 mod auth;
 mod error;
+mod events;
 mod extract;
 mod history;
 mod metrics;
@@ -55,6 +56,7 @@ mod ops;
 mod orders;
 mod schema;
 mod transfers;
+mod webhook;
 
 use auth::ApiKeys;
 use error::ApiError;
@@ -68,6 +70,8 @@ pub(crate) struct AppState {
     metrics: Arc<Metrics>,
     /// `/openapi.json`, generated from the router at start.
     openapi: Arc<String>,
+    /// Becomes `true` when the service stops: open event streams end.
+    stop: watch::Receiver<bool>,
 }
 
 /// The transfer an answer is about, for the request's log line (a response extension).
@@ -84,6 +88,8 @@ struct Settings {
     answer_at_commit: bool,
     /// `--shutdown-timeout`: the stop, from the signal to the exit, takes no longer.
     shutdown_timeout: Duration,
+    /// `--webhook-url`: where every event is POSTed.
+    webhook: Option<webhook::Webhook>,
 }
 
 impl Settings {
@@ -109,6 +115,23 @@ impl Settings {
                 "--sweep-batch must be between 1 and {SWEEP_LIMIT_MAX}"
             )));
         }
+        let webhook = match &args.webhook_url {
+            Some(url) => {
+                let retry_max = parse_duration(&args.webhook_retry_max)
+                    .map_err(|e| UsageError::new(format!("--webhook-retry-max: {e}")))?;
+                Some(webhook::Webhook::from_args(
+                    url,
+                    args.webhook_secret_file.as_deref(),
+                    retry_max,
+                )?)
+            }
+            None if args.webhook_secret_file.is_some() => {
+                return Err(UsageError::new(
+                    "--webhook-secret-file is for --webhook-url: give both, or neither",
+                ));
+            }
+            None => None,
+        };
         Ok(Settings {
             listen,
             keys,
@@ -119,6 +142,7 @@ impl Settings {
             init: args.init,
             answer_at_commit: args.answer_at_commit,
             shutdown_timeout,
+            webhook,
         })
     }
 }
@@ -167,10 +191,17 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let local = listener.local_addr().context("the listening address")?;
     let auth = settings.keys.required();
-    let app = router(ledger.clone(), metrics.clone(), Arc::new(settings.keys));
-
     let shutdown_timeout = settings.shutdown_timeout;
     let (stop_rx, deadline_rx) = stop_on(signals, shutdown_timeout);
+    let app = router(
+        ledger.clone(),
+        metrics.clone(),
+        Arc::new(settings.keys),
+        stop_rx.clone(),
+    );
+    if let Some(hook) = settings.webhook {
+        tokio::spawn(webhook::run(ledger.clone(), hook, stop_rx.clone()));
+    }
     let sweeper = settings.sweep.map(|options| {
         let (ledger, metrics, stop) = (ledger.clone(), metrics.clone(), stopped(stop_rx.clone()));
         tokio::spawn(async move {
@@ -334,6 +365,7 @@ fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
         (name = "accounts", description = "Accounts that transfers move money between"),
         (name = "transfers", description = "Two-phase transfers: idempotent by id"),
         (name = "orders", description = "The immutable order ledger"),
+        (name = "events", description = "What happened, in order, resumable: a page or Server-Sent Events"),
         (name = "operations", description = "Health, readiness, metrics, status, invariants"),
     )
 )]
@@ -382,6 +414,7 @@ fn routes(keys: Arc<ApiKeys>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(orders::shipment))
         .routes(routes!(orders::delivery))
         .routes(routes!(orders::statement))
+        .routes(routes!(events::list))
         .routes(routes!(ops::status))
         .routes(routes!(ops::verify))
         .route_layer(from_fn_with_state(keys, auth::require_key));
@@ -400,13 +433,19 @@ fn routes(keys: Arc<ApiKeys>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
 
 /// The service: the routes, API keys in front of `/v1`, the request log and metrics around
 /// everything, JSON 404s.
-fn router(ledger: Ledger, metrics: Arc<Metrics>, keys: Arc<ApiKeys>) -> Router {
+fn router(
+    ledger: Ledger,
+    metrics: Arc<Metrics>,
+    keys: Arc<ApiKeys>,
+    stop: watch::Receiver<bool>,
+) -> Router {
     let (routes, doc) = routes(keys);
     let openapi = schema::document_json(&doc);
     let state = AppState {
         ledger,
         metrics,
         openapi: Arc::new(openapi),
+        stop,
     };
     routes
         .fallback(not_found)

@@ -15,8 +15,8 @@ use std::borrow::Cow;
 
 use couch_ledger::limits::ID_CHARS_MAX;
 use couch_ledger::{
-    Currency, AMOUNT_ABS_MAX, HISTORY_CURSOR_CHARS_MAX, TEXT_LEN_MAX, TIME_FORMS,
-    TIME_MS_DIGITS_MAX,
+    Currency, AMOUNT_ABS_MAX, EVENT_CURSOR_CHARS_MAX, HISTORY_CURSOR_CHARS_MAX, TEXT_LEN_MAX,
+    TIME_FORMS, TIME_MS_DIGITS_MAX,
 };
 use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::link::LinkBuilder;
@@ -294,6 +294,22 @@ component!(
 );
 
 component!(
+    /// Where a reader of the ledger's events is.
+    EventCursorText,
+    string()
+        .min_length(Some(3))
+        .max_length(Some(EVENT_CURSOR_CHARS_MAX))
+        .pattern(Some(
+            "^[0-9A-Za-z_-]+(\\.[0-9]+\\.[0-9a-f]{8})?~[0-9A-Za-z_-]+(\\.[0-9]+\\.[0-9a-f]{8})?$",
+        ))
+        .description(Some(
+            "An event's `cursor` (or a page's), passed back as it is; never built or read by a \
+             caller (its form may change).",
+        ))
+        .into()
+);
+
+component!(
     /// Where a page of an account's history goes on.
     HistoryCursorText,
     string()
@@ -331,6 +347,7 @@ pub(crate) fn components() -> Vec<(String, RefOr<Schema>)> {
         named::<OutstandingOnly>(),
         named::<Time>(),
         named::<HistoryCursorText>(),
+        named::<EventCursorText>(),
     ]
 }
 

@@ -112,8 +112,8 @@ async fn serve_contract_schemathesis_with_every_check_finds_nothing() {
     );
     // Every operation was tested, in every phase, and nothing was skipped for an error.
     for line in [
-        "Selected: 22/22",
-        "Tested: 22",
+        "Selected: 23/23",
+        "Tested: 23",
         "✅ Examples",
         "✅ Coverage",
     ] {
@@ -247,6 +247,7 @@ async fn serve_contract_every_answer_is_documented_json() {
         "getOrder",
         "listOutstandingOrders",
         "getCustomerStatement",
+        "listEvents",
         "getStatus",
         "verifyLedger",
         "getHealth",

@@ -1,0 +1,319 @@
+//! The ledger's events against the documents a test wrote: through the library and the command
+//! line (the service's stream is tests/serve/events.rs).
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use couch_ledger::{
+    Adjustment, Amount, EventCursor, EventKind, EventQuery, Ledger, LedgerEvent, Payment, Purchase,
+    State,
+};
+use serde_json::Value;
+
+use crate::cli::cli;
+use crate::support::{self, eur, eur_transfer, open_account};
+
+/// What a scenario must make: every event's id, and the order's events in their order.
+pub(crate) struct Scenario {
+    pub(crate) ids: HashSet<String>,
+    pub(crate) order_ids: Vec<String>,
+}
+
+fn purchase(order: &str, total: i64) -> Purchase {
+    let text = include_str!("../../../examples/cloudant-purchase.json");
+    let mut p = Purchase::from_json(text, Some(eur())).unwrap();
+    p.order_id = order.to_owned();
+    p.basket.truncate(1);
+    p.pretax = Amount::new(total).unwrap();
+    p.tax = Amount::ZERO;
+    p.delivery.price = Amount::ZERO;
+    p.total = Amount::new(total).unwrap();
+    p
+}
+
+fn payment(order: &str, reference: &str, minor: i64) -> Payment {
+    Payment {
+        order_id: order.to_owned(),
+        reference: reference.to_owned(),
+        amount: Amount::new(minor).unwrap(),
+        currency: eur(),
+        method: Some("card".to_owned()),
+    }
+}
+
+/// Two accounts, a transfer done, one cancelled for funds, a reversal; an order paid in two
+/// payments (settled at the second, not the first), then a surcharge (unsettled) and its
+/// payment (settled again).
+pub(crate) async fn scenario(l: &Ledger, tag: &str) -> Scenario {
+    let (a, b) = (format!("ea-{tag}"), format!("eb-{tag}"));
+    open_account(l, &a, 10_000).await;
+    open_account(l, &b, 0).await;
+    let (t1, t2) = (format!("t1-{tag}"), format!("t2-{tag}"));
+    let done = l.submit(eur_transfer(&t1, &a, &b, 1_000), true).await;
+    assert_eq!(done.unwrap().state, State::Done);
+    let refused = l.submit(eur_transfer(&t2, &a, &b, 1_000_000), true).await;
+    assert_eq!(refused.unwrap().state, State::Cancelled);
+    let reversal = l.reverse(&t1).await.unwrap();
+    assert_eq!(reversal.state, State::Done);
+
+    let order = format!("o-{tag}");
+    l.record_purchase(&purchase(&order, 1_000)).await.unwrap();
+    l.record_payment(&payment(&order, "P1", 600)).await.unwrap();
+    l.record_payment(&payment(&order, "P2", 400)).await.unwrap();
+    l.record_adjustment(&Adjustment {
+        order_id: order.clone(),
+        reference: "A1".to_owned(),
+        amount: Amount::new(50).unwrap(),
+        currency: eur(),
+        reason: Some("gift wrap".to_owned()),
+    })
+    .await
+    .unwrap();
+    l.record_payment(&payment(&order, "P3", 50)).await.unwrap();
+
+    let entry = |kind: &str, r: &str| format!("{kind}:{order}:{r}");
+    let order_ids = vec![
+        format!("payment.recorded:{}", entry("payment", "P1")),
+        format!("payment.recorded:{}", entry("payment", "P2")),
+        format!("order.settled:{order}:{}", entry("payment", "P2")),
+        format!("adjustment.recorded:{}", entry("adjustment", "A1")),
+        format!("order.unsettled:{order}:{}", entry("adjustment", "A1")),
+        format!("payment.recorded:{}", entry("payment", "P3")),
+        format!("order.settled:{order}:{}", entry("payment", "P3")),
+    ];
+    let mut ids: HashSet<String> = order_ids.iter().cloned().collect();
+    ids.extend([
+        format!("account.created:{a}"),
+        format!("account.created:{b}"),
+        format!("transfer.done:{t1}"),
+        format!("transfer.cancelled:{t2}"),
+        format!("transfer.done:{}", reversal.id),
+        format!("transfer.reversed:{}", reversal.id),
+    ]);
+    Scenario { ids, order_ids }
+}
+
+/// Every event after `after`, `limit` a page, following the pages' cursors; bounded.
+async fn read_all(l: &Ledger, after: EventCursor, limit: usize) -> Vec<LedgerEvent> {
+    let mut query = EventQuery {
+        after,
+        limit,
+        ..EventQuery::default()
+    };
+    let mut out = Vec::new();
+    for _ in 0..1_000 {
+        let page = l.events(&query).await.unwrap();
+        assert!(page.events.len() <= limit);
+        if let Some(last) = page.events.last().filter(|_| page.events.len() == limit) {
+            assert_eq!(
+                last.cursor, page.cursor,
+                "a full page ends at its last event"
+            );
+        }
+        let empty = page.events.is_empty();
+        out.extend(page.events);
+        query.after = page.cursor;
+        if empty {
+            return out;
+        }
+    }
+    panic!("more than 1,000 pages");
+}
+
+fn ids(events: &[LedgerEvent]) -> Vec<String> {
+    events.iter().map(|e| e.id.clone()).collect()
+}
+
+/// `seen` holds each of `s`'s events once, and the order's in their order.
+pub(crate) fn assert_scenario(seen: &[String], s: &Scenario) {
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "an event repeated: {seen:#?}");
+    let got: HashSet<String> = seen.iter().cloned().collect();
+    assert_eq!(got, s.ids, "the events are the scenario's");
+    let order: Vec<&String> = seen.iter().filter(|i| s.order_ids.contains(i)).collect();
+    let want: Vec<&String> = s.order_ids.iter().collect();
+    assert_eq!(
+        order, want,
+        "the order's events in the order of its entries"
+    );
+}
+
+#[tokio::test]
+async fn events_name_each_fact_once_in_order_and_resume_from_any_cursor() {
+    let l = support::ledger("events_lib").await;
+    let s = scenario(&l, "l").await;
+    let all = read_all(&l, EventCursor::start(), 1_000).await;
+    assert_scenario(&ids(&all), &s);
+
+    // The facts each carries.
+    let find = |id: &str| all.iter().find(|e| e.id == id).unwrap().clone();
+    let t1 = find("transfer.done:t1-l");
+    assert_eq!(t1.kind, EventKind::TransferDone);
+    assert_eq!(t1.data_json()["amount"], 1_000);
+    assert_eq!(t1.data_json()["state"], "done");
+    assert_eq!(t1.time, t1.data_json()["decided_at"].as_i64().unwrap());
+    let settled = find("order.settled:o-l:payment:o-l:P2");
+    assert_eq!(settled.data_json()["balance_before"], 400);
+    assert_eq!(settled.data_json()["balance"], 0);
+    let cancelled = find("transfer.cancelled:t2-l");
+    assert_eq!(cancelled.data_json()["reason"], "insufficient_funds");
+
+    // Pages of any size, and a resume after any event, give the same sequence.
+    for limit in [1, 2, 3] {
+        assert_eq!(
+            ids(&read_all(&l, EventCursor::start(), limit).await),
+            ids(&all)
+        );
+    }
+    for (i, event) in all.iter().enumerate() {
+        let text = event.cursor.to_string();
+        let rest = read_all(&l, EventCursor::parse(&text).unwrap(), 1_000).await;
+        assert_eq!(ids(&rest), ids(&all[i + 1..]), "after {text}");
+    }
+
+    // Only some types: the cursor still moves past the others.
+    let only = EventQuery {
+        kinds: Some(vec![EventKind::OrderSettled]),
+        ..EventQuery::default()
+    };
+    let page = l.events(&only).await.unwrap();
+    assert_eq!(
+        ids(&page.events),
+        [
+            "order.settled:o-l:payment:o-l:P2",
+            "order.settled:o-l:payment:o-l:P3"
+        ]
+    );
+    let past_the_end = read_all(&l, page.cursor, 10).await;
+    assert!(past_the_end.is_empty(), "{:?}", ids(&past_the_end));
+}
+
+#[tokio::test]
+async fn a_waiting_reader_gets_the_next_event_when_it_happens() {
+    let l = support::ledger("events_wait").await;
+    open_account(&l, "w1", 500).await;
+    open_account(&l, "w2", 0).await;
+    let end = read_all(&l, EventCursor::start(), 1_000).await;
+    let cursor = end.last().unwrap().cursor.clone();
+    let waiting = {
+        let l = l.clone();
+        let cursor = cursor.clone();
+        tokio::spawn(async move {
+            l.events(&EventQuery {
+                after: cursor,
+                wait: Some(Duration::from_secs(30)),
+                ..EventQuery::default()
+            })
+            .await
+        })
+    };
+    let done = l.submit(eur_transfer("tw", "w1", "w2", 100), true).await;
+    assert_eq!(done.unwrap().state, State::Done);
+    let page = tokio::time::timeout(Duration::from_secs(40), waiting)
+        .await
+        .expect("the wait is bounded")
+        .unwrap()
+        .unwrap();
+    assert_eq!(ids(&page.events), ["transfer.done:tw"]);
+    // Nothing new: a bounded wait answers empty, in about its bound.
+    let started = std::time::Instant::now();
+    let quiet = l
+        .events(&EventQuery {
+            after: page.cursor.clone(),
+            wait: Some(Duration::from_millis(300)),
+            ..EventQuery::default()
+        })
+        .await
+        .unwrap();
+    assert!(quiet.events.is_empty(), "{:?}", ids(&quiet.events));
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "a 300 ms wait took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn the_split_layout_gives_the_events_of_both_databases() {
+    let l = support::split_ledger("events_split").await;
+    let s = scenario(&l, "s").await;
+    let all = read_all(&l, EventCursor::start(), 1_000).await;
+    assert_scenario(&ids(&all), &s);
+    for limit in [1, 4] {
+        assert_eq!(
+            ids(&read_all(&l, EventCursor::start(), limit).await),
+            ids(&all)
+        );
+    }
+    let half = all.len() / 2;
+    let rest = read_all(&l, all[half].cursor.clone(), 3).await;
+    assert_eq!(ids(&rest), ids(&all[half + 1..]));
+}
+
+fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect()
+}
+
+#[tokio::test]
+async fn events_through_the_command_line() {
+    let l = support::ledger("events_cli").await;
+    let db = l.client().database().to_owned();
+    let s = scenario(&l, "c").await;
+    let run = cli(&db, &["events"]).await;
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let lines = json_lines(&run.stdout);
+    let seen: Vec<String> = lines
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_scenario(&seen, &s);
+    assert!(run.stderr.contains("--after"), "{}", run.stderr);
+    for e in &lines {
+        for field in ["id", "type", "cursor", "time", "data"] {
+            assert!(e.get(field).is_some(), "{field} in {e}");
+        }
+    }
+
+    let third = lines[2]["cursor"].as_str().unwrap();
+    let rest = cli(&db, &["events", "--after", third, "--limit", "2"]).await;
+    assert_eq!(rest.code, 0, "{}", rest.stderr);
+    let id = |e: &Value| e["id"].as_str().unwrap().to_owned();
+    let rest: Vec<String> = json_lines(&rest.stdout).iter().map(id).collect();
+    let want: Vec<String> = lines[3..5].iter().map(id).collect();
+    assert_eq!(rest, want);
+
+    let settled = cli(&db, &["events", "--types", "order.settled,order.unsettled"]).await;
+    let kinds: Vec<String> = json_lines(&settled.stdout)
+        .iter()
+        .map(|e| e["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds, ["order.settled", "order.unsettled", "order.settled"]);
+
+    for (args, says) in [
+        (vec!["events", "--after", "not a cursor"], "--after"),
+        (
+            vec!["events", "--types", "transfer.pending"],
+            "transfer.done",
+        ),
+        (vec!["events", "--limit", "0"], "--limit"),
+    ] {
+        let run = cli(&db, &args).await;
+        assert_eq!(run.code, 2, "{args:?}: {}", run.stderr);
+        assert!(run.stderr.contains(says), "{args:?}: {}", run.stderr);
+        assert!(run.stdout.is_empty(), "{args:?}: {}", run.stdout);
+    }
+}
+
+/// An event's `data` as JSON.
+trait DataJson {
+    fn data_json(&self) -> Value;
+}
+
+impl DataJson for LedgerEvent {
+    fn data_json(&self) -> Value {
+        serde_json::to_value(&self.data).unwrap()
+    }
+}
