@@ -69,6 +69,8 @@ mod p6_sweeper;
 mod p7_orders;
 // p8 and the figures of its rounds: the batched submit path.
 mod p8_batched;
+// BENCH_EVENTS=1: an events follower during p8's rounds, and its lag.
+mod events_lag;
 // p8_long and p8_aged: p8's workload for minutes, and on accounts with a long history.
 mod p8_long_aged;
 // p9: p8's transfers through `couch-ledger serve`.

@@ -88,6 +88,11 @@ pub async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let finish = p8_finish();
     let transfers = jobs_for_steady_rate(P8_TRANSFERS_PER_ROUND, c);
     let p8 = P8Sides::set_up(bench, finish).await?;
+    let events = if crate::events_lag::wanted() {
+        Some(crate::events_lag::EventsLag::start(bench, &p8.ledger)?)
+    } else {
+        None
+    };
     // Untimed, after the last round's ids: the engine reads the pool, connections open.
     let warm_up = rounds * transfers..rounds * transfers + 2 * c;
     run_transfers(&p8.ledger, "t", warm_up.clone(), c, pool_pair).await?;
@@ -101,6 +106,9 @@ pub async fn batched_transfers(bench: &Bench) -> Result<Vec<Row>> {
     })
     .await?;
     let grouping = before.grouping(&p8.ledger, rounds * transfers).await?;
+    if let Some(events) = events {
+        events.finish().await?;
+    }
     let requests = grouping.requests;
     eprintln!(
         "  p8 grouping: {requests:.3} HTTP requests per transfer ({:.1} transfers per request), \
