@@ -13,31 +13,6 @@ from urllib.parse import unquote
 
 import schemathesis
 
-
-def _parse_coverage_module_once():
-    """Has Hypothesis parse schemathesis's coverage module now, before the workers start.
-
-    Hypothesis describes a filter's lambda by parsing the source of the lambda's module once and
-    caching it. Two worker threads parsing that large module at the same moment can trip
-    CPython 3.11's parser ("AST constructor recursion depth mismatch", an error of the run, not
-    of the service). A stand-in lambda placed at a line of that module makes the one parse
-    happen here, in one thread; the workers then read the cache.
-    """
-    import inspect
-
-    from hypothesis.internal.reflection import get_pretty_function_description
-    from schemathesis.specs.openapi.coverage import _schema
-
-    source, _ = inspect.findsource(_schema)
-    line = next((i for i, text in enumerate(source) if "lambda" in text), None)
-    if line is None:
-        return
-    stand_in = eval(compile("\n" * line + "(lambda _: _)", _schema.__file__, "eval"))
-    get_pretty_function_description(stand_in)
-
-
-_parse_coverage_module_once()
-
 # The currency of each order a purchase was recorded for, by order id, as the service answered.
 _ORDER_CURRENCIES = {}
 
@@ -92,12 +67,6 @@ def _linkable(value):
 
 @schemathesis.hook
 def map_case(context, case):
-    if _positive(case) and _operation(case) == "GET /v1/events":
-        # `after` is a cursor the service gave (its positions are the database's own
-        # sequences, which no pattern states): the start of the feeds.
-        if case.query and "after" in case.query:
-            case.query["after"] = "0~0"
-        return case
     if not _positive(case) or not isinstance(case.body, dict):
         return case
     operation = _operation(case)
