@@ -130,10 +130,9 @@ impl Serialize for EventKind {
     }
 }
 
-/// Where one feed was read to: after the change at `seq` (`None`: from the start), with the
-/// first `skip` events of the change after it already given — that change being the one of the
-/// document whose id hashes to `of` (on a cluster a feed resumed from `seq` may start at another
-/// change, whose events are then all given).
+/// Where one feed was read to: after the change at `seq` (`None`: from the start). `skip` and
+/// `of` (the first `skip` events of the change of the document whose id hashes to `of` were
+/// already given) are read from a cursor's text; pages keep a change whole and write none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Position {
     seq: Option<String>,
@@ -502,42 +501,54 @@ impl Ledger {
                     _ => e,
                 })?;
             let read = changes.results.len();
-            for (i, row) in changes.results.iter().enumerate() {
+            // The change whose first events were given: after `at` in its shard, so anywhere in
+            // a feed that merges several shards' (not always first).
+            let mut partial = (at.skip > 0).then_some(&at);
+            for row in &changes.results {
                 let facts = self.facts_of(client, row).await?;
-                let skip = if i == 0 { at.given_of(&row.id) } else { 0 };
-                let last = page.cursor.position(feed).clone();
-                for (k, fact) in facts.iter().enumerate().skip(skip) {
-                    let position = if k + 1 == facts.len() {
-                        Position {
-                            seq: Some(seq_text(&row.seq)),
-                            ..Position::default()
-                        }
-                    } else {
-                        Position {
-                            seq: last.seq.clone(),
-                            skip: u32::try_from(k + 1).unwrap_or(u32::MAX),
-                            of: Some(id_hash(&row.id)),
-                        }
-                    };
-                    *page.cursor.position(feed) = position;
-                    let wanted = q.kinds.as_ref().is_none_or(|ks| ks.contains(&fact.kind));
-                    if wanted {
-                        page.events.push(LedgerEvent {
-                            id: fact.id.clone(),
-                            kind: fact.kind,
-                            cursor: page.cursor.clone(),
-                            time: fact.time,
-                            data: fact.data.clone(),
-                        });
-                        if page.events.len() >= q.limit {
-                            return Ok(());
-                        }
+                let skip = match partial.map(|p| p.given_of(&row.id)) {
+                    Some(given) if given > 0 => {
+                        partial = None;
+                        given
                     }
+                    _ => 0,
+                };
+                let wanted: Vec<&Fact> = facts
+                    .iter()
+                    .skip(skip)
+                    .filter(|f| q.kinds.as_ref().is_none_or(|ks| ks.contains(&f.kind)))
+                    .collect();
+                // A page never splits a change: one that would not fit waits for the next page,
+                // unless it is the page's first (then the page holds one event more).
+                if !page.events.is_empty() && page.events.len() + wanted.len() > q.limit {
+                    return Ok(());
                 }
-                *page.cursor.position(feed) = Position {
+                let before = page.cursor.position(feed).clone();
+                let after = Position {
                     seq: Some(seq_text(&row.seq)),
                     ..Position::default()
                 };
+                for (k, fact) in wanted.iter().enumerate() {
+                    // Every event of the change but its last resumes before the change: a
+                    // consumer that stops between them gets the change's events again (the
+                    // same ids), never misses the rest.
+                    *page.cursor.position(feed) = if k + 1 == wanted.len() {
+                        after.clone()
+                    } else {
+                        before.clone()
+                    };
+                    page.events.push(LedgerEvent {
+                        id: fact.id.clone(),
+                        kind: fact.kind,
+                        cursor: page.cursor.clone(),
+                        time: fact.time,
+                        data: fact.data.clone(),
+                    });
+                }
+                *page.cursor.position(feed) = after;
+                if page.events.len() >= q.limit {
+                    return Ok(());
+                }
             }
             if read < CHANGES_BATCH as usize {
                 return Ok(());

@@ -79,14 +79,24 @@ pub(crate) async fn events(a: EventsArgs, ctx: &mut Context) -> anyhow::Result<E
             .events(&query)
             .await
             .context("could not read the ledger's events")?;
-        for event in &page.events {
+        // A page keeps a change whole, so it may hold one event more than asked for.
+        let room = left.map_or(page.events.len(), |n| {
+            usize::try_from(n)
+                .unwrap_or(usize::MAX)
+                .min(page.events.len())
+        });
+        for event in &page.events[..room] {
             let line = serde_json::to_string(event).context("an event as JSON")?;
             writeln!(stdout, "{line}").context("writing to stdout")?;
         }
         stdout.flush().context("writing to stdout")?;
-        query.after = page.cursor;
+        query.after = match page.events.get(room.wrapping_sub(1)) {
+            // Stopped inside the page: resume after the last event printed.
+            Some(last) if room < page.events.len() => last.cursor.clone(),
+            _ => page.cursor,
+        };
         if let Some(n) = left.as_mut() {
-            *n = n.saturating_sub(page.events.len() as u64);
+            *n = n.saturating_sub(room as u64);
             if *n == 0 {
                 break;
             }

@@ -67,6 +67,12 @@ def _linkable(value):
 
 @schemathesis.hook
 def map_case(context, case):
+    if _positive(case) and _operation(case) == "GET /v1/events":
+        # `after` is a cursor the service gave (its positions are the database's own
+        # sequences, which no pattern states): the start of the feeds.
+        if case.query and "after" in case.query:
+            case.query["after"] = "0~0"
+        return case
     if not _positive(case) or not isinstance(case.body, dict):
         return case
     operation = _operation(case)

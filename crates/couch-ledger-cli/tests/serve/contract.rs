@@ -89,7 +89,10 @@ async fn serve_contract_schemathesis_with_every_check_finds_nothing() {
             .arg(contract_dir().join("schemathesis.toml"))
             .arg("run")
             .arg(format!("{}/openapi.json", svc.base))
-            .args(["--checks", "all", "--workers", "2", "--no-color"])
+            // One worker: two threads of Hypothesis describing filters parse large modules at once,
+            // which can trip CPython 3.11's parser (AST constructor recursion depth mismatch), an
+            // error of the run, not of the service.
+            .args(["--checks", "all", "--workers", "1", "--no-color"])
             .args(["--seed", &SCHEMATHESIS_SEED.to_string()])
             .args(["--max-examples", &SCHEMATHESIS_EXAMPLES.to_string()])
             .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
