@@ -312,10 +312,11 @@ async fn a_webhook_receiver_that_was_down_gets_every_event_signed_in_order() {
         after.contains(&"transfer.done:t9-w".to_owned()),
         "{after:?}"
     );
-    // At most the event in flight at the stop comes again; nothing older.
+    // At most the events of the write in flight at the stop come again (one write makes at
+    // most two); nothing older.
     let again: Vec<&String> = after.iter().filter(|i| ids.contains(i)).collect();
     assert!(
-        again.len() <= 1,
+        again.len() <= 2,
         "delivered again after the restart: {again:?}"
     );
     drop(svc);
