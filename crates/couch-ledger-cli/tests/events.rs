@@ -19,16 +19,9 @@ pub(crate) struct Scenario {
     pub(crate) order: String,
 }
 
+/// A purchase of `total` minor units in EUR (tests/orders.rs makes it).
 fn purchase(order: &str, total: i64) -> Purchase {
-    let text = include_str!("../../../examples/cloudant-purchase.json");
-    let mut p = Purchase::from_json(text, Some(eur())).unwrap();
-    p.order_id = order.to_owned();
-    p.basket.truncate(1);
-    p.pretax = Amount::new(total).unwrap();
-    p.tax = Amount::ZERO;
-    p.delivery.price = Amount::ZERO;
-    p.total = Amount::new(total).unwrap();
-    p
+    crate::orders::purchase(order, "customer", total, eur())
 }
 
 fn payment(order: &str, reference: &str, minor: i64) -> Payment {

@@ -18,7 +18,7 @@ fn cloudant() -> Purchase {
 }
 
 /// A small purchase of `total` minor units (all of it pretax) for `account`.
-fn purchase(order: &str, account: &str, total: i64, currency: Currency) -> Purchase {
+pub(crate) fn purchase(order: &str, account: &str, total: i64, currency: Currency) -> Purchase {
     let mut p = cloudant();
     p.order_id = order.to_owned();
     p.account_id = account.to_owned();
