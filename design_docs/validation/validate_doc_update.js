@@ -60,7 +60,25 @@ function (newDoc, oldDoc, userCtx, secObj) {
   function isNullableStr(x) { return x === undefined || x === null || typeof x === 'string'; }
   function isObj(x) { return typeof x === 'object' && x !== null && !Array.isArray(x); }
   function norm(x) { return x === undefined ? null : x; }
-  function same(a, b) { return JSON.stringify(norm(a)) === JSON.stringify(norm(b)); }
+  // JSON text with every object's keys in order: a writer that reorders keys (a JSON library
+  // keeping them sorted) changes nothing.
+  function canon(x) {
+    if (Array.isArray(x)) {
+      var items = [];
+      for (var i = 0; i < x.length; i++) { items.push(canon(x[i])); }
+      return '[' + items.join(',') + ']';
+    }
+    if (typeof x === 'object' && x !== null) {
+      var keys = [];
+      for (var k in x) { if (x.hasOwnProperty(k)) { keys.push(k); } }
+      keys.sort();
+      var parts = [];
+      for (var j = 0; j < keys.length; j++) { parts.push(JSON.stringify(keys[j]) + ':' + canon(x[keys[j]])); }
+      return '{' + parts.join(',') + '}';
+    }
+    return JSON.stringify(x);
+  }
+  function same(a, b) { return canon(norm(a)) === canon(norm(b)); }
 
   function needStr(t, doc, f) {
     if (!isStr(doc[f])) { deny(t, "field '" + f + "' is required and must be a non-empty string"); }
@@ -77,6 +95,14 @@ function (newDoc, oldDoc, userCtx, secObj) {
     if (typeof doc.currency !== 'string' || !/^[A-Z]{3}$/.test(doc.currency)) {
       deny(t, "field 'currency' must be an ISO-4217 code (three upper-case letters)");
     }
+  }
+  function sameMeta(a, b) {
+    var x = isObj(a) ? a : {};
+    var y = isObj(b) ? b : {};
+    var k;
+    for (k in x) { if (x.hasOwnProperty(k) && x[k] !== y[k]) { return false; } }
+    for (k in y) { if (y.hasOwnProperty(k) && x[k] !== y[k]) { return false; } }
+    return true;
   }
   function revPos(rev) {
     var n = parseInt(String(rev), 10);
@@ -159,6 +185,32 @@ function (newDoc, oldDoc, userCtx, secObj) {
 
   if (typeof type !== 'string' || OURS[type] !== true) {
     return; // another application's document
+  }
+
+  // ---- metadata: what a caller attached (docs/DOCUMENTS.md) -------------------
+  // At most 16 keys of 1 to 40 characters of A-Z a-z 0-9 _ -, each to a string of 1 to 256
+  // characters (code points) without a control character.
+  if (newDoc.meta !== undefined) {
+    if (!isObj(newDoc.meta)) { deny(type, "field 'meta' must be an object of strings"); }
+    var metaKeys = 0;
+    for (var mk in newDoc.meta) {
+      if (!newDoc.meta.hasOwnProperty(mk)) { continue; }
+      metaKeys++;
+      if (!/^[A-Za-z0-9_-]{1,40}$/.test(mk)) {
+        deny(type, "field 'meta' has a key '" + mk + "' that is not 1 to 40 characters of A-Z a-z 0-9 _ -");
+      }
+      var mv = newDoc.meta[mk];
+      var points = typeof mv === 'string' ? mv.replace(/[\uD800-\uDBFF][\uDC00-\uDFFF]/g, '_').length : 0;
+      if (points < 1 || points > 256 || /[\x00-\x1f\x7f-\x9f]/.test(mv)) {
+        deny(type, "field 'meta." + mk + "' must be a string of 1 to 256 characters without a control character");
+      }
+    }
+    if (metaKeys > 16) { deny(type, "field 'meta' holds " + metaKeys + " keys; at most 16"); }
+  }
+  // Written once: an account or a transfer keeps the metadata it was created with (in any key
+  // order).
+  if (oldLive && (type === 'account' || type === 'transaction') && !sameMeta(newDoc.meta, oldDoc.meta)) {
+    deny(type, "field 'meta' is written once, with the document");
   }
 
   // ---- immutable ledger documents -------------------------------------------

@@ -352,6 +352,7 @@ async fn the_ledger_works_through_the_round_robin_proxy() {
                 currency: eur,
                 opening: Amount::new(opening).unwrap(),
                 min_balance: Some(Amount::new(0).unwrap()),
+                meta: Default::default(),
             })
             .await
             .expect("create account through the proxy");
@@ -370,6 +371,7 @@ async fn the_ledger_works_through_the_round_robin_proxy() {
         destination: "B".into(),
         amount: Amount::new(10_000).unwrap(),
         currency: eur,
+        meta: Default::default(),
     };
     let outcome = worker
         .submit(request, true)

@@ -97,6 +97,7 @@ impl World {
                 currency: eur(),
                 opening: Amount::new(*opening).unwrap(),
                 min_balance: Some(Amount::ZERO),
+                meta: Default::default(),
             })
             .await
             .unwrap();
@@ -122,6 +123,7 @@ impl World {
                     destination: to.into(),
                     amount: Amount::new(value).unwrap(),
                     currency: eur(),
+                    meta: Default::default(),
                 },
                 false,
             )
@@ -424,6 +426,7 @@ impl World {
             destination: "B".into(),
             amount: Amount::new(70).unwrap(),
             currency: eur(),
+            meta: Default::default(),
         };
         let done = self.l.submit(request.clone(), true).await.unwrap();
         assert_eq!(done.state, State::Done);
@@ -880,6 +883,7 @@ fn payment() -> Payment {
         amount: Amount::new(1_500).unwrap(),
         currency: Currency::from_code("GBP").unwrap(),
         method: Some("card".to_owned()),
+        meta: Default::default(),
     }
 }
 

@@ -1047,6 +1047,7 @@ async fn a_members_new_edits_false_root_revision_of_a_payment_is_refused() {
             amount: Amount::new(646).unwrap(),
             currency: gbp,
             method: Some("credit card".into()),
+            meta: Default::default(),
         })
         .await
         .unwrap();

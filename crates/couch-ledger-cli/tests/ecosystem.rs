@@ -745,6 +745,7 @@ async fn backlog(test: &str, n: usize) -> couch_ledger::Ledger {
             currency: eur,
             opening: eur.parse(&opening.to_string()).unwrap(),
             min_balance: Some(eur.parse("0").unwrap()),
+            meta: Default::default(),
         })
         .await
         .unwrap();

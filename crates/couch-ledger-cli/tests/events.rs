@@ -31,6 +31,7 @@ fn payment(order: &str, reference: &str, minor: i64) -> Payment {
         amount: Amount::new(minor).unwrap(),
         currency: eur(),
         method: Some("card".to_owned()),
+        meta: Default::default(),
     }
 }
 
@@ -59,6 +60,7 @@ pub(crate) async fn scenario(l: &Ledger, tag: &str) -> Scenario {
         amount: Amount::new(50).unwrap(),
         currency: eur(),
         reason: Some("gift wrap".to_owned()),
+        meta: Default::default(),
     })
     .await
     .unwrap();

@@ -21,6 +21,7 @@ fn request(id: &str, value: i64) -> TransferRequest {
         destination: "B".into(),
         amount: Amount::new(value).unwrap(),
         currency: Currency::from_code("EUR").unwrap(),
+        meta: Default::default(),
     }
 }
 
@@ -37,6 +38,7 @@ async fn open(l: &Ledger, id: &str, opening: i64) {
         currency: Currency::from_code("EUR").unwrap(),
         opening: Amount::new(opening).unwrap(),
         min_balance: Some(Amount::ZERO),
+        meta: Default::default(),
     })
     .await
     .unwrap();

@@ -59,6 +59,7 @@ async fn a_split_ledger_keeps_accounts_and_transfers_out_of_the_validated_databa
         amount: Amount::new(100).unwrap(),
         currency: Currency::from_code("GBP").unwrap(),
         method: None,
+        meta: Default::default(),
     })
     .await
     .unwrap();
@@ -402,6 +403,7 @@ async fn an_account_create_that_stopped_after_its_record_is_completed_by_the_sam
             currency: support::eur(),
             opening: Amount::new(2_000).unwrap(),
             min_balance: Some(Amount::ZERO),
+            meta: Default::default(),
         })
         .await
         .unwrap_err();
@@ -416,6 +418,7 @@ async fn an_account_create_that_stopped_after_its_record_is_completed_by_the_sam
             currency: support::eur(),
             opening: Amount::new(1_000).unwrap(),
             min_balance: Some(Amount::ZERO),
+            meta: Default::default(),
         })
         .await
         .unwrap();

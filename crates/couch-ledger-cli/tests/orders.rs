@@ -38,6 +38,7 @@ fn payment(order: &str, reference: &str, minor: i64) -> Payment {
         amount: Amount::new(minor).unwrap(),
         currency: gbp(),
         method: Some("credit card".to_owned()),
+        meta: Default::default(),
     }
 }
 
@@ -246,6 +247,7 @@ async fn money_in_another_currency_is_refused() {
             amount: Amount::new(1).unwrap(),
             currency: eur,
             reason: None,
+            meta: Default::default(),
         })
         .await
         .unwrap_err();
@@ -369,6 +371,7 @@ async fn amounts_must_be_positive_and_adjustments_not_zero() {
                 amount: Amount::new(minor).unwrap(),
                 currency: gbp(),
                 reason: None,
+                meta: Default::default(),
             })
             .await
             .unwrap_err();
@@ -381,6 +384,7 @@ async fn amounts_must_be_positive_and_adjustments_not_zero() {
             amount: Amount::ZERO,
             currency: gbp(),
             reason: None,
+            meta: Default::default(),
         })
         .await
         .unwrap_err();
@@ -402,6 +406,7 @@ async fn refunds_and_adjustments_move_the_balance_both_ways() {
         amount: gbp_amount(text),
         currency: gbp(),
         reason: Some("goods returned".into()),
+        meta: Default::default(),
     };
     // Goods come back: the order is worth less, the merchant owes the customer.
     l.record_adjustment(&adjust("ret1", "-5.00")).await.unwrap();
@@ -413,6 +418,7 @@ async fn refunds_and_adjustments_move_the_balance_both_ways() {
         amount: gbp_amount("5.00"),
         currency: gbp(),
         reason: Some("goods returned".into()),
+        meta: Default::default(),
     })
     .await
     .unwrap();
@@ -598,6 +604,7 @@ async fn the_view_balance_equals_the_sum_of_the_documents() {
         amount: Amount::new(1).unwrap(),
         currency: gbp(),
         reason: None,
+        meta: Default::default(),
     })
     .await
     .unwrap();
@@ -607,6 +614,7 @@ async fn the_view_balance_equals_the_sum_of_the_documents() {
         amount: Amount::new(-5).unwrap(),
         currency: gbp(),
         reason: None,
+        meta: Default::default(),
     })
     .await
     .unwrap();

@@ -18,6 +18,8 @@ mod contract;
 mod events;
 // An account's history and its balance at a time over HTTP.
 mod history;
+// Metadata given at creation, returned, and transfers found by it.
+mod meta;
 
 const BIN: &str = env!("CARGO_BIN_EXE_couch-ledger");
 const CLOUDANT: &str = include_str!("../../../examples/cloudant-purchase.json");
@@ -260,6 +262,7 @@ async fn account(l: &Ledger, id: &str, currency: &str, opening: i64, min: Option
         currency: Currency::from_code(currency).unwrap(),
         opening: Amount::new(opening).unwrap(),
         min_balance: min.map(|m| Amount::new(m).unwrap()),
+        meta: Default::default(),
     })
     .await
     .unwrap();

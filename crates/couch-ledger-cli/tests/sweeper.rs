@@ -25,6 +25,7 @@ async fn open(l: &Ledger, id: &str, opening: i64, min: Option<i64>) {
         currency: eur(),
         opening: amount(opening),
         min_balance: min.map(amount),
+        meta: Default::default(),
     })
     .await
     .unwrap();
@@ -37,6 +38,7 @@ fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
         destination: to.into(),
         amount: amount(value),
         currency: eur(),
+        meta: Default::default(),
     }
 }
 

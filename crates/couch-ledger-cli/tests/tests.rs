@@ -38,3 +38,5 @@ mod one_write;
 mod history;
 // Events from the change feeds: each fact once, in order, resumable from any cursor.
 mod events;
+// Metadata on transfers, accounts and order entries: written once, returned, searched.
+mod meta;

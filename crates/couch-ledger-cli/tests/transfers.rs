@@ -33,6 +33,7 @@ async fn open_in(l: &Ledger, id: &str, currency: Currency, opening: i64, min: Op
             currency,
             opening: amount(opening),
             min_balance: min.map(amount),
+            meta: Default::default(),
         })
         .await
         .unwrap();
@@ -46,6 +47,7 @@ fn request(id: Option<&str>, from: &str, to: &str, value: i64) -> TransferReques
         destination: to.into(),
         amount: amount(value),
         currency: eur(),
+        meta: Default::default(),
     }
 }
 
@@ -153,6 +155,7 @@ async fn accounts_are_created_once_and_read_with_their_balances() {
         currency: eur(),
         opening: amount(500),
         min_balance: Some(amount(0)),
+        meta: Default::default(),
     };
     assert_eq!(
         l.create_account(spec.clone()).await.unwrap().status,

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::meta::Metadata;
 use crate::money::Amount;
 
 /// A transfer applied to an account's balance and not yet settled.
@@ -44,6 +45,8 @@ pub struct AccountView {
     pub min_balance: Option<Amount>,
     /// Transfers applied and not yet settled.
     pub pending: Vec<PendingEntry>,
+    /// What its creator attached ([`AccountSpec::meta`](crate::AccountSpec::meta)).
+    pub meta: Metadata,
 }
 
 // ---- the document ---------------------------------------------------------------------------
@@ -405,6 +408,7 @@ impl AccountDoc {
                     delta: m.delta,
                 })
                 .collect(),
+            meta: Metadata::stored(&self.extra),
         })
     }
 }

@@ -7,6 +7,7 @@ use crate::account_doc::{account_doc_id, AccountDoc};
 pub use crate::account_doc::{AccountView, PendingEntry};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
+use crate::meta::Metadata;
 use crate::money::{Amount, Currency};
 use crate::opening::OpeningRecord;
 use crate::orders::{RecordStatus, Recorded};
@@ -23,6 +24,10 @@ pub struct AccountSpec {
     /// The lowest `available` balance a debit may leave; `None` = unlimited (an issuer or
     /// external account that may go negative).
     pub min_balance: Option<Amount>,
+    /// Written once with the account's document and returned with it; not one of its fixed
+    /// fields: the same spec again with other metadata is the same account, and keeps the
+    /// first's.
+    pub meta: Metadata,
 }
 
 /// Checks an account or transfer id: the same rule as every part of a ledger document id
@@ -48,6 +53,7 @@ impl Ledger {
     /// naming the field); the server failed.
     pub async fn create_account(&self, spec: AccountSpec) -> Result<Recorded> {
         validate_id("account", &spec.account_id)?;
+        spec.meta.check()?;
         if let Some(min) = spec.min_balance {
             if spec.opening < min {
                 return Err(Error::invalid(
@@ -64,7 +70,7 @@ impl Ledger {
             }
         }
         let id = account_doc_id(&spec.account_id);
-        let doc = AccountDoc {
+        let mut doc = AccountDoc {
             id: id.clone(),
             rev: None,
             doc_type: "account".to_owned(),
@@ -80,6 +86,7 @@ impl Ledger {
             pruned_to: None,
             extra: Map::new(),
         };
+        spec.meta.store(&mut doc.extra);
         let client = &self.inner.hot;
         // The account is read first: one that exists (made before records existed, perhaps)
         // must not get a record of the terms asked now, which a record would keep for good.

@@ -354,6 +354,7 @@ mod tests {
                 "account_overdrawn",
                 "account_pending",
                 "by_account",
+                "by_meta",
                 "by_state",
                 "committed",
                 "conflicts",
@@ -369,6 +370,7 @@ mod tests {
         assert_eq!(reduce("conflicts"), "_count");
         assert_eq!(reduce("in_flight"), "_sum");
         assert_eq!(reduce("by_state"), "_count");
+        assert_eq!(reduce("by_meta"), Value::Null, "a map without reduce");
         assert!(docs[2].body["validate_doc_update"]
             .as_str()
             .unwrap()

@@ -26,6 +26,7 @@ use crate::clock::now_ms;
 use crate::couch::{ChangeRow, ChangesQuery, Client, ViewQuery};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
+use crate::meta::Metadata;
 use crate::money::Amount;
 use crate::opening::OPENING_PREFIX;
 use crate::orders::{exact_amount, EntryKind};
@@ -264,14 +265,13 @@ impl Serialize for EventCursor {
     }
 }
 
-/// A transfer's facts in an event: [`TransferView`]'s fields and when it was decided.
+/// A transfer's facts in an event: [`TransferView`]'s fields, its `decided_at` always set (a
+/// document from before that field existed gives its `last_modified`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct TransferFacts {
     /// The transfer as [`Ledger::transfer`] reads it.
     #[serde(flatten)]
     pub transfer: TransferView,
-    /// When its outcome was written, ms since the epoch.
-    pub decided_at: i64,
 }
 
 /// An order entry's facts in an event.
@@ -296,6 +296,8 @@ pub struct EntryFacts {
     /// A refund's or adjustment's reason, when given.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What its writer attached.
+    pub meta: Metadata,
 }
 
 /// An order's balance around the entry that settled or unsettled it.
@@ -704,10 +706,9 @@ fn transfer_facts(doc: &Value) -> Result<Vec<Fact>> {
         _ => &[],
     };
     let decided_at = txn.decided_at.unwrap_or(txn.last_modified);
-    let facts = TransferFacts {
-        transfer: txn.view(),
-        decided_at,
-    };
+    let mut transfer = txn.view();
+    transfer.decided_at = Some(decided_at);
+    let facts = TransferFacts { transfer };
     Ok(kinds
         .iter()
         .map(|&kind| Fact {
@@ -831,6 +832,7 @@ fn entry_facts(doc: &Value) -> Result<Vec<Fact>> {
             currency,
             method: text(doc, "method"),
             reason: text(doc, "reason"),
+            meta: doc.as_object().map(Metadata::stored).unwrap_or_default(),
         }),
     }])
 }

@@ -43,6 +43,7 @@
 //!             destination: "shop".into(),
 //!             amount: gbp.parse("100.00")?,
 //!             currency: gbp,
+//!             meta: Default::default(),
 //!         },
 //!         true,
 //!     )
@@ -71,6 +72,7 @@ macro_rules! fail_point {
 mod account_doc;
 mod accounts;
 mod audit;
+mod by_meta;
 mod clock;
 mod config;
 mod conflict;
@@ -82,6 +84,7 @@ mod events;
 mod history;
 mod iam;
 mod ledger;
+mod meta;
 // Every named limit, the crate's own; the public few are in `limits` below.
 #[path = "limits.rs"]
 mod all_limits;
@@ -98,6 +101,10 @@ mod wire;
 
 pub use accounts::{AccountSpec, AccountView, PendingEntry};
 pub use audit::{Check, VerifyOptions, VerifyReport};
+pub use by_meta::{
+    MetaCursor, MetaPage, MetaQuery, META_CURSOR_CHARS_MAX, META_SEARCH_LIMIT_DEFAULT,
+    META_SEARCH_LIMIT_MAX,
+};
 pub use config::{
     redact_url, ClientBuilder, RetryPolicy, DEFAULT_DATABASE, DEFAULT_IAM_TOKEN_URL, DEFAULT_URL,
 };
@@ -123,6 +130,10 @@ pub use ledger::{
 /// Test hooks (feature `testing`): a pause before a protocol write, and the fail points' names.
 #[cfg(feature = "testing")]
 pub use ledger::{PauseFn, PauseHook};
+pub use meta::{
+    split_pair as split_meta_pair, Metadata, META_KEYS_MAX, META_KEY_CHARS_MAX,
+    META_VALUE_CHARS_MAX,
+};
 pub use money::{plain_decimal, Amount, Currency, AMOUNT_ABS_MAX};
 pub use observe::{Observer, RequestEvent, RetryEvent};
 pub use orders::{

@@ -185,7 +185,7 @@ impl Ledger {
     ) -> Result<TransferOutcome> {
         let now = now_ms();
         let (_, deadline) = self.new_claim();
-        let terms = TxnDoc {
+        let mut terms = TxnDoc {
             id: txn_doc_id(id),
             rev: None,
             doc_type: "transaction".to_owned(),
@@ -204,6 +204,7 @@ impl Ledger {
             decided_at: None,
             extra: Map::new(),
         };
+        request.meta.store(&mut terms.extra);
         // A re-sent id, answered from its document with nothing written: known to have ended
         // here, or looked up first (`LedgerBuilder::lookup_first`).
         if self.inner.accounts.has_ended(id) {

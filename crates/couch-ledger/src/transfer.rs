@@ -49,6 +49,7 @@ use crate::limits::{
     DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SETTLE_HOLD_LEASE_DIVISOR,
     SETTLE_HOLD_MS,
 };
+use crate::meta::Metadata;
 use crate::money::{Amount, Currency};
 use crate::orders::RecordStatus;
 use crate::state::{transition, Event, State, TransitionError};
@@ -127,6 +128,9 @@ pub struct TransferRequest {
     /// Both accounts must hold this currency, or the transfer ends `cancelled` with reason
     /// `currency_mismatch`.
     pub currency: Currency,
+    /// Written once with the transfer's document and returned wherever it is read; not a term:
+    /// the same id again with other metadata is the same transfer, and keeps the first's.
+    pub meta: Metadata,
 }
 
 /// What a transfer call came to.
@@ -177,6 +181,12 @@ pub struct TransferView {
     pub created_at: i64,
     /// Last write, ms since the epoch.
     pub last_modified: i64,
+    /// When its outcome was decided (`committed` or `canceling` on the stepwise protocol,
+    /// `done` or `cancelled` on the one-write path), ms since the epoch; `None` before that,
+    /// and for a document written before the field existed.
+    pub decided_at: Option<i64>,
+    /// What its creator attached.
+    pub meta: Metadata,
 }
 
 // ---- the document ---------------------------------------------------------------------------
@@ -361,6 +371,8 @@ impl TxnDoc {
             claim: self.claim.clone(),
             created_at: self.created_at,
             last_modified: self.last_modified,
+            decided_at: self.decided_at,
+            meta: Metadata::stored(&self.extra),
         }
     }
 
@@ -1234,7 +1246,8 @@ impl Ledger {
     /// insufficient funds end the transfer `cancelled` with that `reason`, balances unchanged.
     ///
     /// The same id again with the same terms is [`RecordStatus::Exists`] with the transfer's
-    /// current state; with `wait = true` an unfinished transfer nobody holds a live claim on is
+    /// current state (its metadata, [`TransferRequest::meta`], is not a term: the first's
+    /// stays); with `wait = true` an unfinished transfer nobody holds a live claim on is
     /// driven on.
     ///
     /// # Errors
@@ -1268,6 +1281,7 @@ impl Ledger {
                 format!("{} is not positive", request.amount.minor()),
             ));
         }
+        request.meta.check()?;
         // From the first write on, the transfer exists (or may: a write whose answer was lost
         // can have landed), so every error names it: a caller that retries with the same id
         // finds it instead of making a second transfer.
@@ -1317,6 +1331,7 @@ impl Ledger {
             decided_at: None,
             extra: Map::new(),
         };
+        request.meta.store(&mut doc.extra);
         // A drive follows the document wherever it goes; on a cluster the id's other terms,
         // sent at once by another caller, may be the ones kept (`resolve_transfer`): then this
         // call's transfer never happened, and the caller learns the id is taken.
@@ -1503,6 +1518,7 @@ impl Ledger {
                 destination: doc.source.clone(),
                 amount: doc.value,
                 currency,
+                meta: Default::default(),
             };
             return self.submit_terms(request, Some(id.to_owned()), true).await;
         }

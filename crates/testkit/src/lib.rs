@@ -617,6 +617,7 @@ pub async fn open_account(l: &Ledger, id: &str, opening: i64) {
             currency: eur(),
             opening: Amount::new(opening).unwrap(),
             min_balance: Some(Amount::ZERO),
+            meta: Default::default(),
         })
         .await
         .unwrap();
@@ -631,6 +632,7 @@ pub fn eur_transfer(id: &str, from: &str, to: &str, value: i64) -> TransferReque
         destination: to.into(),
         amount: Amount::new(value).unwrap(),
         currency: eur(),
+        meta: Default::default(),
     }
 }
 

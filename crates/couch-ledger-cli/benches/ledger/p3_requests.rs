@@ -32,6 +32,7 @@ pub async fn requests_per_transfer(bench: &Bench) -> Result<Vec<Row>> {
                     currency,
                     opening: Amount::new(ACCOUNT_OPENING_MINOR)?,
                     min_balance: Some(Amount::new(ACCOUNT_MIN_BALANCE_MINOR)?),
+                    meta: Default::default(),
                 })
                 .await?;
         }

@@ -49,6 +49,7 @@ pub fn transfer_request(
         destination,
         amount: Amount::new(transfer_amount(i))?,
         currency: Currency::from_code(TRANSFER_CURRENCY)?,
+        meta: Default::default(),
     })
 }
 

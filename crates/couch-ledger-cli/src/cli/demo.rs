@@ -266,6 +266,7 @@ async fn pay_by_card_and_voucher(
         amount: gbp.parse("6.46")?,
         currency: gbp,
         method: Some("credit card".into()),
+        meta: Default::default(),
     };
     let r = ledger.record_payment(&card).await.context("card payment")?;
     let balance = ledger.order_balance(order).await.context("balance")?;
@@ -286,6 +287,7 @@ async fn pay_by_card_and_voucher(
         amount: gbp.parse("20.00")?,
         currency: gbp,
         method: Some("voucher".into()),
+        meta: Default::default(),
     };
     let r = ledger
         .record_payment(&voucher)
@@ -389,6 +391,7 @@ async fn return_one_item(
         amount: gbp.parse("-3.49")?,
         currency: gbp,
         reason: Some("one paperback returned".into()),
+        meta: Default::default(),
     };
     let r = ledger.record_adjustment(&ret).await.context("adjustment")?;
     let balance = ledger.order_balance(order).await.context("balance")?;
@@ -443,6 +446,7 @@ async fn refund_the_return(
         amount: gbp.parse("3.49")?,
         currency: gbp,
         reason: Some("one paperback returned".into()),
+        meta: Default::default(),
     };
     let r = ledger.record_refund(&refund).await.context("refund")?;
     let balance = ledger.order_balance(order).await.context("balance")?;
@@ -595,6 +599,7 @@ async fn open_account(
             currency,
             opening: currency.parse(opening)?,
             min_balance: Some(Amount::ZERO),
+            meta: Default::default(),
         })
         .await
         .with_context(|| format!("create account {id}"))?;
@@ -633,6 +638,7 @@ fn request(id: &str, from: &str, to: &str, amount: Amount, currency: Currency) -
         destination: to.to_owned(),
         amount,
         currency,
+        meta: Default::default(),
     }
 }
 

@@ -20,6 +20,7 @@ pub(crate) mod events;
 pub(crate) mod failure;
 pub(crate) mod history;
 pub(crate) mod lookup;
+pub(crate) mod meta;
 pub(crate) mod orders;
 pub(crate) mod output;
 pub(crate) mod parse;

@@ -11,6 +11,7 @@ use couch_ledger::{
 };
 use serde_json::{json, Value};
 
+use super::meta::{meta_arg, META_HELP};
 use super::output::{balance_words, money, money_opt};
 use super::parse::{amount, currency};
 use super::{Context, Exit, UsageError};
@@ -107,6 +108,8 @@ pub(crate) struct PayArgs {
     /// How it was paid ("credit card", "voucher").
     #[arg(long, value_name = "M")]
     method: Option<String>,
+    #[arg(long = "meta", value_name = "KEY=VALUE", help = META_HELP)]
+    meta: Vec<String>,
 }
 
 #[derive(Args)]
@@ -126,6 +129,8 @@ pub(crate) struct RefundArgs {
     /// Why.
     #[arg(long, value_name = "T")]
     reason: Option<String>,
+    #[arg(long = "meta", value_name = "KEY=VALUE", help = META_HELP)]
+    meta: Vec<String>,
 }
 
 #[derive(Args)]
@@ -145,6 +150,8 @@ pub(crate) struct AdjustArgs {
     /// Why.
     #[arg(long, value_name = "T")]
     reason: Option<String>,
+    #[arg(long = "meta", value_name = "KEY=VALUE", help = META_HELP)]
+    meta: Vec<String>,
 }
 
 #[derive(Args)]
@@ -212,6 +219,7 @@ async fn pay(a: PayArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         amount: amount(currency, &a.amount)?,
         currency,
         method: a.method,
+        meta: meta_arg(&a.meta)?,
     };
     p.validate()?;
     let r = ctx
@@ -230,6 +238,7 @@ async fn refund(a: RefundArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         amount: amount(currency, &a.amount)?,
         currency,
         reason: a.reason,
+        meta: meta_arg(&a.meta)?,
     };
     r.validate()?;
     let r = ctx
@@ -248,6 +257,7 @@ async fn adjust(a: AdjustArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         amount: amount(currency, &a.amount)?,
         currency,
         reason: a.reason,
+        meta: meta_arg(&a.meta)?,
     };
     adj.validate()?;
     let r = ctx
@@ -339,7 +349,7 @@ async fn show(order: &str, fresh: bool, ctx: &mut Context) -> anyhow::Result<Exi
     let entries: Vec<Value> = s
         .entries
         .iter()
-        .map(|e| json!({"id": e.id, "type": e.kind.as_str(), "amount": e.amount}))
+        .map(|e| json!({"id": e.id, "type": e.kind.as_str(), "amount": e.amount, "meta": e.meta}))
         .collect();
     let value = json!({
         "order_id": s.order_id,
@@ -365,11 +375,17 @@ async fn show(order: &str, fresh: bool, ctx: &mut Context) -> anyhow::Result<Exi
     ));
     text.push_str("entries\n");
     for e in &s.entries {
+        let meta: Vec<String> = e.meta.iter().map(|(k, v)| format!("{k}={v}")).collect();
         text.push_str(&format!(
-            "  {:<11} {:>16}  {}\n",
+            "  {:<11} {:>16}  {}{}\n",
             e.kind.as_str(),
             m(e.amount),
-            e.id
+            e.id,
+            if meta.is_empty() {
+                String::new()
+            } else {
+                format!("  ({})", meta.join(", "))
+            }
         ));
     }
     ctx.out.print(&value, &text)?;

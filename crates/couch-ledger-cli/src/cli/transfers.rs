@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use super::history::time_arg;
 use super::lookup::{money_in, or_missing};
+use super::meta::{meta_arg, meta_words, TransferListArgs, META_HELP};
 use super::output::{money, sweep_words};
 use super::parse::{amount, currency, parse_duration};
 use super::{Context, Exit, UsageError};
@@ -136,6 +137,8 @@ pub(crate) struct AccountCreateArgs {
     /// No minimum: the balance may go below zero (an issuer or external account).
     #[arg(long)]
     unlimited: bool,
+    #[arg(long = "meta", value_name = "KEY=VALUE", help = META_HELP)]
+    meta: Vec<String>,
 }
 
 #[derive(Args)]
@@ -162,12 +165,20 @@ pub(crate) struct TransferArgs {
     /// Only write the transfer (state initial) and return: `sweep` carries it out.
     #[arg(long)]
     no_wait: bool,
+    #[arg(long = "meta", value_name = "KEY=VALUE", help = META_HELP)]
+    meta: Vec<String>,
 }
 
 #[derive(Subcommand)]
 pub(crate) enum TransferSub {
-    /// One transfer: its terms, state, reason and claim. An unknown transfer is exit 2.
+    /// One transfer: its terms, state, reason, claim, when it was decided and its metadata.
+    /// An unknown transfer is exit 2.
     Show(TxnArg),
+    /// The transfers whose metadata holds KEY=VALUE, newest first (by creation), a page at a
+    /// time: the last line (`next` with --json) gives the --after that goes on. Read from a
+    /// view, which may lag a moment behind the latest transfers. A bad pair, cursor or --limit
+    /// is exit 2.
+    List(TransferListArgs),
 }
 
 #[derive(Args)]
@@ -220,6 +231,10 @@ pub(crate) async fn run(cmd: TransferCommand, ctx: &mut Context) -> anyhow::Resu
             show: Some(TransferSub::Show(a)),
             ..
         }) => transfer_show(&a.txn, ctx).await,
+        TransferCommand::Transfer(TransferArgs {
+            show: Some(TransferSub::List(a)),
+            ..
+        }) => super::meta::list(a, ctx).await,
         TransferCommand::Transfer(a) => transfer(a, ctx).await,
         TransferCommand::Cancel(a) => cancel(&a.txn, ctx).await,
         TransferCommand::Reverse(a) => reverse(&a.txn, ctx).await,
@@ -250,6 +265,7 @@ async fn account_create(a: AccountCreateArgs, ctx: &mut Context) -> anyhow::Resu
         currency: c,
         opening,
         min_balance,
+        meta: meta_arg(&a.meta)?,
     };
     let r = ctx
         .ledger()?
@@ -321,6 +337,7 @@ async fn account_show(account: &str, at: Option<&str>, ctx: &mut Context) -> any
         view.min_balance.map_or("unlimited".to_owned(), &m)
     ));
     text.push_str(&format!("  opening    {:>18}\n", m(view.opening)));
+    text.push_str(&meta_words(&view.meta));
     if view.pending.is_empty() {
         text.push_str("  no transfer pending\n");
     } else {
@@ -435,6 +452,7 @@ async fn transfer(a: TransferArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
         destination: to.clone(),
         amount: value,
         currency: c,
+        meta: meta_arg(&a.meta)?,
     };
     // One transfer per process: a look first keeps a re-sent --id from touching the accounts.
     let ledger = ctx.ledger_with(|b| b.lookup_first(true))?;
@@ -493,6 +511,10 @@ async fn transfer_show(txn: &str, ctx: &mut Context) -> anyhow::Result<Exit> {
             claim.owner, claim.expires_at
         ));
     }
+    if let Some(at) = t.decided_at {
+        text.push_str(&format!("  decided    {}\n", format_time_ms(at)));
+    }
+    text.push_str(&meta_words(&t.meta));
     ctx.out.print(&serde_json::to_value(&t)?, &text)?;
     Ok(Exit::Success)
 }

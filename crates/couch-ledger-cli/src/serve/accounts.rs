@@ -40,6 +40,7 @@ pub(crate) async fn create(
             .min_balance
             .map(|m| amount("min_balance", m))
             .transpose()?,
+        meta: req.meta.unwrap_or_default(),
     };
     let r = state
         .ledger

@@ -14,7 +14,7 @@
 //! in one place. About 215 lines at the end are its tests.
 
 use couch_ledger::{
-    AccountView, EntryKind, LedgerStatus, OrderBalance, OrderSummary, OutstandingPage,
+    AccountView, EntryKind, LedgerStatus, Metadata, OrderBalance, OrderSummary, OutstandingPage,
     RecordStatus, Recorded, State, Statement, TransferOutcome, TransferView, VerifyReport,
     BASKET_ITEMS_MAX, OUTSTANDING_LIMIT_MAX,
 };
@@ -23,7 +23,7 @@ use serde_json::value::RawValue;
 use utoipa::{IntoParams, ToSchema};
 
 use super::schema::{
-    AnyValue, CurrencyCode, CurrencyCodeAnyCase, Decimal, Id, MinorUnits, NonZeroMinorUnits,
+    AnyValue, CurrencyCode, CurrencyCodeAnyCase, Decimal, Id, Meta, MinorUnits, NonZeroMinorUnits,
     OutstandingOnly, PositiveMinorUnits, ProductId, Quantity, Text,
 };
 
@@ -125,6 +125,10 @@ pub(crate) struct CreateAccount {
     #[serde(default = "zero_min", deserialize_with = "nullable")]
     #[schema(value_type = Option<MinorUnits>)]
     pub(crate) min_balance: Option<i64>,
+    /// Written once with the document and returned with it [default: none; `null` is none].
+    #[serde(default)]
+    #[schema(value_type = Option<Meta>)]
+    pub(crate) meta: Option<Metadata>,
 }
 
 fn zero_min() -> Option<i64> {
@@ -192,6 +196,9 @@ pub(crate) struct AccountBody {
     pub(crate) min_balance: Option<i64>,
     /// Transfers applied and not yet settled.
     pub(crate) pending: Vec<PendingBody>,
+    /// What its creator attached (`{}` when nothing).
+    #[schema(value_type = Meta)]
+    pub(crate) meta: Metadata,
     /// Only when `at` was asked: the balance as of that time (the other fields are now's).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) as_of: Option<AsOfBody>,
@@ -225,6 +232,7 @@ impl From<&AccountView> for AccountBody {
                     delta: p.delta.minor(),
                 })
                 .collect(),
+            meta: v.meta.clone(),
             as_of: None,
         }
     }
@@ -263,6 +271,10 @@ pub(crate) struct CreateTransfer {
     /// Drive the transfer to its end before answering [default: true]; `false` writes it
     /// `initial` for the sweeper.
     pub(crate) wait: Option<bool>,
+    /// Written once with the document and returned with it [default: none; `null` is none].
+    #[serde(default)]
+    #[schema(value_type = Option<Meta>)]
+    pub(crate) meta: Option<Metadata>,
 }
 
 /// Where a transfer call left the transfer (as `transfer --json`).
@@ -358,6 +370,14 @@ pub(crate) struct TransferBody {
     pub(crate) created_at: i64,
     /// ms since the epoch.
     pub(crate) last_modified: i64,
+    /// When its outcome was decided (`committed` or `canceling` stepwise, `done` or
+    /// `cancelled` in one write), ms since the epoch; `null` before, and for a transfer written
+    /// before the field existed.
+    #[schema(required = true)]
+    pub(crate) decided_at: Option<i64>,
+    /// What its creator attached (`{}` when nothing).
+    #[schema(value_type = Meta)]
+    pub(crate) meta: Metadata,
 }
 
 impl From<&TransferView> for TransferBody {
@@ -377,6 +397,8 @@ impl From<&TransferView> for TransferBody {
             }),
             created_at: t.created_at,
             last_modified: t.last_modified,
+            decided_at: t.decided_at,
+            meta: t.meta.clone(),
         }
     }
 }
@@ -523,6 +545,10 @@ pub(crate) struct PaymentRequest {
     #[serde(default)]
     #[schema(value_type = Option<Text>)]
     pub(crate) method: Option<String>,
+    /// Written once with the entry and returned with it [default: none; `null` is none].
+    #[serde(default)]
+    #[schema(value_type = Option<Meta>)]
+    pub(crate) meta: Option<Metadata>,
 }
 
 /// `POST /v1/orders/{order_id}/refunds`.
@@ -544,6 +570,10 @@ pub(crate) struct RefundRequest {
     #[serde(default)]
     #[schema(value_type = Option<Text>)]
     pub(crate) reason: Option<String>,
+    /// Written once with the entry and returned with it [default: none; `null` is none].
+    #[serde(default)]
+    #[schema(value_type = Option<Meta>)]
+    pub(crate) meta: Option<Metadata>,
 }
 
 /// `POST /v1/orders/{order_id}/adjustments`.
@@ -566,6 +596,10 @@ pub(crate) struct AdjustmentRequest {
     #[serde(default)]
     #[schema(value_type = Option<Text>)]
     pub(crate) reason: Option<String>,
+    /// Written once with the entry and returned with it [default: none; `null` is none].
+    #[serde(default)]
+    #[schema(value_type = Option<Meta>)]
+    pub(crate) meta: Option<Metadata>,
 }
 
 /// `POST /v1/orders/{order_id}/shipments`.
@@ -603,6 +637,9 @@ pub(crate) struct EntryBody {
     /// What it adds to the balance (a payment is negative), minor units.
     #[schema(value_type = MinorUnits)]
     pub(crate) amount: i64,
+    /// What its writer attached (`{}` when nothing).
+    #[schema(value_type = Meta)]
+    pub(crate) meta: Metadata,
 }
 
 /// What a money entry of an order is.
@@ -668,6 +705,7 @@ impl From<&OrderSummary> for OrderBody {
                     id: e.id.clone(),
                     kind: e.kind.into(),
                     amount: e.amount.minor(),
+                    meta: e.meta.clone(),
                 })
                 .collect(),
         }
@@ -928,6 +966,7 @@ mod tests {
                 txn: "t1".into(),
                 delta: minor(-10),
             }],
+            meta: Default::default(),
         };
         same(&account, &AccountBody::from(&account));
         let transfer = TransferView {
@@ -945,6 +984,8 @@ mod tests {
             }),
             created_at: 1_700_000_000_000,
             last_modified: 1_700_000_000_001,
+            meta: Default::default(),
+            decided_at: Default::default(),
         };
         same(&transfer, &TransferBody::from(&transfer));
         for state in [State::Done, State::Cancelled] {
@@ -980,6 +1021,7 @@ mod tests {
                 id: format!("{}:o1:r", kind.as_str()),
                 kind,
                 amount: minor(n),
+                meta: Default::default(),
             })
             .collect(),
         };

@@ -55,6 +55,7 @@ mod metrics;
 mod ops;
 mod orders;
 mod schema;
+mod search;
 mod transfers;
 mod webhook;
 
@@ -401,7 +402,7 @@ fn routes(keys: Arc<ApiKeys>) -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(accounts::create, accounts::list))
         .routes(routes!(accounts::get))
         .routes(routes!(history::history))
-        .routes(routes!(transfers::create))
+        .routes(routes!(transfers::create, search::list))
         .routes(routes!(transfers::get))
         .routes(routes!(transfers::cancel))
         .routes(routes!(transfers::reverse))

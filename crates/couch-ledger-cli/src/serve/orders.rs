@@ -102,6 +102,7 @@ pub(crate) async fn payment(
         amount: amount("amount", req.amount)?,
         currency: currency(&req.currency)?,
         method: req.method,
+        meta: req.meta.unwrap_or_default(),
     };
     written(state.ledger.record_payment(&p).await)
 }
@@ -135,6 +136,7 @@ pub(crate) async fn refund(
         amount: amount("amount", req.amount)?,
         currency: currency(&req.currency)?,
         reason: req.reason,
+        meta: req.meta.unwrap_or_default(),
     };
     written(state.ledger.record_refund(&r).await)
 }
@@ -168,6 +170,7 @@ pub(crate) async fn adjustment(
         amount: amount("amount", req.amount)?,
         currency: currency(&req.currency)?,
         reason: req.reason,
+        meta: req.meta.unwrap_or_default(),
     };
     written(state.ledger.record_adjustment(&a).await)
 }

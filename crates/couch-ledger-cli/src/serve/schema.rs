@@ -15,7 +15,8 @@ use std::borrow::Cow;
 
 use couch_ledger::limits::ID_CHARS_MAX;
 use couch_ledger::{
-    Currency, AMOUNT_ABS_MAX, EVENT_CURSOR_CHARS_MAX, HISTORY_CURSOR_CHARS_MAX, TEXT_LEN_MAX,
+    Currency, AMOUNT_ABS_MAX, EVENT_CURSOR_CHARS_MAX, HISTORY_CURSOR_CHARS_MAX,
+    META_CURSOR_CHARS_MAX, META_KEYS_MAX, META_KEY_CHARS_MAX, META_VALUE_CHARS_MAX, TEXT_LEN_MAX,
     TIME_FORMS, TIME_MS_DIGITS_MAX,
 };
 use utoipa::openapi::header::HeaderBuilder;
@@ -325,6 +326,72 @@ component!(
         .into()
 );
 
+/// Metadata's keys and values, `min_keys` to `max_keys` of them.
+fn meta_object(min_keys: usize, max_keys: usize) -> ObjectBuilder {
+    let key = string()
+        .min_length(Some(1))
+        .max_length(Some(META_KEY_CHARS_MAX))
+        .pattern(Some(format!("^[A-Za-z0-9_-]{{1,{META_KEY_CHARS_MAX}}}$")));
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .property_names(Some(key))
+        .additional_properties(Some(reference::<MetaValue>()))
+        .min_properties(Some(min_keys))
+        .max_properties(Some(max_keys))
+}
+
+component!(
+    /// One value of metadata.
+    MetaValue,
+    string()
+        .min_length(Some(1))
+        .max_length(Some(META_VALUE_CHARS_MAX))
+        .pattern(Some(format!("^[^{CONTROL}]+$")))
+        .description(Some(format!(
+            "1 to {META_VALUE_CHARS_MAX} characters, none of them a control character."
+        )))
+        .into()
+);
+
+component!(
+    /// Metadata: string keys to string values.
+    Meta,
+    meta_object(0, META_KEYS_MAX)
+        .description(Some(format!(
+            "What the creator attached: at most {META_KEYS_MAX} keys of 1 to \
+             {META_KEY_CHARS_MAX} characters of `A-Z a-z 0-9 _ -`, each to a string. Written \
+             once with the document and returned with it; not a term, so the same id sent \
+             again with other metadata keeps the first's."
+        )))
+        .into()
+);
+
+component!(
+    /// One key and value to find transfers by.
+    MetaFilter,
+    meta_object(1, 1)
+        .description(Some(
+            "Exactly one key and its value: `?meta[KEY]=VALUE`, or as well `?meta.KEY=VALUE`.",
+        ))
+        .into()
+);
+
+component!(
+    /// Where a page of transfers found by their metadata goes on.
+    MetaCursorText,
+    string()
+        .min_length(Some(3))
+        .max_length(Some(META_CURSOR_CHARS_MAX))
+        .pattern(Some(format!(
+            "^[0-9]{{1,{TIME_MS_DIGITS_MAX}}}\\.[^{CONTROL}]+$"
+        )))
+        .description(Some(
+            "The `next` of a page of transfers, passed back as it is; never built or read by \
+             a caller (its form may change).",
+        ))
+        .into()
+);
+
 /// Every component above. Derived `ToSchema` collects those a body names itself, not those
 /// only a parameter or another component names.
 pub(crate) fn components() -> Vec<(String, RefOr<Schema>)> {
@@ -348,6 +415,10 @@ pub(crate) fn components() -> Vec<(String, RefOr<Schema>)> {
         named::<Time>(),
         named::<HistoryCursorText>(),
         named::<EventCursorText>(),
+        named::<MetaValue>(),
+        named::<Meta>(),
+        named::<MetaFilter>(),
+        named::<MetaCursorText>(),
     ]
 }
 

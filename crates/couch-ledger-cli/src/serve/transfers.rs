@@ -85,6 +85,7 @@ async fn submit(
         destination: req.to,
         amount: amount("amount", req.amount)?,
         currency: currency(&req.currency)?,
+        meta: req.meta.unwrap_or_default(),
     };
     let (ledger, wait) = (state.ledger.clone(), req.wait.unwrap_or(true));
     to_the_end(async move { ledger.submit(request, wait).await }).await

@@ -161,6 +161,7 @@ impl R3Worker {
             amount: amount(self.rng.i64(1..=100)),
             currency: eur(),
             method: None,
+            meta: Default::default(),
         };
         match self.l.record_payment(&payment).await {
             Ok(r) => {

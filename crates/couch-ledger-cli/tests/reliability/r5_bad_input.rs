@@ -210,6 +210,7 @@ fn pay(reference: &str, minor: i64, currency: Currency) -> couch_ledger::Payment
         amount: Amount::new(minor).unwrap_or(Amount::ZERO),
         currency,
         method: None,
+        meta: Default::default(),
     }
 }
 
@@ -342,6 +343,7 @@ async fn account_cases(t: &mut Table, l: &Ledger) {
             currency: eur(),
             opening: amount(-1),
             min_balance: Some(Amount::ZERO),
+            meta: Default::default(),
         })
         .await,
     )
@@ -354,6 +356,7 @@ async fn account_cases(t: &mut Table, l: &Ledger) {
             currency: eur(),
             opening: Amount::ZERO,
             min_balance: None,
+            meta: Default::default(),
         })
         .await,
     )
@@ -366,6 +369,7 @@ async fn account_cases(t: &mut Table, l: &Ledger) {
             currency: usd(),
             opening: amount(100_000),
             min_balance: Some(Amount::ZERO),
+            meta: Default::default(),
         })
         .await,
     )

@@ -99,6 +99,7 @@ async fn immutable_types(l: &Ledger, w: &mut Writes<'_>) {
         amount: amount(100),
         currency: eur6,
         method: None,
+        meta: Default::default(),
     })
     .await
     .unwrap();
@@ -108,6 +109,7 @@ async fn immutable_types(l: &Ledger, w: &mut Writes<'_>) {
         amount: amount(50),
         currency: eur6,
         reason: None,
+        meta: Default::default(),
     })
     .await
     .unwrap();
@@ -117,6 +119,7 @@ async fn immutable_types(l: &Ledger, w: &mut Writes<'_>) {
         amount: amount(-10),
         currency: eur6,
         reason: None,
+        meta: Default::default(),
     })
     .await
     .unwrap();

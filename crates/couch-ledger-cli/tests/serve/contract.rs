@@ -115,8 +115,8 @@ async fn serve_contract_schemathesis_with_every_check_finds_nothing() {
     );
     // Every operation was tested, in every phase, and nothing was skipped for an error.
     for line in [
-        "Selected: 23/23",
-        "Tested: 23",
+        "Selected: 24/24",
+        "Tested: 24",
         "✅ Examples",
         "✅ Coverage",
     ] {
@@ -249,6 +249,7 @@ async fn serve_contract_every_answer_is_documented_json() {
         "recordDelivery",
         "getOrder",
         "listOutstandingOrders",
+        "listTransfers",
         "getCustomerStatement",
         "listEvents",
         "getStatus",

@@ -7,6 +7,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::meta::Metadata;
 use crate::money::{plain_decimal, Amount, Currency};
 
 /// The longest order id, reference or account id, in characters.
@@ -83,6 +84,9 @@ pub struct Payment {
     pub currency: Currency,
     /// How it was paid (`"credit card"`, `"voucher"`).
     pub method: Option<String>,
+    /// Written once with the entry and returned with it; not part of what the entry
+    /// records: the same reference again with other metadata is the same entry.
+    pub meta: Metadata,
 }
 
 /// Money given back to the customer. Written once as `refund:{order_id}:{reference}`.
@@ -98,6 +102,9 @@ pub struct Refund {
     pub currency: Currency,
     /// Why.
     pub reason: Option<String>,
+    /// Written once with the entry and returned with it; not part of what the entry
+    /// records: the same reference again with other metadata is the same entry.
+    pub meta: Metadata,
 }
 
 /// A correction of what the customer owes: positive adds to the balance (a surcharge),
@@ -114,6 +121,9 @@ pub struct Adjustment {
     pub currency: Currency,
     /// Why.
     pub reason: Option<String>,
+    /// Written once with the entry and returned with it; not part of what the entry
+    /// records: the same reference again with other metadata is the same entry.
+    pub meta: Metadata,
 }
 
 /// An order (or part of it) left with a carrier. A status document: no money. Written once as
@@ -222,6 +232,8 @@ pub struct Entry {
     pub kind: EntryKind,
     /// What it adds to the balance: a payment is negative.
     pub amount: Amount,
+    /// What its writer attached (empty when the view's row came without its document).
+    pub meta: Metadata,
 }
 
 /// An order's money, read from the ledger in one request.
@@ -606,7 +618,8 @@ impl Payment {
         check_id_part("order_id", &self.order_id)?;
         check_id_part("reference", &self.reference)?;
         check_positive("amount", self.amount)?;
-        check_text("method", self.method.as_deref())
+        check_text("method", self.method.as_deref())?;
+        self.meta.check()
     }
 }
 
@@ -620,7 +633,8 @@ impl Refund {
         check_id_part("order_id", &self.order_id)?;
         check_id_part("reference", &self.reference)?;
         check_positive("amount", self.amount)?;
-        check_text("reason", self.reason.as_deref())
+        check_text("reason", self.reason.as_deref())?;
+        self.meta.check()
     }
 }
 
@@ -636,7 +650,8 @@ impl Adjustment {
         if self.amount == Amount::ZERO {
             return Err(Error::invalid("amount", "must not be zero"));
         }
-        check_text("reason", self.reason.as_deref())
+        check_text("reason", self.reason.as_deref())?;
+        self.meta.check()
     }
 }
 

@@ -10,6 +10,7 @@ use super::model::{
 use crate::couch::Leaves;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
+use crate::meta::{self, Metadata};
 use crate::money::{Amount, Currency};
 
 /// Attempts at a write-once document (a create that conflicts with a document that is gone by
@@ -62,6 +63,7 @@ struct MoneyEntry<'a> {
     amount: Amount,
     /// The kind's own fields, in the order they follow the common ones.
     fields: [(&'static str, Value); 2],
+    meta: &'a Metadata,
 }
 
 /// What a money entry needs from its order's purchase.
@@ -70,13 +72,14 @@ struct OrderTerms {
 }
 
 /// The first field where `ours` and `stored` differ, as a path (`value`, `basket[1].price`),
-/// ignoring CouchDB's own top-level fields (`_id`, `_rev`…). `None` when they are the same.
+/// ignoring CouchDB's own top-level fields (`_id`, `_rev`…) and the metadata, which is not part
+/// of what an entry records (the first write's stays). `None` when they are the same.
 fn first_difference(ours: &Value, stored: &Value) -> Option<String> {
     let strip = |v: &Value| -> Value {
         match v {
             Value::Object(m) => Value::Object(
                 m.iter()
-                    .filter(|(k, _)| !k.starts_with('_'))
+                    .filter(|(k, _)| !k.starts_with('_') && *k != meta::FIELD)
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect::<Map<_, _>>(),
             ),
@@ -172,6 +175,7 @@ impl Ledger {
                 ("method", json!(payment.method)),
                 ("payment_reference", json!(payment.reference)),
             ],
+            meta: &payment.meta,
         })
         .await
     }
@@ -195,6 +199,7 @@ impl Ledger {
                 ("reason", json!(refund.reason)),
                 ("refund_reference", json!(refund.reference)),
             ],
+            meta: &refund.meta,
         })
         .await
     }
@@ -217,6 +222,7 @@ impl Ledger {
                 ("reason", json!(adjustment.reason)),
                 ("reference", json!(adjustment.reference)),
             ],
+            meta: &adjustment.meta,
         })
         .await
     }
@@ -271,6 +277,9 @@ impl Ledger {
         });
         for (name, value) in entry.fields {
             doc[name] = value;
+        }
+        if let Value::Object(fields) = &mut doc {
+            entry.meta.store(fields);
         }
         self.write_once(&id, doc).await
     }

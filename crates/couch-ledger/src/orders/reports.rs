@@ -12,6 +12,7 @@ use super::model::{
 use crate::couch::{ViewQuery, ViewRow};
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
+use crate::meta::Metadata;
 use crate::money::{Amount, Currency};
 
 /// The most orders [`Ledger::outstanding_orders`] returns in one page.
@@ -443,10 +444,15 @@ fn row_entry(order_id: &str, row: &ViewRow, currency: &mut Option<Currency>) -> 
             )));
         }
     }
+    let meta = match &row.doc {
+        Some(Value::Object(doc)) => Metadata::stored(doc),
+        _ => Metadata::new(),
+    };
     Ok(Entry {
         id,
         kind,
         amount: value,
+        meta,
     })
 }
 

@@ -432,6 +432,7 @@ impl Run {
                 currency: eur,
                 opening: Amount::new(*opening).expect("amount"),
                 min_balance: min.map(|m| Amount::new(m).expect("amount")),
+                meta: Default::default(),
             };
             if let Err(e) = setup.create_account(spec).await {
                 self.violation(&mut out, format!("creating account {id} failed: {e}"));
@@ -668,6 +669,7 @@ impl Run {
                             amount: Amount::new(amount).expect("amount"),
                             currency: eur,
                             method: None,
+                            meta: Default::default(),
                         };
                         match ledger.record_payment(&p).await {
                             Ok(r) if r.status != RecordStatus::Uncertain => {
@@ -703,6 +705,7 @@ impl Run {
             destination: destination.to_owned(),
             amount: Amount::new(amount).expect("amount"),
             currency: eur,
+            meta: Default::default(),
         };
         let (source, destination) = (source.to_owned(), destination.to_owned());
         self.spawn_on(slot, at, move |ledger| {

@@ -57,6 +57,7 @@ pub async fn create_accounts(l: &Ledger, accounts: &[Acct]) {
             currency: a.currency,
             opening: amount(a.opening),
             min_balance: a.min.map(amount),
+            meta: Default::default(),
         })
         .await
         .unwrap();
@@ -81,6 +82,7 @@ impl Terms {
             destination: self.destination.clone(),
             amount: amount(self.value),
             currency: Currency::from_code(&self.currency).unwrap(),
+            meta: Default::default(),
         }
     }
 
@@ -191,6 +193,7 @@ pub fn req(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
         destination: to.to_owned(),
         amount: Amount::new(value).unwrap_or(Amount::ZERO),
         currency: eur(),
+        meta: Default::default(),
     }
 }
 
