@@ -311,7 +311,10 @@ impl TxnDoc {
                 named: Some(named.destination),
                 delta: self.value,
             }),
-            (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
+            (State::Done | State::Cancelled, _) => Some(OpKind::Undo {
+                decided: true,
+                delta: None,
+            }),
             // Undecided, or the stepwise protocol's own drive settles or undoes it.
             _ => None,
         }
@@ -485,7 +488,13 @@ enum Verdict {
 
 fn judge(debit: OpResult, credit: OpResult) -> Verdict {
     let both = [debit, credit];
-    if both.contains(&OpResult::UnknownAccount) {
+    if both.iter().any(|r| matches!(r, OpResult::Mismatch(_))) {
+        // A marker of this id with other terms holds an account (one id sent twice at once,
+        // through the other path): which terms stand is not this drive's to tell — its own
+        // document may lose to the other terms' leaf — so it commits nothing over that marker
+        // and cancels its own terms; the marker is left to its own decision.
+        Verdict::Cancel(Reason::ConflictingTerms)
+    } else if both.contains(&OpResult::UnknownAccount) {
         Verdict::Cancel(Reason::UnknownAccount)
     } else if both.contains(&OpResult::Unreadable) {
         Verdict::Cancel(Reason::UnreadableAccount)
@@ -1007,7 +1016,6 @@ impl Ledger {
                         deadline: Some(d.deadline),
                         attempt: None,
                         peer: None,
-                        exists: true,
                     },
                     OpKind::Apply {
                         delta: value,
@@ -1016,7 +1024,6 @@ impl Ledger {
                         deadline: Some(d.deadline),
                         attempt: None,
                         peer: None,
-                        exists: true,
                     },
                 ],
                 link,
@@ -1131,8 +1138,14 @@ impl Ledger {
                 d,
                 "undo",
                 [
-                    OpKind::Undo { decided: false },
-                    OpKind::Undo { decided: false },
+                    OpKind::Undo {
+                        decided: false,
+                        delta: Some(d.doc.value.neg()),
+                    },
+                    OpKind::Undo {
+                        decided: false,
+                        delta: Some(d.doc.value),
+                    },
                 ],
                 None,
             )
@@ -1161,10 +1174,10 @@ impl Ledger {
             .applied
             .drain(..)
             .map(|account| AccountOp {
-                kind: d
-                    .doc
-                    .convergence(&account)
-                    .unwrap_or(OpKind::Undo { decided: false }),
+                kind: d.doc.convergence(&account).unwrap_or(OpKind::Undo {
+                    decided: false,
+                    delta: None,
+                }),
                 account,
                 txn: d.doc.txn_id.clone(),
                 link: None,
