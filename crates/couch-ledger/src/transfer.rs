@@ -1366,8 +1366,16 @@ impl Ledger {
             return Ok(existing.outcome(status));
         }
         if ours {
+            // This call's create reached some copies only (a 202, or its answer was lost): a
+            // create of this id with other terms may have reached the others, and its leaf may
+            // still be the one kept (`resolve_transfer`), whatever this leaf's later writes
+            // were answered. Driven all the same, but an end reached on this leaf is not told
+            // as final: the caller sends the id again later to learn it.
             let end = self.drive(Drive::new(existing, deadline)).await?;
-            return answer(end.doc, status);
+            return match answer(end.doc, status)? {
+                told if told.state.is_terminal() => Err(unconfirmed(&id)),
+                told => Ok(told),
+            };
         }
         if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
             // Another worker is on it; it (or the sweeper) will finish it.
