@@ -323,7 +323,7 @@ impl Ledger {
         self.pause_at("apply").await;
         // A test's pause at `decide` holds the decision's write in the engine, on this path.
         let hold = self.inner.pause.as_ref().map(|hook| (hook.0)("decide"));
-        let ops = self.apply_ops(terms, attempt, deadline, false);
+        let ops = self.apply_ops(terms, attempt, deadline);
         let decided = self.inner.accounts.run_decided(ops, decide, hold).await;
         let (debit, credit) = (decided.debit?, decided.credit?);
         tracing::debug!(
@@ -384,13 +384,7 @@ impl Ledger {
     }
 
     /// The two applies of `terms` by `attempt` (debit, credit), linked.
-    fn apply_ops(
-        &self,
-        terms: &TxnDoc,
-        attempt: Attempt,
-        deadline: Instant,
-        exists: bool,
-    ) -> [AccountOp; 2] {
+    fn apply_ops(&self, terms: &TxnDoc, attempt: Attempt, deadline: Instant) -> [AccountOp; 2] {
         let link = Some(self.inner.accounts.next_link());
         let op = |account: &str, peer: &str, delta, check_funds| AccountOp {
             account: account.to_owned(),
@@ -402,7 +396,6 @@ impl Ledger {
                 deadline: Some(deadline),
                 attempt: Some(attempt),
                 peer: Some(peer.to_owned()),
-                exists,
             },
             link,
         };
@@ -419,11 +412,10 @@ impl Ledger {
         terms: &TxnDoc,
         attempt: Attempt,
         deadline: Instant,
-        exists: bool,
         touched: &mut Vec<String>,
     ) -> Result<Next> {
         self.pause_at("apply").await;
-        let ops = self.apply_ops(terms, attempt, deadline, exists);
+        let ops = self.apply_ops(terms, attempt, deadline);
         let mut answers = self.inner.accounts.run(ops.to_vec()).await.into_iter();
         let debit = answers.next().expect("two answers")?;
         let credit = answers.next().expect("two answers")?;
@@ -685,7 +677,7 @@ impl Ledger {
         let mut touched: Vec<String> = Vec::new();
         for _ in 0..DRIVE_PHASES_MAX {
             let next = self
-                .apply_once(&doc, attempt, deadline, true, &mut touched)
+                .apply_once(&doc, attempt, deadline, &mut touched)
                 .await?;
             let (state, markers, reason) = match next {
                 Next::Done(named) => (State::Done, Some(named), None),

@@ -321,7 +321,10 @@ impl TxnDoc {
                 named: Some(named.destination),
                 delta: self.value,
             }),
-            (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
+            (State::Done | State::Cancelled, _) => Some(OpKind::Undo {
+                decided: true,
+                delta: None,
+            }),
             // Undecided, or the stepwise protocol's own drive settles or undoes it.
             _ => None,
         }
@@ -497,7 +500,13 @@ enum Verdict {
 
 fn judge(debit: OpResult, credit: OpResult) -> Verdict {
     let both = [debit, credit];
-    if both.contains(&OpResult::UnknownAccount) {
+    if both.iter().any(|r| matches!(r, OpResult::Mismatch(_))) {
+        // A marker of this id with other terms holds an account (one id sent twice at once,
+        // through the other path): which terms stand is not this drive's to tell — its own
+        // document may lose to the other terms' leaf — so it commits nothing over that marker
+        // and cancels its own terms; the marker is left to its own decision.
+        Verdict::Cancel(Reason::ConflictingTerms)
+    } else if both.contains(&OpResult::UnknownAccount) {
         Verdict::Cancel(Reason::UnknownAccount)
     } else if both.contains(&OpResult::Unreadable) {
         Verdict::Cancel(Reason::UnreadableAccount)
@@ -1019,7 +1028,6 @@ impl Ledger {
                         deadline: Some(d.deadline),
                         attempt: None,
                         peer: None,
-                        exists: true,
                     },
                     OpKind::Apply {
                         delta: value,
@@ -1028,7 +1036,6 @@ impl Ledger {
                         deadline: Some(d.deadline),
                         attempt: None,
                         peer: None,
-                        exists: true,
                     },
                 ],
                 link,
@@ -1143,8 +1150,14 @@ impl Ledger {
                 d,
                 "undo",
                 [
-                    OpKind::Undo { decided: false },
-                    OpKind::Undo { decided: false },
+                    OpKind::Undo {
+                        decided: false,
+                        delta: Some(d.doc.value.neg()),
+                    },
+                    OpKind::Undo {
+                        decided: false,
+                        delta: Some(d.doc.value),
+                    },
                 ],
                 None,
             )
@@ -1173,10 +1186,10 @@ impl Ledger {
             .applied
             .drain(..)
             .map(|account| AccountOp {
-                kind: d
-                    .doc
-                    .convergence(&account)
-                    .unwrap_or(OpKind::Undo { decided: false }),
+                kind: d.doc.convergence(&account).unwrap_or(OpKind::Undo {
+                    decided: false,
+                    delta: None,
+                }),
                 account,
                 txn: d.doc.txn_id.clone(),
                 link: None,
@@ -1368,8 +1381,16 @@ impl Ledger {
             return Ok(existing.outcome(status));
         }
         if ours {
+            // This call's create reached some copies only (a 202, or its answer was lost): a
+            // create of this id with other terms may have reached the others, and its leaf may
+            // still be the one kept (`resolve_transfer`), whatever this leaf's later writes
+            // were answered. Driven all the same, but an end reached on this leaf is not told
+            // as final: the caller sends the id again later to learn it.
             let end = self.drive(Drive::new(existing, deadline)).await?;
-            return answer(end.doc, status);
+            return match answer(end.doc, status)? {
+                told if told.state.is_terminal() => Err(unconfirmed(&id)),
+                told => Ok(told),
+            };
         }
         if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
             // Another worker is on it; it (or the sweeper) will finish it.

@@ -23,25 +23,22 @@ pub(super) fn apply(txn: &str, delta: i64, check: bool, link: Option<u64>) -> Ac
             deadline: None,
             attempt: None,
             peer: None,
-            exists: true,
         },
         link,
     }
 }
 
 /// A one-write apply of `txn` by attempt `a`, `peer` the other account.
-pub(super) fn once(txn: &str, delta: i64, a: u64, peer: &str, exists: bool) -> AccountOp {
+pub(super) fn once(txn: &str, delta: i64, a: u64, peer: &str) -> AccountOp {
     let mut op = apply(txn, delta, delta < 0, None);
     if let OpKind::Apply {
         attempt,
         peer: other,
-        exists: known,
         ..
     } = &mut op.kind
     {
         *attempt = Some(Attempt::from_bits(a));
         *other = Some(peer.into());
-        *known = exists;
     }
     op
 }

@@ -30,11 +30,6 @@ pub(crate) enum OpKind {
         attempt: Option<Attempt>,
         /// The transfer's other account (the one-write path).
         peer: Option<String>,
-        /// The transfer's document exists with these terms (always on the stepwise protocol;
-        /// on the one-write path when deciding a transfer left `initial`). A pending marker of
-        /// it with other terms is then a one-write attempt under the same id that no decision
-        /// can ever name: it is undone before this apply (docs/ONE_WRITE.md).
-        exists: bool,
     },
     /// Move the marker from pending to settled (step 6). Only a marker of the transfer's terms
     /// (`delta`, its document's change to this account) is settled; with `named` (the one-write
@@ -50,8 +45,15 @@ pub(crate) enum OpKind {
     /// one-write path (`one_write::convergence`): a late apply of the transfer then meets that
     /// document and is undone again, so on a database of one copy the undo of a one-write
     /// marker leaves no settled entry. The stepwise protocol's undos (`false`) always leave one:
-    /// its late applies are skipped by it.
-    Undo { decided: bool },
+    /// its late applies are skipped by it. `delta`: the stepwise protocol's cancel undoes only
+    /// a marker of its terms (its document, `canceling`, may still lose to another terms' leaf
+    /// under the same id, whose decision names the marker there); a marker of other terms is
+    /// left as it is ([`OpResult::Absent`]). `None`: any marker of the transfer (the
+    /// convergence to a decided document).
+    Undo {
+        decided: bool,
+        delta: Option<Amount>,
+    },
     /// Change nothing: read the account fresh, so that a conflict it holds is merged and its
     /// losing leaves deleted (the sweeper's conflict pass).
     Resolve,
@@ -80,8 +82,9 @@ pub(crate) enum OpResult {
     /// Apply on the one-write path: a pending marker of this transfer with the same delta is
     /// there already, applied by this attempt: it is left as it is and counts as the caller's.
     Adopted(Attempt),
-    /// Apply on the one-write path: a pending marker of this transfer with another delta or
-    /// another peer (the same id with other terms; the term named). Nothing changed.
+    /// Apply: a pending marker of this transfer with another delta or another peer (the same
+    /// id with other terms; the term named). Nothing changed: that marker is its own
+    /// decision's to settle or undo.
     Mismatch(&'static str),
     /// Apply on the one-write path of a debit whose marker is there (adopted) on an account a
     /// cluster merge left below its minimum: nothing changed; the transfer is to be decided

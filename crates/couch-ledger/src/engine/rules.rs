@@ -46,7 +46,6 @@ pub(crate) fn evaluate_with(
             check_funds,
             attempt,
             peer,
-            exists,
             ..
         } => Apply {
             delta: *delta,
@@ -54,11 +53,10 @@ pub(crate) fn evaluate_with(
             check_funds: *check_funds,
             attempt: *attempt,
             peer,
-            exists: *exists,
         }
         .evaluate(doc, op, now, failed_links),
         OpKind::Settle { named, delta } => settle(doc, op, now, entries, *named, *delta),
-        OpKind::Undo { decided } => undo(doc, op, now, entries, *decided),
+        OpKind::Undo { decided, delta } => undo(doc, op, now, entries, *decided, *delta),
     }
 }
 
@@ -69,7 +67,6 @@ struct Apply<'a> {
     check_funds: bool,
     attempt: Option<Attempt>,
     peer: &'a Option<String>,
-    exists: bool,
 }
 
 impl Apply<'_> {
@@ -83,7 +80,7 @@ impl Apply<'_> {
         now: i64,
         failed_links: &HashSet<u64>,
     ) -> Result<OpResult> {
-        let in_pending = match self.other_terms(doc, op)? {
+        let in_pending = match self.other_terms(doc, op) {
             ControlFlow::Break(answer) => return Ok(answer),
             ControlFlow::Continue(in_pending) => in_pending,
         };
@@ -106,32 +103,23 @@ impl Apply<'_> {
                 .is_some_and(|min| doc.available().is_ok_and(|a| a < min))
     }
 
-    /// A pending marker of this transfer with other terms than this apply's: taken back when
-    /// the transfer's document exists (no decision can name it), else a mismatch on the
-    /// one-write path. The place of the transfer's pending marker still there, or the answer.
+    /// A pending marker of this transfer with other terms than this apply's: a mismatch, on
+    /// either path, and nothing changes. Never taken back here: the applier's own document
+    /// may be one leaf of a conflict whose other terms' leaf (a decision naming that marker)
+    /// is still on its way, and a marker is undone only by its transfer's decision
+    /// (docs/ONE_WRITE.md). The place of the transfer's pending marker still there, or the
+    /// answer.
     fn other_terms(
         &self,
-        doc: &mut AccountDoc,
+        doc: &AccountDoc,
         op: &AccountOp,
-    ) -> Result<ControlFlow<OpResult, Option<usize>>> {
-        let mut in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
+    ) -> ControlFlow<OpResult, Option<usize>> {
+        let in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
         if let Some(pos) = in_pending {
             let found = &doc.pending[pos];
             let other_peer =
                 found.peer.is_some() && self.peer.is_some() && found.peer != *self.peer;
-            let other_terms = found.delta != self.delta || other_peer;
-            if other_terms && self.exists && found.attempt.is_some() {
-                // A one-write attempt of this id with other terms than its document's: no
-                // decision can name it. Taken back (no undone entry: this apply follows).
-                let stray = doc.pending.remove(pos);
-                doc.balance = doc.balance.checked_sub(stray.delta)?;
-                tracing::warn!(
-                    account = %doc.account_id,
-                    txn = %op.txn,
-                    "undid a marker of this transfer's id with other terms than its document's"
-                );
-                in_pending = None;
-            } else if other_terms && self.attempt.is_some() {
+            if found.delta != self.delta || other_peer {
                 let term = if found.delta != self.delta {
                     "value"
                 } else if self.delta.minor() < 0 {
@@ -139,10 +127,10 @@ impl Apply<'_> {
                 } else {
                     "source"
                 };
-                return Ok(ControlFlow::Break(OpResult::Mismatch(term)));
+                return ControlFlow::Break(OpResult::Mismatch(term));
             }
         }
-        Ok(ControlFlow::Continue(in_pending))
+        ControlFlow::Continue(in_pending)
     }
 
     /// The answer when the transfer is on the account already, pending (at `in_pending`) or
@@ -331,16 +319,18 @@ fn settle_undone(
 }
 
 /// An undo ([`OpKind::Undo`]): the pending marker's delta reversed, the transfer recorded
-/// undone here.
+/// undone here. With `delta`, a marker of other terms is not this undo's: left as it is.
 fn undo(
     doc: &mut AccountDoc,
     op: &AccountOp,
     now: i64,
     entries: bool,
     decided: bool,
+    delta: Option<Amount>,
 ) -> Result<OpResult> {
     let (in_pending, in_settled) = place(doc, &op.txn);
     match in_pending {
+        Some(pos) if delta.is_some_and(|d| d != doc.pending[pos].delta) => Ok(OpResult::Absent),
         Some(pos) => {
             let marker = doc.pending.remove(pos);
             doc.balance = doc.balance.checked_sub(marker.delta)?;
@@ -475,7 +465,7 @@ mod tests {
         let none = HashSet::new();
         let mut doc = account(1_000, Some(0));
         assert_eq!(
-            evaluate(Some(&mut doc), &once("t", -300, 1, "b", false), 1, &none).unwrap(),
+            evaluate(Some(&mut doc), &once("t", -300, 1, "b"), 1, &none).unwrap(),
             OpResult::Applied
         );
         let m = &doc.pending[0];
@@ -485,33 +475,55 @@ mod tests {
         );
         // A second attempt: the first's marker counts as its own, nothing changes.
         assert_eq!(
-            evaluate(Some(&mut doc), &once("t", -300, 2, "b", false), 2, &none).unwrap(),
+            evaluate(Some(&mut doc), &once("t", -300, 2, "b"), 2, &none).unwrap(),
             OpResult::Adopted(Attempt::from_bits(1))
         );
         assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
         // Other terms under the same id: a mismatch naming the term, nothing changes.
         assert_eq!(
-            evaluate(Some(&mut doc), &once("t", -200, 3, "b", false), 3, &none).unwrap(),
+            evaluate(Some(&mut doc), &once("t", -200, 3, "b"), 3, &none).unwrap(),
             OpResult::Mismatch("value")
         );
         assert_eq!(
-            evaluate(Some(&mut doc), &once("t", -300, 3, "c", false), 3, &none).unwrap(),
+            evaluate(Some(&mut doc), &once("t", -300, 3, "c"), 3, &none).unwrap(),
             OpResult::Mismatch("destination")
         );
         assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
-        // Where the transfer's document says other terms, that marker can never be named: it
-        // is taken back and this apply lands.
+        assert!(doc.settled.is_empty());
+    }
+
+    /// One id sent at once with other terms through both paths (a cluster let both documents'
+    /// creates land, each on some copies): the stepwise drive's apply meets the one-write
+    /// marker of the other terms. Its own document may lose to the other terms' `done`, which
+    /// names that marker: the apply answers a mismatch and leaves the marker for its own
+    /// decision. Taking it back there lost the transfer on both accounts (the `done` counted
+    /// on neither).
+    #[test]
+    fn an_apply_leaves_a_marker_of_other_terms_to_its_own_decision() {
+        let none = HashSet::new();
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", -300, 1, "b"), 1, &none).unwrap();
         assert_eq!(
-            evaluate(Some(&mut doc), &once("t", -300, 4, "c", true), 4, &none).unwrap(),
+            evaluate(Some(&mut doc), &apply("t", -301, true, None), 2, &none).unwrap(),
+            OpResult::Mismatch("value")
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
+        assert!(doc.settled.is_empty());
+        // The other terms' decision (a one-write `done` naming attempt 1) still finds its
+        // marker.
+        assert_eq!(
+            evaluate(Some(&mut doc), &settle_named("t", 1, -300), 3, &none).unwrap(),
             OpResult::Applied
         );
-        assert_eq!(doc.balance.minor(), 700);
-        assert_eq!(doc.pending.len(), 1);
-        assert_eq!(doc.pending[0].peer.as_deref(), Some("c"));
-        assert!(
-            doc.settled.is_empty(),
-            "no entry: this transfer is being applied"
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 0));
+        // And a one-write apply meeting a stepwise marker of other terms: the same.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &apply("u", -301, true, None), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &once("u", -300, 2, "b"), 2, &none).unwrap(),
+            OpResult::Mismatch("value")
         );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (699, 1));
     }
 
     #[test]
@@ -520,13 +532,13 @@ mod tests {
         let mut doc = account(1_000, Some(0));
         evaluate(Some(&mut doc), &apply("s", -100, true, None), 1, &none).unwrap();
         assert_eq!(
-            evaluate(Some(&mut doc), &once("s", -100, 1, "b", false), 2, &none).unwrap(),
+            evaluate(Some(&mut doc), &once("s", -100, 1, "b"), 2, &none).unwrap(),
             OpResult::AlreadyPending,
             "a stepwise marker: its document exists, follow it"
         );
         evaluate(Some(&mut doc), &op("s", settle(-100)), 3, &none).unwrap();
         assert_eq!(
-            evaluate(Some(&mut doc), &once("s", -100, 1, "b", false), 4, &none).unwrap(),
+            evaluate(Some(&mut doc), &once("s", -100, 1, "b"), 4, &none).unwrap(),
             OpResult::Finished
         );
         assert_eq!(doc.balance.minor(), 900);
@@ -538,7 +550,7 @@ mod tests {
         // The named attempt: settled, with an entry (several copies) or none (one copy).
         for entries in [true, false] {
             let mut doc = account(1_000, Some(0));
-            evaluate(Some(&mut doc), &once("t", 250, 7, "b", false), 1, &none).unwrap();
+            evaluate(Some(&mut doc), &once("t", 250, 7, "b"), 1, &none).unwrap();
             assert_eq!(
                 evaluate_with(
                     Some(&mut doc),
@@ -569,7 +581,7 @@ mod tests {
         }
         // Another attempt's marker (a late apply after the entry went): undone, never counted.
         let mut doc = account(1_000, Some(0));
-        evaluate(Some(&mut doc), &once("t", 250, 8, "b", false), 1, &none).unwrap();
+        evaluate(Some(&mut doc), &once("t", 250, 8, "b"), 1, &none).unwrap();
         assert_eq!(
             evaluate_with(Some(&mut doc), &settle_named("t", 7, 250), 2, &none, false).unwrap(),
             OpResult::Repaired
@@ -611,7 +623,7 @@ mod tests {
         let none = HashSet::new();
         // A one-write marker of the same terms (adopted by the stepwise drive): settled.
         let mut doc = account(1_000, Some(0));
-        evaluate(Some(&mut doc), &once("t", -300, 1, "b", false), 1, &none).unwrap();
+        evaluate(Some(&mut doc), &once("t", -300, 1, "b"), 1, &none).unwrap();
         assert_eq!(
             evaluate(Some(&mut doc), &op("t", settle(-300)), 2, &none).unwrap(),
             OpResult::Applied
@@ -619,7 +631,7 @@ mod tests {
         assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 0));
         // One of the same id with other terms: undone, this transfer's marker still to settle.
         let mut doc = account(1_000, Some(0));
-        evaluate(Some(&mut doc), &once("t", -270, 1, "b", false), 1, &none).unwrap();
+        evaluate(Some(&mut doc), &once("t", -270, 1, "b"), 1, &none).unwrap();
         assert_eq!(
             evaluate(Some(&mut doc), &op("t", settle(-300)), 2, &none).unwrap(),
             OpResult::Repaired
@@ -627,15 +639,47 @@ mod tests {
         assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
     }
 
+    /// The stepwise cancel of one terms meets the other terms' marker (one id sent twice at
+    /// once): its `canceling` may still lose to the other terms' `done`, which names that
+    /// marker. It undoes only a marker of its own terms and leaves that one, with no entry.
+    #[test]
+    fn a_stepwise_undo_leaves_a_marker_of_other_terms() {
+        let none = HashSet::new();
+        let undo = |delta: i64| {
+            op(
+                "t",
+                OpKind::Undo {
+                    decided: false,
+                    delta: Some(Amount::new(delta).unwrap()),
+                },
+            )
+        };
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", -300, 1, "b"), 1, &none).unwrap();
+        assert_eq!(
+            evaluate(Some(&mut doc), &undo(-301), 2, &none).unwrap(),
+            OpResult::Absent
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
+        assert!(doc.settled.is_empty());
+        // Its own terms' marker: undone, as before.
+        assert_eq!(
+            evaluate(Some(&mut doc), &undo(-300), 3, &none).unwrap(),
+            OpResult::Applied
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
+        assert!(doc.settled[0].undone);
+    }
+
     #[test]
     fn an_adopted_debit_on_an_account_a_merge_overdrew_is_refused_not_taken_back() {
         let none = HashSet::new();
         let mut doc = account(500, Some(0));
-        evaluate(Some(&mut doc), &once("t1", -300, 1, "b", false), 1, &none).unwrap();
+        evaluate(Some(&mut doc), &once("t1", -300, 1, "b"), 1, &none).unwrap();
         // A rival branch's debit merged in: below the minimum.
         doc.balance = Amount::new(-100).unwrap();
         assert_eq!(
-            evaluate(Some(&mut doc), &once("t1", -300, 2, "b", false), 2, &none).unwrap(),
+            evaluate(Some(&mut doc), &once("t1", -300, 2, "b"), 2, &none).unwrap(),
             OpResult::Overdrawn
         );
         assert_eq!(
@@ -703,7 +747,13 @@ mod tests {
         assert_eq!(
             evaluate(
                 Some(&mut doc),
-                &op("t", OpKind::Undo { decided: false }),
+                &op(
+                    "t",
+                    OpKind::Undo {
+                        decided: false,
+                        delta: None
+                    }
+                ),
                 5,
                 &none
             )
@@ -716,7 +766,13 @@ mod tests {
         assert_eq!(
             evaluate(
                 Some(&mut doc),
-                &op("u", OpKind::Undo { decided: false }),
+                &op(
+                    "u",
+                    OpKind::Undo {
+                        decided: false,
+                        delta: None
+                    }
+                ),
                 5,
                 &none
             )
@@ -751,7 +807,13 @@ mod tests {
         assert_eq!(
             evaluate(
                 Some(&mut doc),
-                &op("t", OpKind::Undo { decided: false }),
+                &op(
+                    "t",
+                    OpKind::Undo {
+                        decided: false,
+                        delta: None
+                    }
+                ),
                 2,
                 &none
             )
@@ -1054,7 +1116,13 @@ mod tests {
         assert_eq!(
             evaluate(
                 Some(&mut doc),
-                &op("u", OpKind::Undo { decided: false }),
+                &op(
+                    "u",
+                    OpKind::Undo {
+                        decided: false,
+                        delta: None
+                    }
+                ),
                 3,
                 &none
             )

@@ -131,6 +131,10 @@ enum Told {
         destination: String,
         amount: i64,
         state: State,
+        /// A reversal: the transfer it reverses. Its terms are that transfer's as its document
+        /// ends (the id may have been sent with other terms too, and those may be the ones
+        /// that stand), the accounts swapped — not the terms one caller of that id sent.
+        reverses: Option<String>,
     },
     Payment {
         id: String,
@@ -620,6 +624,7 @@ impl Run {
                                     destination: String::new(),
                                     amount: 0,
                                     state: o.state,
+                                    reverses: None,
                                 });
                             }
                         }
@@ -641,6 +646,7 @@ impl Run {
                                 destination: src,
                                 amount,
                                 state: o.state,
+                                reverses: Some(id2),
                             });
                         }
                     })
@@ -717,6 +723,7 @@ impl Run {
                         destination,
                         amount,
                         state: o.state,
+                        reverses: None,
                     });
                 }
             })
@@ -973,6 +980,7 @@ impl Run {
                     destination,
                     amount,
                     state,
+                    reverses,
                 } => {
                     if !matches!(state, State::Done | State::Cancelled) {
                         continue;
@@ -989,10 +997,22 @@ impl Run {
                             "transfer {id} was answered {state} and ended {final_state}"
                         ));
                     }
+                    // A reversal is of the reversed transfer as its document ends.
+                    let reversed = reverses
+                        .as_ref()
+                        .and_then(|r| txns.get(&format!("txn:{r}")));
+                    let (source, destination, amount) = match reversed {
+                        Some(r) => (
+                            r.get("destination").and_then(Value::as_str).unwrap_or("?"),
+                            r.get("source").and_then(Value::as_str).unwrap_or("?"),
+                            num(r, "value"),
+                        ),
+                        None => (source.as_str(), destination.as_str(), *amount),
+                    };
                     if *state == State::Done && !source.is_empty() {
                         let same = t.get("source").and_then(Value::as_str) == Some(source)
                             && t.get("destination").and_then(Value::as_str) == Some(destination)
-                            && num(t, "value") == *amount;
+                            && num(t, "value") == amount;
                         if !same {
                             out.violations.push(format!(
                                 "transfer {id} was answered done for {source}→{destination} {amount} but its document holds other terms"

@@ -591,7 +591,7 @@ mod tests {
         [("a", "b", -100), ("b", "a", 100)].map(|(account, peer, delta)| AccountOp {
             account: account.into(),
             link,
-            ..once("t", delta, 7, peer, false)
+            ..once("t", delta, 7, peer)
         })
     }
 
