@@ -1384,11 +1384,13 @@ impl Ledger {
             // This call's create reached some copies only (a 202, or its answer was lost): a
             // create of this id with other terms may have reached the others, and its leaf may
             // still be the one kept (`resolve_transfer`), whatever this leaf's later writes
-            // were answered. Driven all the same, but an end reached on this leaf is not told
-            // as final: the caller sends the id again later to learn it.
+            // were answered. Driven all the same, but on several copies an end reached on this
+            // leaf is not told as final: the caller sends the id again later to learn it. On
+            // one copy no rival leaf can exist beside it.
             let end = self.drive(Drive::new(existing, deadline)).await?;
+            let one_copy = self.inner.quorum.one_copy(&self.inner.hot).await == Some(true);
             return match answer(end.doc, status)? {
-                told if told.state.is_terminal() => Err(unconfirmed(&id)),
+                told if told.state.is_terminal() && !one_copy => Err(unconfirmed(&id)),
                 told => Ok(told),
             };
         }
