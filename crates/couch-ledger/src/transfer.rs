@@ -324,6 +324,7 @@ impl TxnDoc {
             (State::Done | State::Cancelled, _) => Some(OpKind::Undo {
                 decided: true,
                 delta: None,
+                peer: None,
             }),
             // Undecided, or the stepwise protocol's own drive settles or undoes it.
             _ => None,
@@ -1027,7 +1028,7 @@ impl Ledger {
                         check_funds: true,
                         deadline: Some(d.deadline),
                         attempt: None,
-                        peer: None,
+                        peer: Some(d.doc.destination.clone()),
                     },
                     OpKind::Apply {
                         delta: value,
@@ -1035,7 +1036,7 @@ impl Ledger {
                         check_funds: false,
                         deadline: Some(d.deadline),
                         attempt: None,
-                        peer: None,
+                        peer: Some(d.doc.source.clone()),
                     },
                 ],
                 link,
@@ -1153,10 +1154,12 @@ impl Ledger {
                     OpKind::Undo {
                         decided: false,
                         delta: Some(d.doc.value.neg()),
+                        peer: Some(d.doc.destination.clone()),
                     },
                     OpKind::Undo {
                         decided: false,
                         delta: Some(d.doc.value),
+                        peer: Some(d.doc.source.clone()),
                     },
                 ],
                 None,
@@ -1189,6 +1192,7 @@ impl Ledger {
                 kind: d.doc.convergence(&account).unwrap_or(OpKind::Undo {
                     decided: false,
                     delta: None,
+                    peer: None,
                 }),
                 account,
                 txn: d.doc.txn_id.clone(),

@@ -53,6 +53,9 @@ pub(crate) enum OpKind {
     Undo {
         decided: bool,
         delta: Option<Amount>,
+        /// With `delta`: the transfer's other account. A one-write marker that names another
+        /// peer holds other terms (the same amount to another account) and is left too.
+        peer: Option<String>,
     },
     /// Change nothing: read the account fresh, so that a conflict it holds is merged and its
     /// losing leaves deleted (the sweeper's conflict pass).

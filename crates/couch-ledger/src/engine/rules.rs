@@ -56,7 +56,11 @@ pub(crate) fn evaluate_with(
         }
         .evaluate(doc, op, now, failed_links),
         OpKind::Settle { named, delta } => settle(doc, op, now, entries, *named, *delta),
-        OpKind::Undo { decided, delta } => undo(doc, op, now, entries, *decided, *delta),
+        OpKind::Undo {
+            decided,
+            delta,
+            peer,
+        } => undo(doc, op, now, entries, *decided, *delta, peer.as_deref()),
     }
 }
 
@@ -205,7 +209,9 @@ impl Apply<'_> {
             delta: self.delta,
             at: Some(now),
             attempt: self.attempt,
-            peer: self.peer.clone(),
+            // The stepwise protocol's markers keep their documented shape, `{txn, delta, at}`:
+            // its apply sends the peer only to be compared with a one-write marker's.
+            peer: self.attempt.and(self.peer.clone()),
             aliases: Vec::new(),
         };
         let bytes = doc.markers_bytes();
@@ -319,7 +325,8 @@ fn settle_undone(
 }
 
 /// An undo ([`OpKind::Undo`]): the pending marker's delta reversed, the transfer recorded
-/// undone here. With `delta`, a marker of other terms is not this undo's: left as it is.
+/// undone here. With `delta` (and `peer`), a marker of other terms is not this undo's: left as
+/// it is.
 fn undo(
     doc: &mut AccountDoc,
     op: &AccountOp,
@@ -327,10 +334,15 @@ fn undo(
     entries: bool,
     decided: bool,
     delta: Option<Amount>,
+    peer: Option<&str>,
 ) -> Result<OpResult> {
     let (in_pending, in_settled) = place(doc, &op.txn);
+    let other_terms = |m: &Marker| {
+        delta.is_some_and(|d| d != m.delta)
+            || (delta.is_some() && peer.is_some() && m.peer.is_some() && m.peer.as_deref() != peer)
+    };
     match in_pending {
-        Some(pos) if delta.is_some_and(|d| d != doc.pending[pos].delta) => Ok(OpResult::Absent),
+        Some(pos) if other_terms(&doc.pending[pos]) => Ok(OpResult::Absent),
         Some(pos) => {
             let marker = doc.pending.remove(pos);
             doc.balance = doc.balance.checked_sub(marker.delta)?;
@@ -639,6 +651,43 @@ mod tests {
         assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
     }
 
+    /// The same id and amount sent at once to another destination through the stepwise path:
+    /// its apply on the shared source meets the one-write marker that names the other peer.
+    /// Same delta, other terms: a mismatch, and its cancel leaves that marker to its own
+    /// decision (taking it, then undoing it, created the amount on the other destination).
+    #[test]
+    fn a_stepwise_apply_and_undo_tell_a_marker_to_another_peer_apart() {
+        let none = HashSet::new();
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &once("t", -300, 1, "c"), 1, &none).unwrap();
+        let mut stepwise = apply("t", -300, true, None);
+        if let OpKind::Apply { peer, .. } = &mut stepwise.kind {
+            *peer = Some("b".into());
+        }
+        assert_eq!(
+            evaluate(Some(&mut doc), &stepwise, 2, &none).unwrap(),
+            OpResult::Mismatch("destination")
+        );
+        let undo = op(
+            "t",
+            OpKind::Undo {
+                decided: false,
+                delta: Some(Amount::new(-300).unwrap()),
+                peer: Some("b".into()),
+            },
+        );
+        assert_eq!(
+            evaluate(Some(&mut doc), &undo, 3, &none).unwrap(),
+            OpResult::Absent
+        );
+        assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
+        assert!(doc.settled.is_empty());
+        // A stepwise marker keeps its documented shape: no peer stored.
+        let mut doc = account(1_000, Some(0));
+        evaluate(Some(&mut doc), &stepwise, 1, &none).unwrap();
+        assert_eq!(doc.pending[0].peer, None);
+    }
+
     /// The stepwise cancel of one terms meets the other terms' marker (one id sent twice at
     /// once): its `canceling` may still lose to the other terms' `done`, which names that
     /// marker. It undoes only a marker of its own terms and leaves that one, with no entry.
@@ -651,6 +700,7 @@ mod tests {
                 OpKind::Undo {
                     decided: false,
                     delta: Some(Amount::new(delta).unwrap()),
+                    peer: None,
                 },
             )
         };
@@ -751,7 +801,8 @@ mod tests {
                     "t",
                     OpKind::Undo {
                         decided: false,
-                        delta: None
+                        delta: None,
+                        peer: None
                     }
                 ),
                 5,
@@ -770,7 +821,8 @@ mod tests {
                     "u",
                     OpKind::Undo {
                         decided: false,
-                        delta: None
+                        delta: None,
+                        peer: None
                     }
                 ),
                 5,
@@ -811,7 +863,8 @@ mod tests {
                     "t",
                     OpKind::Undo {
                         decided: false,
-                        delta: None
+                        delta: None,
+                        peer: None
                     }
                 ),
                 2,
@@ -1120,7 +1173,8 @@ mod tests {
                     "u",
                     OpKind::Undo {
                         decided: false,
-                        delta: None
+                        delta: None,
+                        peer: None
                     }
                 ),
                 3,

@@ -598,16 +598,16 @@ impl Run {
                     let other = self.rng.usize(..n_slots);
                     (other, at + Duration::from_millis(self.rng.u64(0..300)))
                 };
-                self.submit(
-                    other,
-                    later,
-                    &id,
-                    &source,
-                    &destination,
-                    amount + 1,
-                    true,
-                    eur,
-                );
+                // Other terms: one minor unit more, or (half the time, where a third account
+                // exists) the same amount to another destination.
+                let elsewhere = (0..n_accounts)
+                    .map(|k| (d + 1 + k) % n_accounts)
+                    .find(|&k| k != s && k != d);
+                let (to, value) = match elsewhere {
+                    Some(k) if self.rng.bool() => (self.plan.accounts[k].0.clone(), amount),
+                    _ => (destination.clone(), amount + 1),
+                };
+                self.submit(other, later, &id, &source, &to, value, true, eur);
             }
             if !wait && self.rng.bool() {
                 let other = self.rng.usize(..n_slots);
