@@ -302,7 +302,7 @@ async fn serve_accounts_and_transfers_idempotent_by_header() {
     assert_eq!(
         r.body,
         json!({"account": "alice", "currency": "GBP", "opening": 100000, "balance": 100000,
-               "available": 100000, "posted": 100000, "min_balance": 0, "pending": []})
+               "available": 100000, "posted": 100000, "min_balance": 0, "pending": [], "meta": {}})
     );
     let r = svc.get("/v1/accounts/shop").await;
     assert_eq!(r.body["min_balance"], Value::Null);
