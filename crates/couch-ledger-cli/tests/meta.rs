@@ -368,39 +368,21 @@ async fn the_command_line_attaches_shows_and_lists_metadata() {
     ids.sort();
     assert_eq!(ids, ["t0", "t1", "t2"]);
 
-    // Bad input is exit 2 and writes nothing.
+    // Bad input is exit 2, names the flag, and writes nothing.
+    let before = support::db_snapshot(&db).await;
+    let transfer = |meta: &'static str| {
+        let mut args = vec!["transfer", "--from", "a", "--to", "b", "--amount", "1"];
+        args.extend(["--currency", "EUR", "--meta", meta]);
+        args
+    };
     for args in [
-        &[
-            "transfer",
-            "--from",
-            "a",
-            "--to",
-            "b",
-            "--amount",
-            "1",
-            "--currency",
-            "EUR",
-            "--meta",
-            "novalue",
-        ][..],
-        &[
-            "transfer",
-            "--from",
-            "a",
-            "--to",
-            "b",
-            "--amount",
-            "1",
-            "--currency",
-            "EUR",
-            "--meta",
-            "bad key=v",
-        ][..],
-        &["transfer", "list", "--meta", "k"][..],
-        &["transfer", "list", "--meta", "k=v", "--after", "nope"][..],
-        &["transfer", "list", "--meta", "k=v", "--limit", "0"][..],
+        transfer("novalue"),
+        transfer("bad key=v"),
+        vec!["transfer", "list", "--meta", "k"],
+        vec!["transfer", "list", "--meta", "k=v", "--after", "nope"],
+        vec!["transfer", "list", "--meta", "k=v", "--limit", "0"],
     ] {
-        let r = cli(&db, args).await;
+        let r = cli(&db, &args).await;
         assert_eq!(r.code, 2, "{args:?}: {}", r.stderr);
         assert!(
             r.stderr.contains("--"),
@@ -408,4 +390,5 @@ async fn the_command_line_attaches_shows_and_lists_metadata() {
             r.stderr
         );
     }
+    assert_eq!(support::db_snapshot(&db).await, before, "nothing written");
 }
