@@ -142,6 +142,13 @@ fn without_strays(
         });
     doc.pending = kept;
     for m in strays {
+        tracing::debug!(
+            account = %doc.account_id,
+            txn = %m.txn,
+            delta = m.delta.minor(),
+            attempt = ?m.attempt,
+            "a merge dropped a marker whose delta is not its transfer document's"
+        );
         doc.balance = doc.balance.checked_sub(m.delta).map_err(|e| Blocked {
             txn: m.txn.clone(),
             why: format!("the balance without a marker of other terms is out of range: {e}"),
@@ -323,6 +330,14 @@ impl OnLeaves<'_> {
                 && f.delta == delta
                 && f.named.is_some_and(|n| self.carried(n));
             if f.state.is_terminal() && !counted {
+                tracing::debug!(
+                    account = %self.winner.account_id,
+                    txn = %self.txn,
+                    joined = ?joined,
+                    state = ?f.state,
+                    named = ?f.named,
+                    "a merge left out a marker the winner lacks, as its transfer does not count it"
+                );
                 return true;
             }
         }

@@ -637,4 +637,100 @@ mod tests {
         assert!(decided.write.is_none());
         assert_eq!(bulk_ids(&server).await, [vec!["account:a", "account:b"]]);
     }
+
+    /// Account `a` as a leaf: revision `rev`, `balance`, and `t`'s pending marker of `delta`.
+    fn leaf(rev: &str, balance: i64, pending: Option<i64>) -> serde_json::Value {
+        let pending: Vec<serde_json::Value> = pending
+            .map(|d| json!({"txn": "t", "delta": d, "at": 1}))
+            .into_iter()
+            .collect();
+        json!({
+            "_id": "account:a", "_rev": rev, "type": "account", "account_id": "a",
+            "currency": "EUR", "opening": 1000, "balance": balance, "min_balance": 0,
+            "pending": pending, "settled": []
+        })
+    }
+
+    /// A cluster whose `_all_docs` copy holds account `a` with two losing leaves, while the copy
+    /// answering `open_revs` holds only the first (the second has not reached it yet): the
+    /// merge joins the first and deletes only it. Deleting the second too would throw away
+    /// the marker only it holds (a stress on three replicating servers lost a credit so).
+    #[tokio::test]
+    async fn a_merge_deletes_only_the_losing_leaves_it_read() {
+        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db$"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
+            )
+            .mount(&server)
+            .await;
+        let mut winner = leaf("2-w", 1000, None);
+        winner["_conflicts"] = json!(["2-l1", "2-l2"]);
+        Mock::given(method("POST"))
+            .and(path("/db/_all_docs"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "total_rows": 1, "offset": 0,
+                "rows": [{"id": "account:a", "key": "account:a", "value": {"rev": "2-w"},
+                          "doc": winner}]
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db/account(:|%3A)a$"))
+            .and(query_param("open_revs", r#"["2-l1","2-l2"]"#))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+                {"ok": leaf("2-l1", 1000, None)},
+                {"missing": "2-l2"}
+            ])))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/db/_bulk_docs"))
+            .respond_with(fixtures_ok())
+            .mount(&server)
+            .await;
+        let engine = engine_on(&server.uri());
+        let results = engine.run(vec![op("u", settle(5))]).await;
+        assert!(results[0].is_ok(), "{results:?}");
+        let deleted: Vec<String> = bulk_bodies(&server)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|d| d["_deleted"] == true)
+            .map(|d| d["_rev"].as_str().unwrap_or("").to_owned())
+            .collect();
+        assert_eq!(deleted, ["2-l1"], "only the leaf read is deleted");
+    }
+
+    /// `_bulk_docs` answered with each document `ok` and a revision of its own.
+    fn fixtures_ok() -> impl wiremock::Respond {
+        |request: &wiremock::Request| {
+            let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
+            let results: Vec<serde_json::Value> = body["docs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| json!({"ok": true, "id": d["_id"], "rev": "3-y"}))
+                .collect();
+            wiremock::ResponseTemplate::new(201).set_body_json(results)
+        }
+    }
+
+    /// The documents of each `_bulk_docs` request `server` received, in order.
+    async fn bulk_bodies(server: &wiremock::MockServer) -> Vec<Vec<serde_json::Value>> {
+        server
+            .received_requests()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.url.path().ends_with("_bulk_docs"))
+            .map(|r| {
+                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                body["docs"].as_array().cloned().unwrap_or_default()
+            })
+            .collect()
+    }
 }

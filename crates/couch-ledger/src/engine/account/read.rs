@@ -115,10 +115,12 @@ impl AccountEngine {
             .filter(|(_, rev)| !folded.contains(rev))
             .unzip();
         if leaves.is_empty() {
-            // The losers were deleted meanwhile, or joined already: nothing to merge.
+            // The losers were joined already, deleted meanwhile, or not on the copy the leaves
+            // were read from: nothing to merge now, and only the joined ones may go.
+            let joined = joined_losers(&folded, &[], &losers);
             return Ok(AccountRead::Found(Box::new(Found {
                 doc: Some(winner),
-                losers,
+                losers: joined,
                 dirty: false,
             })));
         }
@@ -132,12 +134,7 @@ impl AccountEngine {
                 // Every leaf joined here is recorded on the merged branch while it lasts: a
                 // member's sweeper may not delete it, and the next merge must not join it
                 // again over what this branch settled and pruned since.
-                let mut joined: Vec<String> =
-                    folded.into_iter().chain(revs.iter().cloned()).collect();
-                joined.retain(|r| losers.contains(r));
-                joined.sort();
-                joined.dedup();
-                merged.merged = joined;
+                merged.merged = joined_losers(&folded, &revs, &losers);
                 let dirty = merged.balance != winner.balance
                     || merged.pending != winner.pending
                     || merged.settled != winner.settled
@@ -148,9 +145,13 @@ impl AccountEngine {
                     dirty,
                     "merging a conflicted account"
                 );
+                // Only the leaves joined may be deleted: a loser `_all_docs` named that the
+                // leaves' read did not return (a copy it has not reached yet) holds what no
+                // branch here has, and stays for a later merge.
+                let joined = merged.merged.clone();
                 Ok(AccountRead::Found(Box::new(Found {
                     doc: Some(merged),
-                    losers,
+                    losers: joined,
                     dirty,
                 })))
             }
@@ -369,4 +370,21 @@ pub(crate) fn unmergeable(id: &str, losers: usize) -> Error {
          (docs/ONE_WRITE.md, \"Conflicts on one copy\")",
         losers + 1
     ))
+}
+
+/// The losing revisions a merge has joined, so that its branch may delete them: those this
+/// branch or a leaf joined folded in before (`folded`) and those read and joined now (`read`),
+/// among the current `losers`; in order, once each. A loser that is in neither was not read
+/// (the copy that answered the leaves' read does not hold it yet): deleting it would throw away
+/// what only it holds.
+fn joined_losers(folded: &HashSet<String>, read: &[String], losers: &[String]) -> Vec<String> {
+    let mut joined: Vec<String> = folded
+        .iter()
+        .chain(read.iter())
+        .filter(|r| losers.contains(r))
+        .cloned()
+        .collect();
+    joined.sort();
+    joined.dedup();
+    joined
 }
