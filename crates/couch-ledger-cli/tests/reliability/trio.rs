@@ -212,6 +212,7 @@ async fn entries_against_documents(part: &str, node: &str, db: &str) {
         }
         None
     };
+    let mut mismatched = BTreeSet::new();
     for (id, t) in docs.iter().filter(|(id, _)| id.starts_with("txn:")) {
         let txn = &id["txn:".len()..];
         let state = t["state"].as_str().unwrap_or("?");
@@ -232,6 +233,7 @@ async fn entries_against_documents(part: &str, node: &str, db: &str) {
                 _ => true,
             };
             if !fits {
+                mismatched.insert(txn.to_owned());
                 eprintln!(
                     "ENTRY {part}: {txn} is {state} (value {}), but {account} ({side}) holds {} {}",
                     t["value"],
@@ -239,6 +241,40 @@ async fn entries_against_documents(part: &str, node: &str, db: &str) {
                     if pending { "and a pending marker" } else { "" }
                 );
             }
+        }
+    }
+    print_logs_of(part, &mismatched);
+}
+
+/// The captured log lines that name one of `txns` (at most [`LOG_LINES_MAX`] per transfer),
+/// so that a failed run in CI shows what the ledger did with them.
+fn print_logs_of(part: &str, txns: &BTreeSet<String>) {
+    const LOG_LINES_MAX: usize = 80;
+    if txns.is_empty() {
+        return;
+    }
+    let logs = crate::shared::capture_logs();
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    for txn in txns {
+        // The id, not a longer one it begins (`r1-w3-39` in `r1-w3-390`).
+        let names = |l: &str| {
+            l.match_indices(txn.as_str()).any(|(at, _)| {
+                !l[at + txn.len()..]
+                    .starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            })
+        };
+        let lines: Vec<&str> = text.lines().filter(|l| names(l)).collect();
+        eprintln!(
+            "{part}: {} log lines name {txn}{}",
+            lines.len(),
+            if lines.len() > LOG_LINES_MAX {
+                format!(" (the last {LOG_LINES_MAX})")
+            } else {
+                String::new()
+            }
+        );
+        for line in &lines[lines.len().saturating_sub(LOG_LINES_MAX)..] {
+            eprintln!("  {line}");
         }
     }
 }
