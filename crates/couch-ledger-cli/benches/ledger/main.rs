@@ -30,6 +30,9 @@
 //! `p9` runs the release binary as `couch-ledger serve` and sends `p8`'s transfers to it over
 //! HTTP (64 keep-alive callers), alternating round by round with the same transfers through
 //! the library in the bench's own process: the service's cost over the library path.
+//! `BENCH_WEBHOOK=1` also gives that service a webhook pointing at a receiver in the bench
+//! process, which checks every delivery's signature, prints the lag from each transfer's
+//! decision to its `transfer.done`, and fails the bench if one is badly signed or never comes.
 //!
 //! One module a figure (or a pair measured in the same rounds), beside what they share: the
 //! settings and the server, the bench's clients, the interleaved rounds, the transfer
@@ -75,6 +78,10 @@ mod events_lag;
 mod p8_long_aged;
 // p9: p8's transfers through `couch-ledger serve`.
 mod p9_serve;
+// BENCH_WEBHOOK=1: a webhook receiver for p9's service, and its events' lag (on axum and
+// hmac, which come with the `serve` feature).
+#[cfg(feature = "serve")]
+mod webhook_lag;
 // The table on stdout and `results.json`.
 mod output;
 // `results.svg`.

@@ -2,6 +2,7 @@
 //! through the library, alternating round by round; and each side's latency.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,14 +35,15 @@ pub struct ServeProcess {
 }
 
 impl ServeProcess {
-    /// Starts it on `db` without its sweeper (every transfer is finished by its caller) and
-    /// waits for the line saying where it listens.
-    pub async fn start(bench: &Bench, ledger: &Ledger) -> Result<ServeProcess> {
+    /// Starts it on `db` without its sweeper (every transfer is finished by its caller), with
+    /// `extra` flags of `serve`, and waits for the line saying where it listens.
+    pub async fn start(bench: &Bench, ledger: &Ledger, extra: &[OsString]) -> Result<ServeProcess> {
         use tokio::io::AsyncBufReadExt as _;
         let exe = PROGRAM;
         let mut command = program(bench, ledger);
         command
             .args(["--json", "serve", "--listen", "127.0.0.1:0", "--no-sweep"])
+            .args(extra)
             .env_remove("COUCH_LEDGER_API_KEYS")
             // Its request log is written (as in production) and thrown away.
             .stderr(std::process::Stdio::null());
@@ -83,6 +85,11 @@ impl ServeProcess {
     }
 }
 
+/// The id (and `Idempotency-Key`) of the HTTP side's transfer `i`.
+fn http_transfer_id(i: usize) -> String {
+    format!("h{i:07}")
+}
+
 /// Each call's latency in seconds, appended by concurrent callers.
 pub type Latencies = Arc<Mutex<Vec<f64>>>;
 
@@ -110,7 +117,7 @@ pub async fn http_transfer_round(
             let started = Instant::now();
             let response = http
                 .post(&url)
-                .header("Idempotency-Key", format!("h{i:07}"))
+                .header("Idempotency-Key", http_transfer_id(i))
                 .json(&body)
                 .send()
                 .await?;
@@ -122,7 +129,8 @@ pub async fn http_transfer_round(
                 .push(started.elapsed().as_secs_f64());
             ensure!(
                 status == reqwest::StatusCode::CREATED && answer["state"] == "done",
-                "transfer h{i:07} through serve: {status} {answer}"
+                "transfer {} through serve: {status} {answer}",
+                http_transfer_id(i)
             );
             Ok(())
         }
@@ -169,12 +177,16 @@ pub async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let rounds = bench.settings.scaled(P9_ROUNDS);
     let c = P8_CONCURRENCY;
     let transfers = jobs_for_steady_rate(TRANSFERS_PER_ROUND_C64, c);
-    let accounts: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("p", i)).collect();
-    let library = fresh_ledger(bench, "p9_library").await?;
-    load_accounts(&library, &accounts).await?;
-    let served = fresh_ledger(bench, "p9_serve").await?;
-    load_accounts(&served, &accounts).await?;
-    let service = ServeProcess::start(bench, &served).await?;
+    let (library, served) = p9_ledgers(bench).await?;
+    // BENCH_WEBHOOK=1: the service also POSTs every event to a receiver in this process (the
+    // receiver needs axum and hmac, which come with the `serve` feature, as p9 does).
+    #[cfg(feature = "serve")]
+    let webhook = crate::webhook_lag::WebhookLag::start_if_wanted().await?;
+    #[cfg(feature = "serve")]
+    let webhook_args = webhook.as_ref().map(|w| w.serve_args()).unwrap_or_default();
+    #[cfg(not(feature = "serve"))]
+    let webhook_args = Vec::new();
+    let service = ServeProcess::start(bench, &served, &webhook_args).await?;
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(REQUEST_TIMEOUT_S))
         .pool_max_idle_per_host(c)
@@ -182,7 +194,8 @@ pub async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let http_latencies: Latencies = Arc::default();
     let library_latencies: Latencies = Arc::default();
     // Untimed, after the last round's ids: both engines read the pool, connections open.
-    let warm_up = rounds * transfers..rounds * transfers + 2 * c;
+    let warm_up_end = rounds * transfers + 2 * c;
+    let warm_up = rounds * transfers..warm_up_end;
     http_transfer_round(&http, &service.base, warm_up.clone(), c, &http_latencies).await?;
     library_transfer_round(&library, warm_up, c, &library_latencies).await?;
     let cpu_before = process_usage(service.pid()?).map(|(_, cpu)| cpu);
@@ -217,6 +230,13 @@ pub async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
     let serve_cpu_s = cpu_before
         .zip(process_usage(service.pid()?).map(|(_, cpu)| cpu))
         .map(|(before, after)| after - before);
+    // After serve's CPU is read: the deliveries catching up after the rounds are not the cost
+    // of the rounds' transfers. Every HTTP transfer, the warm-up's too, must have its event.
+    #[cfg(feature = "serve")]
+    if let Some(webhook) = webhook {
+        let made: Vec<String> = (0..warm_up_end).map(http_transfer_id).collect();
+        webhook.finish(&made).await?;
+    }
     service.stop().await?;
     verify_and_drop(&served).await?;
     verify_and_drop(&library).await?;
@@ -230,6 +250,17 @@ pub async fn served_transfers(bench: &Bench) -> Result<Vec<Row>> {
         serve_cpu_s,
     );
     Ok(rows)
+}
+
+/// `p9`'s two ledgers, each in a fresh database holding `p8`'s pool of accounts: the library
+/// side's and the service's.
+async fn p9_ledgers(bench: &Bench) -> Result<(Ledger, Ledger)> {
+    let accounts: Vec<String> = (0..P8_POOL_ACCOUNTS).map(|i| account_id("p", i)).collect();
+    let library = fresh_ledger(bench, "p9_library").await?;
+    load_accounts(&library, &accounts).await?;
+    let served = fresh_ledger(bench, "p9_serve").await?;
+    load_accounts(&served, &accounts).await?;
+    Ok((library, served))
 }
 
 /// `p9`, `p9_p50` and `p9_p99` from the rounds: the rates, each round's latency quantiles by
