@@ -84,9 +84,11 @@ fn print_failure(out: &Outcome, long: bool) {
         println!("  - {v}");
     }
     println!(
-        "  replay: SIM_SEED={:#x}{} cargo test --release --features failpoints --test simulation",
+        "  replay: SIM_SEED={:#x}{}{}{} cargo test --release --features failpoints --test simulation",
         out.seed,
-        if long { " SIM_LONG=1" } else { "" }
+        if long { " SIM_LONG=1" } else { "" },
+        if run::two_terms_drawn() { " SIM_TWO_TERMS=1" } else { "" },
+        if run::trio_drawn() { " SIM_TRIO=1" } else { "" }
     );
 }
 
@@ -109,6 +111,13 @@ fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
             "SIMULATION NOT DRAWN: one id resent at once with other terms (in any shape, and the \
              two-terms shape: the one-write and the stepwise path on one id), an open hole \
              (docs/CLUSTER.md); SIM_TWO_TERMS=1 draws it"
+        );
+    }
+    if !run::trio_drawn() {
+        println!(
+            "SIMULATION NOT DRAWN: the trio's shape (accounts written to one copy, every read of \
+             one copy), where an open hole remains (docs/CLUSTER.md, \"Open: reads of one \
+             copy\"); SIM_TRIO=1 draws it"
         );
     }
     violations

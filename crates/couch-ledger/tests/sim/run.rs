@@ -263,6 +263,9 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
     } else if !long && rng.u32(..6) == 0 && two_terms_drawn() {
         two_terms(&mut plan, &mut config);
     }
+    if trio_drawn() {
+        trio(&mut plan, &mut config);
+    }
     (plan, config)
 }
 
@@ -272,6 +275,30 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
 /// say so.
 pub fn two_terms_drawn() -> bool {
     std::env::var("SIM_TWO_TERMS").is_ok_and(|v| v == "1")
+}
+
+/// Whether every run takes the trio's shape (`SIM_TRIO=1`): it finds a hole the ledger does not
+/// close yet (docs/CLUSTER.md, "Open: reads of one copy"), so the CI seeds leave it out and say
+/// so.
+pub fn trio_drawn() -> bool {
+    std::env::var("SIM_TRIO").is_ok_and(|v| v == "1")
+}
+
+/// The shape of the reliability suite's trio (three replicating servers behind a balancer):
+/// every process writes accounts at the server's default quorum, which is one copy, and every
+/// read without its own `r` asks one copy, so a conflict's leaves may be listed by one copy and
+/// read from another that lacks some of them; no node stops; more ids sent twice and more
+/// reversals than the default draw.
+fn trio(plan: &mut Plan, config: &mut Config) {
+    config.default_w = 1;
+    config.default_r = 1;
+    plan.outages.clear();
+    for s in &mut plan.slots {
+        s.server_default = true;
+        s.route = Route::RoundRobin;
+    }
+    plan.same_id_permille = plan.same_id_permille.max(80);
+    plan.reverse_permille = plan.reverse_permille.max(30);
 }
 
 /// Where the one-write and the stepwise paths meet on one account: two processes, one of each,
@@ -363,7 +390,9 @@ impl Run {
     fn scenario(&self) -> String {
         format!(
             "{}{} layout, q={}, w={}, {} processes ({}), {} accounts, {} transfers over {} s, outages {:?}, crashes {:?}, lost replies {}‰, 503s {}‰",
-            if self.plan.forensics {
+            if trio_drawn() {
+                "trio, "
+            } else if self.plan.forensics {
                 "forensics, "
             } else if self.plan.two_terms {
                 "two terms, "
