@@ -506,6 +506,32 @@ pub(crate) fn choose_transfer_leaf(states: &[State], evidence: Evidence) -> Opti
         .map(|(i, _)| i)
 }
 
+/// Between `done` leaves of one terms that name different attempts (one id decided by two
+/// workers at once, each decision a 202, so both stored): the index of the leaf whose named
+/// markers the accounts still hold pending on more of the two accounts, so that the settles of
+/// the decision kept settle those markers instead of undoing them as "not named" (the other
+/// leaf's settles may have undone the other attempt's markers already: keeping that leaf would
+/// leave the transfer counted nowhere). `keep` on a tie, and when it is not such a leaf.
+/// `named[i]` is leaf i's `(source, destination)` attempts where it is a one-write `done`;
+/// `pending` is every pending marker of the transfer on any leaf of its source and of its
+/// destination.
+pub(crate) fn prefer_held_markers(
+    named: &[Option<(Attempt, Attempt)>],
+    keep: usize,
+    pending: [&[Marker]; 2],
+) -> usize {
+    let held = |a: Attempt, side: &[Marker]| usize::from(side.iter().any(|m| m.carries(a)));
+    let score = |i: usize| named[i].map(|(s, d)| held(s, pending[0]) + held(d, pending[1]));
+    let Some(kept) = score(keep) else {
+        return keep;
+    };
+    (0..named.len())
+        .filter_map(|i| score(i).map(|n| (n, i)))
+        .filter(|(n, _)| *n > kept)
+        .max_by_key(|(n, i)| (*n, std::cmp::Reverse(*i)))
+        .map_or(keep, |(_, i)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -867,5 +893,37 @@ mod tests {
         };
         assert_eq!(choose_transfer_leaf(&[Done, Cancelled], both), None);
         assert_eq!(choose_transfer_leaf(&[Done, Committed], both), Some(0));
+    }
+
+    #[test]
+    fn of_two_done_leaves_the_one_whose_named_markers_are_held_is_kept() {
+        let a = Attempt::from_bits;
+        let marker = |attempt: u64| Marker {
+            txn: "t".into(),
+            delta: Amount::new(5).unwrap(),
+            at: Some(1),
+            attempt: Some(a(attempt)),
+            peer: None,
+            aliases: Vec::new(),
+        };
+        let named = [Some((a(1), a(1))), Some((a(2), a(2)))];
+        // The source holds attempt 1's marker, the destination nothing pending (settled): the
+        // leaf naming 1 is kept though CouchDB's winner (index 1) names 2.
+        assert_eq!(prefer_held_markers(&named, 1, [&[marker(1)], &[]]), 0);
+        // Both held by the winner's attempt, or neither held by either: the winner stays.
+        assert_eq!(
+            prefer_held_markers(&named, 1, [&[marker(2)], &[marker(2)]]),
+            1
+        );
+        assert_eq!(prefer_held_markers(&named, 1, [&[], &[]]), 1);
+        // A merged marker carrying both attempts holds both: a tie.
+        let mut both = marker(1);
+        both.aliases = vec![a(2)];
+        assert_eq!(prefer_held_markers(&named, 1, [&[both], &[]]), 1);
+        // The winner is not a one-write done: nothing to prefer.
+        assert_eq!(
+            prefer_held_markers(&[Some((a(1), a(1))), None], 1, [&[marker(1)], &[]]),
+            1
+        );
     }
 }

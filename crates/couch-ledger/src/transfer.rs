@@ -41,7 +41,7 @@ use serde_json::{Map, Value};
 
 use crate::account_doc::Attempt;
 use crate::accounts::validate_id;
-use crate::conflict::{choose_transfer_leaf, Evidence};
+use crate::conflict::{choose_transfer_leaf, prefer_held_markers, Evidence};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Condition, Error, Result};
 use crate::ledger::Ledger;
@@ -731,10 +731,11 @@ impl Ledger {
         Ok(leaves.into_iter().nth(keep).expect("kept leaf"))
     }
 
-    /// Which of a conflicted transfer's leaves of one terms to keep: the furthest along, and
-    /// between the commit and the cancel path the one its accounts acted on.
+    /// Which of a conflicted transfer's leaves of one terms to keep: the furthest along; between
+    /// the commit and the cancel path the one its accounts acted on; between `done` leaves
+    /// naming different attempts the one whose named markers its accounts still hold
+    /// ([`prefer_held_markers`]).
     async fn choose_leaf(&self, id: &str, leaves: &[TxnDoc], states: &[State]) -> Result<usize> {
-        let mut evidence = Evidence::default();
         let paths: HashSet<bool> = states
             .iter()
             .filter_map(|s| match s {
@@ -743,49 +744,79 @@ impl Ledger {
                 _ => None,
             })
             .collect();
+        let named: Vec<Option<(Attempt, Attempt)>> = leaves
+            .iter()
+            .map(|d| match (d.state, d.markers) {
+                (State::Done, Some(n)) => Some((n.source, n.destination)),
+                _ => None,
+            })
+            .collect();
+        let named_differ = named.iter().flatten().collect::<HashSet<_>>().len() > 1;
+        if paths.len() <= 1 && !named_differ {
+            return Ok(choose_transfer_leaf(states, Evidence::default()).unwrap_or(0));
+        }
         if paths.len() > 1 {
-            // What the accounts acted on is told by their settled entries, which a database of
-            // one copy does not keep for one-write transfers: there (where no fork comes from
-            // the ledger's own writes) a person decides.
-            match self.inner.quorum.keeps_entries(&self.inner.hot).await {
-                Some(true) => {}
-                None => {
-                    return Err(Error::ledger(
-                        Condition::Unavailable,
-                        format!(
-                            "{id} holds a conflict, and the database's copies could not be \
-                             read to tell how to resolve it; tried again later"
-                        ),
-                    ))
-                }
-                Some(false) => {
-                    return Err(Error::invariant(format!(
-                        "{id} holds a conflict between the commit and the cancel path; on a \
-                     database that keeps one copy of each document the ledger keeps no settled \
-                     entries of one-write transfers to tell which path its accounts followed: a \
-                     person must decide (docs/ONE_WRITE.md, \"Conflicts on one copy\")"
-                    )))
-                }
-            }
-            let d = &leaves[0];
-            for account in [&d.source, &d.destination] {
-                let aid = crate::account_doc::account_doc_id(account);
-                if let Some(found) = self.inner.hot.leaves(&aid).await? {
-                    for mut leaf in found.winner.into_iter().chain(found.losers) {
-                        crate::couch::take_conflicts(&mut leaf);
-                        if let Ok(doc) = crate::account_doc::AccountDoc::from_value(leaf) {
-                            evidence.add(&doc, &d.txn_id);
-                        }
-                    }
-                }
+            self.check_entries_kept(id).await?;
+        }
+        let d = &leaves[0];
+        let mut evidence = Evidence::default();
+        let mut pending: [Vec<crate::account_doc::Marker>; 2] = [Vec::new(), Vec::new()];
+        for (side, account) in [&d.source, &d.destination].into_iter().enumerate() {
+            for doc in self.account_leaves(account).await? {
+                evidence.add(&doc, &d.txn_id);
+                pending[side].extend(doc.pending.into_iter().filter(|m| m.txn == d.txn_id));
             }
         }
-        choose_transfer_leaf(states, evidence).ok_or_else(|| {
+        let keep = choose_transfer_leaf(states, evidence).ok_or_else(|| {
             Error::invariant(format!(
                 "{id} holds a conflict between the commit and the cancel path, and its accounts \
                  show both a settle and an undo; a person must decide"
             ))
-        })
+        })?;
+        Ok(prefer_held_markers(
+            &named,
+            keep,
+            [&pending[0], &pending[1]],
+        ))
+    }
+
+    /// What the accounts acted on is told by their settled entries, which a database of one
+    /// copy does not keep for one-write transfers: there (where no fork comes from the ledger's
+    /// own writes) a person decides between the commit and the cancel path.
+    async fn check_entries_kept(&self, id: &str) -> Result<()> {
+        match self.inner.quorum.keeps_entries(&self.inner.hot).await {
+            Some(true) => Ok(()),
+            None => Err(Error::ledger(
+                Condition::Unavailable,
+                format!(
+                    "{id} holds a conflict, and the database's copies could not be read to tell \
+                     how to resolve it; tried again later"
+                ),
+            )),
+            Some(false) => Err(Error::invariant(format!(
+                "{id} holds a conflict between the commit and the cancel path; on a database \
+                 that keeps one copy of each document the ledger keeps no settled entries of \
+                 one-write transfers to tell which path its accounts followed: a person must \
+                 decide (docs/ONE_WRITE.md, \"Conflicts on one copy\")"
+            ))),
+        }
+    }
+
+    /// Every live leaf of `account`'s document that is a valid account.
+    async fn account_leaves(&self, account: &str) -> Result<Vec<crate::account_doc::AccountDoc>> {
+        let aid = crate::account_doc::account_doc_id(account);
+        let Some(found) = self.inner.hot.leaves(&aid).await? else {
+            return Ok(Vec::new());
+        };
+        Ok(found
+            .winner
+            .into_iter()
+            .chain(found.losers)
+            .filter_map(|mut leaf| {
+                crate::couch::take_conflicts(&mut leaf);
+                crate::account_doc::AccountDoc::from_value(leaf).ok()
+            })
+            .collect())
     }
 
     /// Checks the lease, then lets a test hold the worker right before it writes.
