@@ -291,6 +291,18 @@ impl OnLeaves<'_> {
                 {
                     p
                 }
+                // A one-write marker undone on one leaf and pending on another, while the
+                // transfer's document as read is undecided: the undo came from a decision this
+                // read does not see (a leaf of a conflicted document on a copy not read, whose
+                // settle undid the marker as "not named"). Whether that decision stands is for
+                // the resolution of the document to say: the marker stays pending and is
+                // converged then (settled if the kept decision names it, else undone again).
+                (p @ Status::Pending(_, _, Some(_)), Status::Undone(_))
+                | (Status::Undone(_), p @ Status::Pending(_, _, Some(_)))
+                    if fact.is_some_and(|f| matches!(f.state, State::Initial | State::Pending)) =>
+                {
+                    p
+                }
                 (Status::Pending(..), x @ (Status::Settled(_) | Status::Undone(_)))
                 | (x @ (Status::Settled(_) | Status::Undone(_)), Status::Pending(..)) => x,
                 (Status::Settled(a), Status::Settled(b)) => Status::Settled(a.min(b)),
@@ -925,5 +937,28 @@ mod tests {
             prefer_held_markers(&[Some((a(1), a(1))), None], 1, [&[marker(1)], &[]]),
             1
         );
+    }
+
+    #[test]
+    fn a_one_write_marker_undone_on_a_leaf_stays_pending_while_its_transfer_reads_undecided() {
+        let undone = account(1_000, &[], &[("t", true)]);
+        let mut held = account(1_000, &[], &[]);
+        once(&mut held, "t", -5, 1);
+        let undecided = facts(&[("t", State::Pending, -5)]);
+        // Counted once, whichever leaf wins, until the document's resolution decides it.
+        for (winner, loser) in [(&undone, &held), (&held, &undone)] {
+            let m = merge_account(winner, std::slice::from_ref(loser), &undecided, 10).unwrap();
+            assert_eq!(m.balance.minor(), 995);
+            assert!(m
+                .pending
+                .iter()
+                .any(|p| p.txn == "t" && p.carries(Attempt::from_bits(1))));
+            assert!(m.settled.is_empty());
+        }
+        // A cancel read: the undo stands.
+        let cancelled = facts(&[("t", State::Cancelled, -5)]);
+        let m = merge_account(&undone, &[held.clone()], &cancelled, 10).unwrap();
+        assert_eq!(m.balance.minor(), 1_000);
+        assert!(m.pending.is_empty());
     }
 }
