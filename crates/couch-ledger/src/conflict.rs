@@ -523,17 +523,21 @@ pub(crate) fn choose_transfer_leaf(states: &[State], evidence: Evidence) -> Opti
 /// markers the accounts still hold pending on more of the two accounts, so that the settles of
 /// the decision kept settle those markers instead of undoing them as "not named" (the other
 /// leaf's settles may have undone the other attempt's markers already: keeping that leaf would
-/// leave the transfer counted nowhere). `keep` on a tie, and when it is not such a leaf.
+/// leave the transfer counted nowhere). An account where the transfer is settled already
+/// counts it whichever leaf is kept. `keep` on a tie, and when it is not such a leaf.
 /// `named[i]` is leaf i's `(source, destination)` attempts where it is a one-write `done`;
 /// `pending` is every pending marker of the transfer on any leaf of its source and of its
-/// destination.
+/// destination, `settled` whether any leaf of each holds it settled.
 pub(crate) fn prefer_held_markers(
     named: &[Option<(Attempt, Attempt)>],
     keep: usize,
     pending: [&[Marker]; 2],
+    settled: [bool; 2],
 ) -> usize {
-    let held = |a: Attempt, side: &[Marker]| usize::from(side.iter().any(|m| m.carries(a)));
-    let score = |i: usize| named[i].map(|(s, d)| held(s, pending[0]) + held(d, pending[1]));
+    let held = |a: Attempt, side: usize| {
+        usize::from(settled[side] || pending[side].iter().any(|m| m.carries(a)))
+    };
+    let score = |i: usize| named[i].map(|(s, d)| held(s, 0) + held(d, 1));
     let Some(kept) = score(keep) else {
         return keep;
     };
@@ -919,24 +923,26 @@ mod tests {
             aliases: Vec::new(),
         };
         let named = [Some((a(1), a(1))), Some((a(2), a(2)))];
-        // The source holds attempt 1's marker, the destination nothing pending (settled): the
+        let none = [false, false];
+        // The source holds attempt 1's marker, the destination nothing pending (undone): the
         // leaf naming 1 is kept though CouchDB's winner (index 1) names 2.
-        assert_eq!(prefer_held_markers(&named, 1, [&[marker(1)], &[]]), 0);
+        assert_eq!(prefer_held_markers(&named, 1, [&[marker(1)], &[]], none), 0);
         // Both held by the winner's attempt, or neither held by either: the winner stays.
-        assert_eq!(
-            prefer_held_markers(&named, 1, [&[marker(2)], &[marker(2)]]),
-            1
-        );
-        assert_eq!(prefer_held_markers(&named, 1, [&[], &[]]), 1);
+        let by_two = [&[marker(2)][..], &[marker(2)][..]];
+        assert_eq!(prefer_held_markers(&named, 1, by_two, none), 1);
+        assert_eq!(prefer_held_markers(&named, 1, [&[], &[]], none), 1);
         // A merged marker carrying both attempts holds both: a tie.
         let mut both = marker(1);
         both.aliases = vec![a(2)];
-        assert_eq!(prefer_held_markers(&named, 1, [&[both], &[]]), 1);
+        assert_eq!(prefer_held_markers(&named, 1, [&[both], &[]], none), 1);
+        // Each holds one side, but the source counts the transfer already (settled): the leaf
+        // whose destination marker is still there is kept.
+        let crossed = [&[marker(2)][..], &[marker(1)][..]];
+        assert_eq!(prefer_held_markers(&named, 1, crossed, none), 1);
+        assert_eq!(prefer_held_markers(&named, 1, crossed, [true, false]), 0);
         // The winner is not a one-write done: nothing to prefer.
-        assert_eq!(
-            prefer_held_markers(&[Some((a(1), a(1))), None], 1, [&[marker(1)], &[]]),
-            1
-        );
+        let one = [Some((a(1), a(1))), None];
+        assert_eq!(prefer_held_markers(&one, 1, [&[marker(1)], &[]], none), 1);
     }
 
     #[test]

@@ -761,9 +761,11 @@ impl Ledger {
         let d = &leaves[0];
         let mut evidence = Evidence::default();
         let mut pending: [Vec<crate::account_doc::Marker>; 2] = [Vec::new(), Vec::new()];
+        let mut settled = [false, false];
         for (side, account) in [&d.source, &d.destination].into_iter().enumerate() {
             for doc in self.account_leaves(account).await? {
                 evidence.add(&doc, &d.txn_id);
+                settled[side] |= doc.settled.iter().any(|s| s.txn == d.txn_id && !s.undone);
                 pending[side].extend(doc.pending.into_iter().filter(|m| m.txn == d.txn_id));
             }
         }
@@ -777,6 +779,7 @@ impl Ledger {
             &named,
             keep,
             [&pending[0], &pending[1]],
+            settled,
         ))
     }
 

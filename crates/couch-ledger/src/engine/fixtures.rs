@@ -106,19 +106,37 @@ impl wiremock::Respond for Server {
             return wiremock::ResponseTemplate::new(200)
                 .set_body_json(json!({"total_rows": rows.len(), "offset": 0, "rows": rows}));
         }
-        let body: Value = serde_json::from_slice(&request.body).unwrap();
-        let results: Vec<Value> = body["docs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|d| json!({"ok": true, "id": d["_id"], "rev": "2-y"}))
-            .collect();
-        wiremock::ResponseTemplate::new(201).set_body_json(results)
+        bulk_ok(request, "2-y")
     }
+}
+
+/// A `_bulk_docs` answer with each document `ok` at revision `rev`.
+pub(super) fn bulk_ok(request: &wiremock::Request, rev: &str) -> wiremock::ResponseTemplate {
+    let body: Value = serde_json::from_slice(&request.body).unwrap();
+    let results: Vec<Value> = body["docs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| json!({"ok": true, "id": d["_id"], "rev": rev}))
+        .collect();
+    wiremock::ResponseTemplate::new(201).set_body_json(results)
 }
 
 /// The ids in each `_bulk_docs` request `server` received, in order.
 pub(super) async fn bulk_ids(server: &wiremock::MockServer) -> Vec<Vec<String>> {
+    bulk_docs_sent(server)
+        .await
+        .into_iter()
+        .map(|docs| {
+            docs.iter()
+                .map(|d| d["_id"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// The documents of each `_bulk_docs` request `server` received, in order.
+pub(super) async fn bulk_docs_sent(server: &wiremock::MockServer) -> Vec<Vec<Value>> {
     server
         .received_requests()
         .await
@@ -127,12 +145,7 @@ pub(super) async fn bulk_ids(server: &wiremock::MockServer) -> Vec<Vec<String>> 
         .filter(|r| r.url.path().ends_with("_bulk_docs"))
         .map(|r| {
             let body: Value = serde_json::from_slice(&r.body).unwrap();
-            body["docs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d["_id"].as_str().unwrap().to_owned())
-                .collect()
+            body["docs"].as_array().cloned().unwrap_or_default()
         })
         .collect()
 }

@@ -540,7 +540,9 @@ struct HeldOp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::fixtures::{bulk_ids, engine_on, once, one_request_server, op, settle};
+    use crate::engine::fixtures::{
+        bulk_docs_sent, bulk_ids, bulk_ok, engine_on, once, one_request_server, op, settle,
+    };
     use serde_json::json;
 
     fn hold(engine: &AccountEngine, account: &str, txn: &str, due: Instant) {
@@ -689,13 +691,13 @@ mod tests {
             .await;
         Mock::given(method("POST"))
             .and(path("/db/_bulk_docs"))
-            .respond_with(fixtures_ok())
+            .respond_with(|r: &wiremock::Request| bulk_ok(r, "3-y"))
             .mount(&server)
             .await;
         let engine = engine_on(&server.uri());
         let results = engine.run(vec![op("u", settle(5))]).await;
         assert!(results[0].is_ok(), "{results:?}");
-        let deleted: Vec<String> = bulk_bodies(&server)
+        let deleted: Vec<String> = bulk_docs_sent(&server)
             .await
             .into_iter()
             .flatten()
@@ -703,34 +705,5 @@ mod tests {
             .map(|d| d["_rev"].as_str().unwrap_or("").to_owned())
             .collect();
         assert_eq!(deleted, ["2-l1"], "only the leaf read is deleted");
-    }
-
-    /// `_bulk_docs` answered with each document `ok` and a revision of its own.
-    fn fixtures_ok() -> impl wiremock::Respond {
-        |request: &wiremock::Request| {
-            let body: serde_json::Value = serde_json::from_slice(&request.body).unwrap();
-            let results: Vec<serde_json::Value> = body["docs"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| json!({"ok": true, "id": d["_id"], "rev": "3-y"}))
-                .collect();
-            wiremock::ResponseTemplate::new(201).set_body_json(results)
-        }
-    }
-
-    /// The documents of each `_bulk_docs` request `server` received, in order.
-    async fn bulk_bodies(server: &wiremock::MockServer) -> Vec<Vec<serde_json::Value>> {
-        server
-            .received_requests()
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.url.path().ends_with("_bulk_docs"))
-            .map(|r| {
-                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-                body["docs"].as_array().cloned().unwrap_or_default()
-            })
-            .collect()
     }
 }
