@@ -42,7 +42,7 @@ use serde_json::{Map, Value};
 use crate::account_doc::Attempt;
 use crate::accounts::validate_id;
 use crate::conflict::{choose_transfer_leaf, prefer_held_markers, Evidence};
-use crate::engine::{now_ms, AccountOp, Decision, OpKind, OpResult};
+use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Condition, Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::{
@@ -316,12 +316,10 @@ impl TxnDoc {
             (State::Done, Some(named)) if account == self.source => Some(OpKind::Settle {
                 named: Some(named.source),
                 delta: self.value.neg(),
-                decision: self.decision(&self.destination),
             }),
             (State::Done, Some(named)) if account == self.destination => Some(OpKind::Settle {
                 named: Some(named.destination),
                 delta: self.value,
-                decision: self.decision(&self.source),
             }),
             (State::Done | State::Cancelled, _) => Some(OpKind::Undo {
                 decided: true,
@@ -331,15 +329,6 @@ impl TxnDoc {
             // Undecided, or the stepwise protocol's own drive settles or undoes it.
             _ => None,
         }
-    }
-
-    /// What a settle of this one-write decision on the account whose other account is `peer`
-    /// needs to tell a sibling attempt's marker from a late retry's (`None` without a time).
-    fn decision(&self, peer: &str) -> Option<Decision> {
-        self.decided_at.map(|at| Decision {
-            at,
-            peer: peer.to_owned(),
-        })
     }
 
     /// Parses a document read from the server and asserts what must hold after a read.
@@ -1129,12 +1118,10 @@ impl Ledger {
                     OpKind::Settle {
                         named: None,
                         delta: d.doc.value.neg(),
-                        decision: None,
                     },
                     OpKind::Settle {
                         named: None,
                         delta: d.doc.value,
-                        decision: None,
                     },
                 ],
                 None,

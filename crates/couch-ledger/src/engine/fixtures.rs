@@ -47,7 +47,6 @@ pub(super) fn settle(delta: i64) -> OpKind {
     OpKind::Settle {
         named: None,
         delta: Amount::new(delta).unwrap(),
-        decision: None,
     }
 }
 

@@ -54,7 +54,7 @@ pub(crate) use crate::clock::now_ms;
 
 pub(crate) use self::account::{AccountEngine, TxnWriter};
 pub(crate) use self::bulk::BulkWriter;
-pub(crate) use self::ops::{AccountOp, Decide, Decision, OpKind, OpResult, TxnWrite};
+pub(crate) use self::ops::{AccountOp, Decide, OpKind, OpResult, TxnWrite};
 pub use self::quorum::WriteQuorum;
 pub(crate) use self::quorum::{ConflictTally, Entries, Quorum};
 

@@ -38,10 +38,6 @@ pub(crate) enum OpKind {
     /// is undone ([`OpResult::Repaired`]), the settle still to come.
     Settle {
         named: Option<Attempt>,
-        /// The one-write decision's time and the other account, where the settle converges an
-        /// account to a one-write `done`: with them a marker of the same terms and another
-        /// attempt that cannot be a late retry is told from one that may be ([`Decision`]).
-        decision: Option<Decision>,
         delta: Amount,
     },
     /// Reverse a pending marker's delta and record the transfer as finished here (cancel).
@@ -178,18 +174,4 @@ pub(crate) enum TxnWrite {
     /// confirms it on every copy or reads the document again (with its conflicts) and follows
     /// what it finds.
     Uncertain(String),
-}
-
-/// What a one-write settle knows of the decision it converges to, besides the attempt it names.
-/// Two workers deciding one id at once can both store a `done` (each a 202): each names its own
-/// attempt, and on an account branch where only the other attempt's marker landed, that marker
-/// is this transfer's one application there — counted, not undone. A late retry's marker, made
-/// after the named one was settled and its entry pruned, must be undone instead; it can only
-/// exist where the account pruned up to the decision's time (less the clock skew allowed).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Decision {
-    /// `decided_at` of the transfer's document.
-    pub(crate) at: i64,
-    /// The transfer's other account: a marker to another one holds other terms.
-    pub(crate) peer: String,
 }

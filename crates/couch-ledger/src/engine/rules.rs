@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::ops::ControlFlow;
 
-use super::ops::{AccountOp, Decision, OpKind, OpResult};
+use super::ops::{AccountOp, OpKind, OpResult};
 use crate::account_doc::{marker_bytes, pending_bytes, AccountDoc, Attempt, Marker, Settled};
 use crate::error::{Condition, Error, Result};
 use crate::limits::{
@@ -55,11 +55,7 @@ pub(crate) fn evaluate_with(
             peer,
         }
         .evaluate(doc, op, now, failed_links),
-        OpKind::Settle {
-            named,
-            delta,
-            decision,
-        } => settle(doc, op, now, entries, *named, *delta, decision.as_ref()),
+        OpKind::Settle { named, delta } => settle(doc, op, now, entries, *named, *delta),
         OpKind::Undo {
             decided,
             delta,
@@ -260,16 +256,12 @@ fn settle(
     entries: bool,
     named: Option<Attempt>,
     delta: Amount,
-    decision: Option<&Decision>,
 ) -> Result<OpResult> {
     let (in_pending, in_settled) = place(doc, &op.txn);
     match in_pending {
         Some(pos)
             if doc.pending[pos].delta != delta
-                || named.is_some_and(|n| {
-                    !doc.pending[pos].carries(n)
-                        && !sibling_marker(doc, &doc.pending[pos], entries, in_settled, decision)
-                }) =>
+                || named.is_some_and(|n| !doc.pending[pos].carries(n)) =>
         {
             // Not the marker the document counts: a late apply of a decided transfer, or
             // the same id sent with other terms (a cluster let both apply, each on its own
@@ -302,34 +294,6 @@ fn settle(
         None if in_settled => Ok(settle_undone(doc, op, now, named, delta)?),
         None => Ok(OpResult::Absent),
     }
-}
-
-/// Whether `marker`, of the transfer's terms but not of the attempt its one-write decision
-/// names, is a sibling attempt's (two workers decided the id at once, each `done` naming its
-/// own attempt, and only the other's marker landed on this branch): it is then the transfer's
-/// one application here and is settled, never undone ([`Decision`]). It is, where the database
-/// keeps settled entries (so a branch that settled the named marker shows it), this branch has
-/// none of the transfer, the marker goes to the decision's other account, and the account has
-/// not pruned anything as young as the decision (less the clock skew allowed): a late retry's
-/// marker can only follow the prune of the named one's entry.
-fn sibling_marker(
-    doc: &AccountDoc,
-    marker: &Marker,
-    entries: bool,
-    in_settled: bool,
-    decision: Option<&Decision>,
-) -> bool {
-    let Some(decision) = decision else {
-        return false;
-    };
-    let skew = i64::try_from(CLOCK_SKEW_MAX_MS).expect("fits");
-    entries
-        && !in_settled
-        && marker.attempt.is_some()
-        && marker.peer.as_deref() == Some(decision.peer.as_str())
-        && doc
-            .pruned_to
-            .is_none_or(|p| decision.at > p.saturating_add(skew))
 }
 
 /// A stepwise settle (sent only for a committed transfer) that finds the transfer undone here:
@@ -504,7 +468,6 @@ mod tests {
             OpKind::Settle {
                 named: Some(Attempt::from_bits(a)),
                 delta: Amount::new(delta).unwrap(),
-                decision: None,
             },
         )
     }
@@ -686,62 +649,6 @@ mod tests {
             OpResult::Repaired
         );
         assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
-    }
-
-    /// Two workers decided one id at once, each `done` naming its own attempt; only attempt 2's
-    /// marker landed on this branch, and the settle converges to the decision naming 1. Where
-    /// settled entries are kept and nothing as young as the decision was pruned, that marker is
-    /// the transfer's one application here: settled. A late retry's marker (the account pruned
-    /// up to the decision), one to another account, or one on a database of one copy: undone.
-    #[test]
-    fn a_sibling_attempts_marker_is_settled_and_a_late_retrys_undone() {
-        let none = HashSet::new();
-        let named_1 = |peer: &str| {
-            op(
-                "t",
-                OpKind::Settle {
-                    named: Some(Attempt::from_bits(1)),
-                    delta: Amount::new(-300).unwrap(),
-                    decision: Some(Decision {
-                        at: 1_000_000,
-                        peer: peer.into(),
-                    }),
-                },
-            )
-        };
-        let marked = |pruned_to: Option<i64>| {
-            let mut doc = account(1_000, Some(0));
-            evaluate(Some(&mut doc), &once("t", -300, 2, "b"), 1, &none).unwrap();
-            doc.pruned_to = pruned_to;
-            doc
-        };
-        let run = |mut doc: AccountDoc, settle: &AccountOp, entries: bool| {
-            let r = evaluate_with(Some(&mut doc), settle, 1_000_100, &none, entries).unwrap();
-            (
-                r,
-                doc.balance.minor(),
-                doc.settled.iter().any(|s| !s.undone),
-            )
-        };
-        assert_eq!(
-            run(marked(None), &named_1("b"), true),
-            (OpResult::Applied, 700, true)
-        );
-        let long_ago = Some(1_000_000 - 31_000);
-        assert_eq!(
-            run(marked(long_ago), &named_1("b"), true).0,
-            OpResult::Applied
-        );
-        let recently = Some(1_000_000 - 29_000);
-        assert_eq!(
-            run(marked(recently), &named_1("b"), true),
-            (OpResult::Repaired, 1_000, false)
-        );
-        assert_eq!(run(marked(None), &named_1("c"), true).0, OpResult::Repaired);
-        assert_eq!(
-            run(marked(None), &named_1("b"), false).0,
-            OpResult::Repaired
-        );
     }
 
     /// The same id and amount sent at once to another destination through the stepwise path:
