@@ -7,8 +7,9 @@
 //! of events, each second within a page, and at a stop, so a restart goes on where the last one
 //! stopped: after a crash at most the last second's or page's events come again (the same
 //! `id`s), after a stop only the one in flight. One write per delivery would tie delivery to
-//! the database's write latency under load (about 40 events a second with the server busy). It shares nothing with the requests but the
-//! server's connection pool: an endpoint that is down slows no transfer.
+//! the database's write latency under load (about 40 events a second with the server busy).
+//! It shares nothing with the requests but the server's connection pool: an endpoint that is
+//! down slows no transfer.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -640,16 +640,12 @@ mod tests {
         assert_eq!(bulk_ids(&server).await, [vec!["account:a", "account:b"]]);
     }
 
-    /// Account `a` as a leaf: revision `rev`, `balance`, and `t`'s pending marker of `delta`.
-    fn leaf(rev: &str, balance: i64, pending: Option<i64>) -> serde_json::Value {
-        let pending: Vec<serde_json::Value> = pending
-            .map(|d| json!({"txn": "t", "delta": d, "at": 1}))
-            .into_iter()
-            .collect();
+    /// Account `a` as a leaf at revision `rev`, holding nothing of any transfer.
+    fn leaf(rev: &str) -> serde_json::Value {
         json!({
             "_id": "account:a", "_rev": rev, "type": "account", "account_id": "a",
-            "currency": "EUR", "opening": 1000, "balance": balance, "min_balance": 0,
-            "pending": pending, "settled": []
+            "currency": "EUR", "opening": 1000, "balance": 1000, "min_balance": 0,
+            "pending": [], "settled": []
         })
     }
 
@@ -669,7 +665,7 @@ mod tests {
             )
             .mount(&server)
             .await;
-        let mut winner = leaf("2-w", 1000, None);
+        let mut winner = leaf("2-w");
         winner["_conflicts"] = json!(["2-l1", "2-l2"]);
         Mock::given(method("POST"))
             .and(path("/db/_all_docs"))
@@ -684,7 +680,7 @@ mod tests {
             .and(path_regex("/db/account(:|%3A)a$"))
             .and(query_param("open_revs", r#"["2-l1","2-l2"]"#))
             .respond_with(ResponseTemplate::new(200).set_body_json(json!([
-                {"ok": leaf("2-l1", 1000, None)},
+                {"ok": leaf("2-l1")},
                 {"missing": "2-l2"}
             ])))
             .mount(&server)
