@@ -356,6 +356,20 @@ function (newDoc, oldDoc, userCtx, secObj) {
             if (!isStr(ids[m])) { deny(type, sp + '.' + lists[l] + '[' + m + "]' must be a non-empty string"); }
           }
         }
+        // Of an undone one-write marker, the attempts it carried: {txn: [attempt, ...]}.
+        var of = se.undone_attempts;
+        if (of !== undefined) {
+          if (!isObj(of)) { deny(type, sp + ".undone_attempts' must be an object {txn: [attempts]}"); }
+          for (var ot in of) {
+            var ats = of[ot];
+            if (!Array.isArray(ats)) { deny(type, sp + '.undone_attempts.' + ot + "' must be an array of attempts"); }
+            for (var n = 0; n < ats.length; n++) {
+              if (typeof ats[n] !== 'string' || !/^[0-9a-f]{12}$/.test(ats[n])) {
+                deny(type, sp + '.undone_attempts.' + ot + '[' + n + "]' must be 12 lower-case hex digits");
+              }
+            }
+          }
+        }
       }
     }
     if (creating) {

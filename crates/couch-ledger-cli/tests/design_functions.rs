@@ -282,14 +282,16 @@ fn slot<'a>(doc: &'a mut Value, path: &str, name: &str) -> &'a mut Value {
     at
 }
 
-/// `{k}` in every string replaced by the case's key.
+/// `{k}` in every string and object key replaced by the case's key.
 fn fill(v: &Value, key: &str) -> Value {
     match v {
         Value::String(s) => Value::String(s.replace("{k}", key)),
         Value::Array(items) => Value::Array(items.iter().map(|x| fill(x, key)).collect()),
-        Value::Object(m) => {
-            Value::Object(m.iter().map(|(k, x)| (k.clone(), fill(x, key))).collect())
-        }
+        Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, x)| (k.replace("{k}", key), fill(x, key)))
+                .collect(),
+        ),
         other => other.clone(),
     }
 }

@@ -119,6 +119,18 @@ impl Marker {
     pub(crate) fn carries(&self, a: Attempt) -> bool {
         self.attempt == Some(a) || self.aliases.contains(&a)
     }
+
+    /// Every attempt this marker stands for, sorted; none for a stepwise marker.
+    pub(crate) fn attempts(&self) -> Vec<Attempt> {
+        let mut all: Vec<Attempt> = self
+            .attempt
+            .into_iter()
+            .chain(self.aliases.iter().copied())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
 }
 
 /// One worker's try at applying a transfer on the one-write path: 48 random bits, stored as 12
@@ -189,6 +201,12 @@ pub(crate) struct Settled {
     /// and the entries of a few seconds share one group.
     pub(crate) at: i64,
     pub(crate) undone: bool,
+    /// Of an undone entry, the attempts of the one-write marker it took back (its own and
+    /// those merged into it), so that a merge can tell that undo from the end of another
+    /// attempt's marker on another branch (docs/CLUSTER.md). Empty where no one-write marker
+    /// was taken back (a stepwise marker, an undo that found nothing, an entry of an earlier
+    /// version): such an entry ends the transfer on the account whatever the attempt.
+    pub(crate) attempts: Vec<Attempt>,
 }
 
 impl Settled {
@@ -198,6 +216,25 @@ impl Settled {
             txn: txn.to_owned(),
             at: settled_at(now),
             undone,
+            attempts: Vec::new(),
+        }
+    }
+
+    /// An entry as stored: `at` already a step (a read, or a test's).
+    pub(crate) fn at(txn: String, at: i64, undone: bool, attempts: Vec<Attempt>) -> Settled {
+        Settled {
+            txn,
+            at,
+            undone,
+            attempts,
+        }
+    }
+
+    /// The undone entry of `marker`, taken back at `now`.
+    pub(crate) fn undone_of(marker: &Marker, now: i64) -> Settled {
+        Settled {
+            attempts: marker.attempts(),
+            ..Settled::new(&marker.txn, now, true)
         }
     }
 }
@@ -225,7 +262,9 @@ pub(crate) mod settled_groups {
     use serde::ser::SerializeSeq;
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    use super::Settled;
+    use std::collections::BTreeMap;
+
+    use super::{Attempt, Settled};
 
     #[derive(Serialize)]
     struct GroupOut<'a> {
@@ -234,6 +273,9 @@ pub(crate) mod settled_groups {
         txns: Vec<&'a str>,
         #[serde(skip_serializing_if = "Vec::is_empty")]
         undone: Vec<&'a str>,
+        /// Of the undone transfers whose one-write marker was taken back, its attempts.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        undone_attempts: BTreeMap<&'a str, &'a [Attempt]>,
     }
 
     pub(crate) fn serialize<S: Serializer>(settled: &[Settled], s: S) -> Result<S::Ok, S::Error> {
@@ -249,10 +291,16 @@ pub(crate) mod settled_groups {
                     .map(|e| e.txn.as_str())
                     .collect()
             };
+            let undone_attempts = group
+                .iter()
+                .filter(|e| e.undone && !e.attempts.is_empty())
+                .map(|e| (e.txn.as_str(), e.attempts.as_slice()))
+                .collect();
             seq.serialize_element(&GroupOut {
                 at: first.at,
                 txns: ids(false),
                 undone: ids(true),
+                undone_attempts,
             })?;
             rest = tail;
         }
@@ -277,33 +325,37 @@ pub(crate) mod settled_groups {
         txns: Option<Vec<String>>,
         #[serde(default)]
         undone: Option<Undone>,
+        #[serde(default)]
+        undone_attempts: BTreeMap<String, Vec<Attempt>>,
     }
 
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Settled>, D::Error> {
         let mut settled = Vec::new();
         for entry in Vec::<EntryIn>::deserialize(d)? {
             let at = entry.at;
+            let mut attempts = entry.undone_attempts;
             match (entry.txn, entry.txns, entry.undone) {
-                (Some(txn), None, undone @ (None | Some(Undone::Flag(_)))) => {
+                (Some(txn), None, undone @ (None | Some(Undone::Flag(_))))
+                    if attempts.is_empty() =>
+                {
                     let undone = matches!(undone, Some(Undone::Flag(true)));
-                    settled.push(Settled { txn, at, undone });
+                    settled.push(Settled::at(txn, at, undone, Vec::new()));
                 }
                 (None, txns, undone @ (None | Some(Undone::Ids(_)))) => {
                     for txn in txns.unwrap_or_default() {
-                        settled.push(Settled {
-                            txn,
-                            at,
-                            undone: false,
-                        });
+                        settled.push(Settled::at(txn, at, false, Vec::new()));
                     }
                     if let Some(Undone::Ids(ids)) = undone {
                         for txn in ids {
-                            settled.push(Settled {
-                                txn,
-                                at,
-                                undone: true,
-                            });
+                            let of = attempts.remove(&txn).unwrap_or_default();
+                            settled.push(Settled::at(txn, at, true, of));
                         }
+                    }
+                    if let Some(txn) = attempts.keys().next() {
+                        return Err(D::Error::custom(format!(
+                            "a settled group names the attempts of {txn:?}, which it does not \
+                             list undone"
+                        )));
                     }
                 }
                 _ => {
@@ -337,12 +389,22 @@ pub(crate) fn pending_bytes(m: &Marker) -> usize {
     marker_bytes(&m.txn) + attempt + peer
 }
 
+/// Serialized bytes of one settled entry, at most: [`marker_bytes`], and for the attempts of an
+/// undone one-write marker, its id again as the key of `undone_attempts` (with the field's name,
+/// should the entry be a group of its own) and each attempt (`"` + 12 digits + `",`).
+pub(crate) fn settled_bytes(s: &Settled) -> usize {
+    if s.attempts.is_empty() {
+        return marker_bytes(&s.txn);
+    }
+    2 * marker_bytes(&s.txn) + 15 * s.attempts.len()
+}
+
 impl AccountDoc {
     /// Serialized bytes of all markers, at most: what
     /// [`MARKERS_BYTES_MAX`](crate::limits::MARKERS_BYTES_MAX) bounds.
     pub(crate) fn markers_bytes(&self) -> usize {
         let pending: usize = self.pending.iter().map(pending_bytes).sum();
-        let settled: usize = self.settled.iter().map(|s| marker_bytes(&s.txn)).sum();
+        let settled: usize = self.settled.iter().map(settled_bytes).sum();
         pending + settled
     }
 

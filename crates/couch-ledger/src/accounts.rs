@@ -156,7 +156,7 @@ fn same_terms(existing: &AccountDoc, asked: &AccountDoc) -> Result<()> {
 mod tests {
     use super::*;
     use crate::account_doc::{
-        marker_bytes, pending_bytes, settled_at, settled_groups, Marker, Settled,
+        marker_bytes, pending_bytes, settled_at, settled_bytes, settled_groups, Marker, Settled,
     };
     use crate::limits::ID_CHARS_MAX;
     use serde_json::json;
@@ -214,16 +214,36 @@ mod tests {
                 txn: txn.to_owned(),
                 at: i64::MIN,
                 undone: true,
+                attempts: Vec::new(),
             };
             // +1: the comma between two entries of a list. A settled entry at worst is a group
             // of its own: `[{"at":…,"undone":["…"]}]` less the brackets.
             let p = serde_json::to_vec(&pending).unwrap().len() + 1;
             let mut out = Vec::new();
-            settled_groups::serialize(&[settled], &mut serde_json::Serializer::new(&mut out))
-                .unwrap();
+            settled_groups::serialize(
+                std::slice::from_ref(&settled),
+                &mut serde_json::Serializer::new(&mut out),
+            )
+            .unwrap();
             let s = out.len() - 2 + 1;
             assert!(p <= marker_bytes(txn), "{p} > {}", marker_bytes(txn));
             assert!(s <= marker_bytes(txn), "{s} > {}", marker_bytes(txn));
+            // An undone one-write marker's entry names its attempts, and its id once more.
+            let of = Settled {
+                attempts: (0..3)
+                    .map(|i| crate::account_doc::Attempt::from_bits(u64::MAX - i))
+                    .collect(),
+                ..settled.clone()
+            };
+            let mut out = Vec::new();
+            settled_groups::serialize(
+                std::slice::from_ref(&of),
+                &mut serde_json::Serializer::new(&mut out),
+            )
+            .unwrap();
+            let s = out.len() - 2 + 1;
+            assert!(s <= settled_bytes(&of), "{s} > {}", settled_bytes(&of));
+            assert_eq!(settled_bytes(&settled), marker_bytes(txn));
         }
         assert!(marker_bytes("") == MARKER_OVERHEAD_BYTES);
     }
@@ -240,6 +260,7 @@ mod tests {
             txn: txn.into(),
             at,
             undone,
+            attempts: Vec::new(),
         }
     }
 
@@ -300,8 +321,35 @@ mod tests {
     }
 
     #[test]
+    fn an_undone_one_write_marker_keeps_its_attempts() {
+        let a: crate::account_doc::Attempt = "0000000000ab".parse().unwrap();
+        let b: crate::account_doc::Attempt = "0000000000cd".parse().unwrap();
+        let mut doc = account_with(json!([])).unwrap();
+        doc.settled = vec![
+            entry("t1", 5_000, false),
+            Settled {
+                attempts: vec![a, b],
+                ..entry("t2", 5_000, true)
+            },
+            entry("t3", 5_000, true),
+        ];
+        let stored = serde_json::to_value(&doc).unwrap();
+        assert_eq!(
+            stored["settled"],
+            json!([{
+                "at": 5_000, "txns": ["t1"], "undone": ["t2", "t3"],
+                "undone_attempts": {"t2": ["0000000000ab", "0000000000cd"]}
+            }])
+        );
+        assert_eq!(AccountDoc::from_value(stored).unwrap().settled, doc.settled);
+    }
+
+    #[test]
     fn malformed_settled_entries_are_refused() {
         for bad in [
+            json!([{"at": 1, "txns": ["t"], "undone_attempts": {"t": ["0000000000ab"]}}]),
+            json!([{"at": 1, "undone": ["t"], "undone_attempts": {"t": ["xyz"]}}]),
+            json!([{"txn": "t", "at": 1, "undone": true, "undone_attempts": {"t": ["0000000000ab"]}}]),
             json!([{"txn": "t", "at": 1, "undone": ["u"]}]),
             json!([{"txn": "t", "at": 1, "txns": ["u"]}]),
             json!([{"at": 1, "undone": true}]),

@@ -194,24 +194,11 @@ pub(crate) fn merge_account(
             Status::Absent => {}
             Status::Pending(delta, at, attempt) => pending.push(leaves.marker(delta, at, attempt)),
             Status::Settled(at) => {
-                settled.insert(
-                    order,
-                    Settled {
-                        txn: t.clone(),
-                        at,
-                        undone: false,
-                    },
-                );
+                settled.insert(order, Settled::at(t.clone(), at, false, Vec::new()));
             }
             Status::Undone(at) => {
-                settled.insert(
-                    order,
-                    Settled {
-                        txn: t.clone(),
-                        at,
-                        undone: true,
-                    },
-                );
+                let of = leaves.undone_attempts().unwrap_or_default();
+                settled.insert(order, Settled::at(t.clone(), at, true, of));
             }
         }
     }
@@ -244,6 +231,43 @@ impl OnLeaves<'_> {
             .chain(self.losers.iter())
             .flat_map(|d| d.pending.iter())
             .any(|m| m.txn == self.txn && m.carries(n))
+    }
+
+    /// Every leaf of the account.
+    fn leaves(&self) -> impl Iterator<Item = &AccountDoc> {
+        std::iter::once(self.winner).chain(self.losers.iter())
+    }
+
+    /// The attempts whose marker the transfer's undone entries on these leaves took back;
+    /// `None` when one of them names none (a stepwise marker's, an undo that found nothing, an
+    /// entry of an earlier version): that entry ends the transfer on the account whatever the
+    /// attempt.
+    fn undone_attempts(&self) -> Option<Vec<Attempt>> {
+        let mut all = Vec::new();
+        for s in self.leaves().flat_map(|d| d.settled.iter()) {
+            if s.txn != self.txn || !s.undone {
+                continue;
+            }
+            if s.attempts.is_empty() {
+                return None;
+            }
+            all.extend_from_slice(&s.attempts);
+        }
+        all.sort_unstable();
+        all.dedup();
+        Some(all)
+    }
+
+    /// Whether some leaf's pending marker of the transfer carries an attempt that no undone
+    /// entry of it took back.
+    fn pending_beside_undo(&self) -> bool {
+        let Some(undone) = self.undone_attempts() else {
+            return false;
+        };
+        self.leaves()
+            .flat_map(|d| d.pending.iter())
+            .filter(|m| m.txn == self.txn)
+            .any(|m| m.attempts().iter().any(|a| !undone.contains(a)))
     }
 
     /// The join of the winner's status (`mine`) and the losers' (`theirs`).
@@ -300,6 +324,21 @@ impl OnLeaves<'_> {
                 (p @ Status::Pending(_, _, Some(_)), Status::Undone(_))
                 | (Status::Undone(_), p @ Status::Pending(_, _, Some(_)))
                     if fact.is_some_and(|f| matches!(f.state, State::Initial | State::Pending)) =>
+                {
+                    p
+                }
+                // A one-write `done` whose leaf read here may not be the one that stays, and
+                // an undone entry that took back other attempts' marker than one still pending
+                // on another leaf (the settle of a rival `done` leaf naming another attempt,
+                // on a branch that lacked this marker): that undo says nothing of this marker,
+                // which the decision that stands may name. It stays pending and is converged
+                // by that decision (settled if named, else undone). Before, the undo won and
+                // the transfer's credit was gone where the other leaf stayed (0x4a1 of the
+                // trio shape, docs/CLUSTER.md).
+                (p @ Status::Pending(_, _, Some(_)), Status::Undone(_))
+                | (Status::Undone(_), p @ Status::Pending(_, _, Some(_)))
+                    if fact.is_some_and(|f| f.state == State::Done)
+                        && self.pending_beside_undo() =>
                 {
                     p
                 }
@@ -733,6 +772,51 @@ mod tests {
         // Not named (a cancelled transfer, or another attempt named): the undo stands.
         let f = facts(&[("t", State::Cancelled, -100)]);
         let m = merge_account(&w, &[l], &f, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
+    }
+
+    #[test]
+    fn an_undo_of_one_attempt_leaves_another_attempts_marker_pending_whichever_leaf_is_read() {
+        // Two `done` leaves name attempts 5 and 7. The settle of the one naming 5 met attempt
+        // 7's marker on the winner's branch and undid it; the marker of 5 is on the other
+        // branch. The merge reads the leaf naming 7: which leaf stays is not known yet.
+        let mut undone = account(1000, &[], &[]);
+        once(&mut undone, "t", 100, 7);
+        let marker = undone.pending.remove(0);
+        undone.balance = Amount::new(1000).unwrap();
+        undone.settled.push(Settled::undone_of(&marker, 2000));
+        let mut held = account(1000, &[], &[]);
+        once(&mut held, "t", 100, 5);
+        for named in [7, 5] {
+            let f = decided(State::Done, 100, Some(named));
+            let m = merge_account(&undone, std::slice::from_ref(&held), &f, NOW).unwrap();
+            assert_eq!(
+                m.balance.minor(),
+                1100,
+                "named {named}: the credit stays, once"
+            );
+            assert_eq!(m.pending.len(), 1, "named {named}: {m:?}");
+            assert!(m.pending[0].carries(Attempt::from_bits(5)));
+            assert!(m.settled.is_empty(), "{m:?}");
+        }
+        // The undo of that very marker (its attempt on the entry) ends it, as before.
+        let mut same = held.clone();
+        let gone = same.pending.remove(0);
+        same.balance = Amount::new(1000).unwrap();
+        same.settled.push(Settled::undone_of(&gone, 2000));
+        let m = merge_account(
+            &same,
+            std::slice::from_ref(&held),
+            &decided(State::Done, 100, Some(7)),
+            NOW,
+        )
+        .unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
+        assert_eq!(m.settled[0].attempts, vec![Attempt::from_bits(5)]);
+        // An undone entry naming no attempt (a stepwise marker's, an earlier version's) ends
+        // the transfer here whatever the attempt, as before.
+        let old = account(1000, &[], &[("t", true)]);
+        let m = merge_account(&old, &[held], &decided(State::Done, 100, Some(7)), NOW).unwrap();
         assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
     }
 

@@ -171,8 +171,8 @@ impl Apply<'_> {
             if self.merged_overdraft(doc) {
                 let applied = doc.pending[pos].delta;
                 doc.balance = doc.balance.checked_sub(applied)?;
-                doc.pending.remove(pos);
-                doc.settled.push(Settled::new(&op.txn, now, true));
+                let marker = doc.pending.remove(pos);
+                doc.settled.push(Settled::undone_of(&marker, now));
                 tracing::warn!(
                     account = %doc.account_id,
                     txn = %op.txn,
@@ -267,11 +267,10 @@ fn settle(
             // the same id sent with other terms (a cluster let both apply, each on its own
             // branch). A marker without attempt under a named decision is a stepwise
             // drive's, which a conflicted document let run beside the decision.
-            let delta = doc.pending[pos].delta;
-            doc.balance = doc.balance.checked_sub(delta)?;
-            doc.pending.remove(pos);
+            let marker = doc.pending.remove(pos);
+            doc.balance = doc.balance.checked_sub(marker.delta)?;
             if entries {
-                doc.settled.push(Settled::new(&op.txn, now, true));
+                doc.settled.push(Settled::undone_of(&marker, now));
             }
             tracing::warn!(
                 account = %doc.account_id,
@@ -350,7 +349,7 @@ fn undo(
             // instead of re-adding a marker someone would have to undo again (a one-write
             // marker's late apply is not counted anyway: no decision names it).
             if entries || !decided || marker.attempt.is_none() {
-                doc.settled.push(Settled::new(&op.txn, now, true));
+                doc.settled.push(Settled::undone_of(&marker, now));
             }
             Ok(OpResult::Applied)
         }
@@ -933,6 +932,7 @@ mod tests {
                 txn: format!("old{i}"),
                 at: old,
                 undone: false,
+                attempts: Vec::new(),
             });
         }
         for txn in ["open", "young"] {
@@ -940,6 +940,7 @@ mod tests {
                 txn: txn.into(),
                 at: if txn == "young" { young } else { old },
                 undone: false,
+                attempts: Vec::new(),
             });
         }
         let every = |_: &str| true;
@@ -967,12 +968,14 @@ mod tests {
                 txn: format!("old{i}"),
                 at: old,
                 undone: false,
+                attempts: Vec::new(),
             });
         }
         skewed.settled.push(Settled {
             txn: "future".into(),
             at: now + i64::try_from(CLOCK_SKEW_MAX_MS).unwrap() + 1,
             undone: false,
+            attempts: Vec::new(),
         });
         assert!(prune_candidates(&skewed, now, every).is_empty());
     }
@@ -1152,6 +1155,7 @@ mod tests {
                 txn: format!("{i:0>100}"),
                 at: 1,
                 undone: false,
+                attempts: Vec::new(),
             });
         }
         assert!(doc.markers_bytes() <= MARKERS_BYTES_MAX);
