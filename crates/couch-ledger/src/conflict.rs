@@ -270,6 +270,45 @@ impl OnLeaves<'_> {
             .any(|m| m.attempts().iter().any(|a| !undone.contains(a)))
     }
 
+    /// Whether a pending marker of the transfer outlives an undone entry of it on another leaf
+    /// (else the undo ends it).
+    fn pending_outlives_undo(&self, pending: Status) -> bool {
+        let Status::Pending(delta, _, attempt) = pending else {
+            return false;
+        };
+        let Some(f) = self.fact else {
+            return false;
+        };
+        // A one-write `done` names the marker it counts: an undone entry beside it is another
+        // attempt's, never the named marker's end — which is settling, not undoing.
+        let named_held = f.state == State::Done && f.named.is_some_and(|n| self.carried(n));
+        // A stepwise transfer that went on to its commit: an undone entry of it is a take-back
+        // from before the commit (a debit withdrawn from an account a merge left overdrawn,
+        // whose cancel never came) on a branch its later apply did not see; the commit counts
+        // the marker.
+        let committed_after_take_back = f.named.is_none()
+            && f.delta == delta
+            && matches!(f.state, State::Committed | State::Done);
+        // A one-write marker undone on one leaf and pending on another, while the transfer's
+        // document as read is undecided: the undo came from a decision this read does not see
+        // (a leaf of a conflicted document on a copy not read, whose settle undid the marker
+        // as "not named"). Whether that decision stands is for the resolution of the document
+        // to say: the marker stays pending and is converged then (settled if the kept decision
+        // names it, else undone again).
+        let one_write = attempt.is_some();
+        let undecided = one_write && matches!(f.state, State::Initial | State::Pending);
+        // A one-write `done` whose leaf read here may not be the one that stays, and an undone
+        // entry that took back other attempts' marker than one still pending on another leaf
+        // (the settle of a rival `done` leaf naming another attempt, on a branch that lacked
+        // this marker): that undo says nothing of this marker, which the decision that stands
+        // may name. It stays pending and is converged by that decision (settled if named, else
+        // undone). Before, the undo won and the transfer's credit was gone where the other leaf
+        // stayed (0x4a1 of the trio shape, docs/CLUSTER.md).
+        let other_attempts_undone =
+            one_write && f.state == State::Done && self.pending_beside_undo();
+        named_held || committed_after_take_back || undecided || other_attempts_undone
+    }
+
     /// The join of the winner's status (`mine`) and the losers' (`theirs`).
     fn join(&self, mine: Status, theirs: &[Status]) -> Result<Status, Blocked> {
         let fact = self.fact;
@@ -290,60 +329,16 @@ impl OnLeaves<'_> {
                     // attempts (written below), so whichever a decision names is this one.
                     Status::Pending(a, at.or(bt), x.min(y).or(x).or(y))
                 }
-                // A one-write `done` names the marker it counts: an undone entry beside it can
-                // only be another attempt's (undone entries carry no attempt), never the named
-                // marker's end — which is settling, not undoing.
-                (p @ Status::Pending(..), Status::Undone(_))
-                | (Status::Undone(_), p @ Status::Pending(..))
-                    if fact.is_some_and(|f| {
-                        f.state == State::Done && f.named.is_some_and(|n| self.carried(n))
-                    }) =>
-                {
-                    p
+                (p @ Status::Pending(..), u @ Status::Undone(_))
+                | (u @ Status::Undone(_), p @ Status::Pending(..)) => {
+                    if self.pending_outlives_undo(p) {
+                        p
+                    } else {
+                        u
+                    }
                 }
-                // A stepwise transfer that went on to its commit: an undone entry of it is a
-                // take-back from before the commit (a debit withdrawn from an account a merge
-                // left overdrawn, whose cancel never came) on a branch its later apply did not
-                // see; the commit counts the marker.
-                (p @ Status::Pending(d, ..), Status::Undone(_))
-                | (Status::Undone(_), p @ Status::Pending(d, ..))
-                    if fact.is_some_and(|f| {
-                        f.named.is_none()
-                            && f.delta == d
-                            && matches!(f.state, State::Committed | State::Done)
-                    }) =>
-                {
-                    p
-                }
-                // A one-write marker undone on one leaf and pending on another, while the
-                // transfer's document as read is undecided: the undo came from a decision this
-                // read does not see (a leaf of a conflicted document on a copy not read, whose
-                // settle undid the marker as "not named"). Whether that decision stands is for
-                // the resolution of the document to say: the marker stays pending and is
-                // converged then (settled if the kept decision names it, else undone again).
-                (p @ Status::Pending(_, _, Some(_)), Status::Undone(_))
-                | (Status::Undone(_), p @ Status::Pending(_, _, Some(_)))
-                    if fact.is_some_and(|f| matches!(f.state, State::Initial | State::Pending)) =>
-                {
-                    p
-                }
-                // A one-write `done` whose leaf read here may not be the one that stays, and
-                // an undone entry that took back other attempts' marker than one still pending
-                // on another leaf (the settle of a rival `done` leaf naming another attempt,
-                // on a branch that lacked this marker): that undo says nothing of this marker,
-                // which the decision that stands may name. It stays pending and is converged
-                // by that decision (settled if named, else undone). Before, the undo won and
-                // the transfer's credit was gone where the other leaf stayed (0x4a1 of the
-                // trio shape, docs/CLUSTER.md).
-                (p @ Status::Pending(_, _, Some(_)), Status::Undone(_))
-                | (Status::Undone(_), p @ Status::Pending(_, _, Some(_)))
-                    if fact.is_some_and(|f| f.state == State::Done)
-                        && self.pending_beside_undo() =>
-                {
-                    p
-                }
-                (Status::Pending(..), x @ (Status::Settled(_) | Status::Undone(_)))
-                | (x @ (Status::Settled(_) | Status::Undone(_)), Status::Pending(..)) => x,
+                (Status::Pending(..), x @ Status::Settled(_))
+                | (x @ Status::Settled(_), Status::Pending(..)) => x,
                 (Status::Settled(a), Status::Settled(b)) => Status::Settled(a.min(b)),
                 (Status::Undone(a), Status::Undone(b)) => Status::Undone(a.min(b)),
                 (Status::Settled(a), Status::Undone(b))

@@ -1353,6 +1353,9 @@ impl Ledger {
         })
     }
 
+    /// The stepwise path: the transfer's document created (`pending` under this call's claim
+    /// when it waits, else `initial` for the sweeper), then driven to its end; or, where the id
+    /// exists, that transfer followed ([`Ledger::drive_existing`]).
     async fn create_and_drive(
         &self,
         id: &str,
@@ -1360,56 +1363,40 @@ impl Ledger {
         reverses: Option<String>,
         wait: bool,
     ) -> Result<TransferOutcome> {
-        let id = id.to_owned();
-        let now = now_ms();
         let (claim, deadline) = self.new_claim();
-        let mut doc = TxnDoc {
-            id: txn_doc_id(&id),
-            rev: None,
-            doc_type: "transaction".to_owned(),
-            txn_id: id.clone(),
-            source: request.source.clone(),
-            destination: request.destination.clone(),
-            value: request.amount,
-            currency: request.currency.code().to_owned(),
-            state: if wait { State::Pending } else { State::Initial },
-            reason: None,
-            reverses,
-            claim: wait.then_some(claim),
-            created_at: now,
-            last_modified: now,
-            markers: None,
-            decided_at: None,
-            extra: Map::new(),
+        let mut doc = new_txn_doc(id, &request, reverses, wait.then_some(claim), now_ms());
+        let Some(rev) = self.write_txn(&doc).await? else {
+            // The id exists: a retry of this very call whose write landed, or an earlier submit.
+            return self.drive_existing(&doc, deadline, wait).await;
         };
-        request.meta.store(&mut doc.extra);
-        // A drive follows the document wherever it goes; on a cluster the id's other terms,
-        // sent at once by another caller, may be the ones kept (`resolve_transfer`): then this
-        // call's transfer never happened, and the caller learns the id is taken.
+        doc.rev = Some(rev);
+        fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
+        if !wait {
+            return Ok(doc.outcome(RecordStatus::Created));
+        }
+        fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
         let asked = doc.clone();
-        let answer = |end: TxnDoc, status| match end.differing_term(&asked) {
-            Some(field) => Err(Error::mismatch(&asked.id, field)),
-            None => Ok(end.outcome(status)),
-        };
-        if let Some(rev) = self.write_txn(&doc).await? {
-            doc.rev = Some(rev);
-            fail_point!("txn-after-create", |_| Err(crash("txn-after-create")));
-            if !wait {
-                return Ok(doc.outcome(RecordStatus::Created));
-            }
-            fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
-            let mut drive = Drive::new(doc, deadline);
-            drive.detach = self.inner.background;
-            let end = self.drive(drive).await?;
-            return answer(end.doc, RecordStatus::Created);
-        }
+        let mut drive = Drive::new(doc, deadline);
+        drive.detach = self.inner.background;
+        let end = self.drive(drive).await?;
+        answer_asked(&asked, end.doc, RecordStatus::Created)
+    }
 
-        // The id exists: a retry of this very call whose write landed, or an earlier submit.
-        let existing = self.read_txn(&id).await?;
-        if let Some(field) = existing.differing_term(&doc) {
-            return Err(Error::mismatch(&doc.id, field));
+    /// A create that found its id taken: the terms compared, then the transfer there reported,
+    /// or driven where it is this call's own (a create whose answer was lost) or its claim is
+    /// free.
+    async fn drive_existing(
+        &self,
+        asked: &TxnDoc,
+        deadline: Instant,
+        wait: bool,
+    ) -> Result<TransferOutcome> {
+        let id = &asked.txn_id;
+        let existing = self.read_txn(id).await?;
+        if let Some(field) = existing.differing_term(asked) {
+            return Err(Error::mismatch(&asked.id, field));
         }
-        let ours = existing.created_at == doc.created_at && existing.claim == doc.claim;
+        let ours = existing.created_at == asked.created_at && existing.claim == asked.claim;
         let status = if ours {
             RecordStatus::Created
         } else {
@@ -1427,8 +1414,8 @@ impl Ledger {
             // one copy no rival leaf can exist beside it.
             let end = self.drive(Drive::new(existing, deadline)).await?;
             let one_copy = self.inner.quorum.one_copy(&self.inner.hot).await == Some(true);
-            return match answer(end.doc, status)? {
-                told if told.state.is_terminal() && !one_copy => Err(unconfirmed(&id)),
+            return match answer_asked(asked, end.doc, status)? {
+                told if told.state.is_terminal() && !one_copy => Err(unconfirmed(id)),
                 told => Ok(told),
             };
         }
@@ -1437,8 +1424,8 @@ impl Ledger {
             return Ok(existing.outcome(status));
         }
         match self.take_over(&existing).await? {
-            Some(drive) => answer(self.drive(drive).await?.doc, status),
-            None => answer(self.read_txn(&id).await?, status),
+            Some(drive) => answer_asked(asked, self.drive(drive).await?.doc, status),
+            None => answer_asked(asked, self.read_txn(id).await?, status),
         }
     }
 
@@ -1642,6 +1629,52 @@ impl Ledger {
         }
         drive.budget = 1;
         Ok(self.drive(drive).await?.doc.view())
+    }
+}
+
+/// A new transfer's document: `pending` under `claim` for a caller that waits, else `initial`.
+fn new_txn_doc(
+    id: &str,
+    request: &TransferRequest,
+    reverses: Option<String>,
+    claim: Option<Claim>,
+    now: i64,
+) -> TxnDoc {
+    let mut doc = TxnDoc {
+        id: txn_doc_id(id),
+        rev: None,
+        doc_type: "transaction".to_owned(),
+        txn_id: id.to_owned(),
+        source: request.source.clone(),
+        destination: request.destination.clone(),
+        value: request.amount,
+        currency: request.currency.code().to_owned(),
+        state: if claim.is_some() {
+            State::Pending
+        } else {
+            State::Initial
+        },
+        reason: None,
+        reverses,
+        claim,
+        created_at: now,
+        last_modified: now,
+        markers: None,
+        decided_at: None,
+        extra: Map::new(),
+    };
+    request.meta.store(&mut doc.extra);
+    doc
+}
+
+/// What a drive of the transfer `asked` tells its caller from the document it ended on. A
+/// drive follows the document wherever it goes; on a cluster the id's other terms, sent at
+/// once by another caller, may be the ones kept (`resolve_transfer`): then this call's
+/// transfer never happened, and the caller learns the id is taken.
+fn answer_asked(asked: &TxnDoc, end: TxnDoc, status: RecordStatus) -> Result<TransferOutcome> {
+    match end.differing_term(asked) {
+        Some(field) => Err(Error::mismatch(&asked.id, field)),
+        None => Ok(end.outcome(status)),
     }
 }
 
