@@ -392,3 +392,37 @@ async fn the_command_line_attaches_shows_and_lists_metadata() {
     }
     assert_eq!(support::db_snapshot(&db).await, before, "nothing written");
 }
+
+#[tokio::test]
+async fn an_account_created_event_carries_the_accounts_metadata() {
+    let l = support::ledger("meta_account_event").await;
+    let tagged = couch_ledger::AccountSpec {
+        account_id: "tagged".into(),
+        currency: eur(),
+        opening: couch_ledger::Amount::new(500).unwrap(),
+        min_balance: Some(couch_ledger::Amount::ZERO),
+        meta: meta(&[("owner", "Ada")]),
+    };
+    l.create_account(tagged).await.unwrap();
+    open_account(&l, "plain", 0).await;
+    let query = couch_ledger::EventQuery {
+        kinds: Some(vec![couch_ledger::EventKind::AccountCreated]),
+        limit: 10,
+        ..couch_ledger::EventQuery::default()
+    };
+    let page = l.events(&query).await.unwrap();
+    let data: Vec<(String, Value)> = page
+        .events
+        .iter()
+        .map(|e| (e.id.clone(), serde_json::to_value(&e.data).unwrap()))
+        .collect();
+    assert_eq!(data.len(), 2, "{data:?}");
+    for (id, d) in &data {
+        let want = if d["account"] == "tagged" {
+            json!({"owner": "Ada"})
+        } else {
+            json!({})
+        };
+        assert_eq!(d["meta"], want, "{id}: {d}");
+    }
+}

@@ -22,6 +22,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use crate::account_doc::account_doc_id;
 use crate::clock::now_ms;
 use crate::couch::{ChangeRow, ChangesQuery, Client, ViewQuery};
 use crate::error::{Error, Result};
@@ -327,6 +328,9 @@ pub struct AccountFacts {
     /// Its balance in the document the event was read from (`account.overdrawn` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub balance: Option<Amount>,
+    /// What its creator attached, from the account's document (empty where that document was
+    /// not there when the event was read: docs/EVENTS.md).
+    pub meta: Metadata,
 }
 
 /// What an event is about.
@@ -604,7 +608,15 @@ impl Ledger {
         let doc_type = doc.get("type").and_then(Value::as_str).unwrap_or_default();
         Ok(match doc_type {
             "transaction" => transfer_facts(doc)?,
-            "opening" if row.id.starts_with(OPENING_PREFIX) => opening_facts(doc),
+            "opening" if row.id.starts_with(OPENING_PREFIX) => {
+                let mut facts = opening_facts(doc);
+                for fact in &mut facts {
+                    if let EventData::Account(account) = &mut fact.data {
+                        account.meta = self.account_meta(&account.account).await?;
+                    }
+                }
+                facts
+            }
             "account" => overdrawn_facts(doc),
             "payment" | "refund" | "adjustment" | "purchase" => {
                 let mut facts = entry_facts(doc)?;
@@ -613,6 +625,18 @@ impl Ledger {
             }
             _ => Vec::new(),
         })
+    }
+
+    /// The metadata of account `account`, from its document; none where it is not there (a
+    /// create stopped between the opening record and the account, or a copy of a cluster's
+    /// database that does not hold the account yet).
+    async fn account_meta(&self, account: &str) -> Result<Metadata> {
+        let doc: Option<Value> = self.hot_client().get_opt(&account_doc_id(account)).await?;
+        Ok(doc
+            .as_ref()
+            .and_then(Value::as_object)
+            .map(Metadata::stored)
+            .unwrap_or_default())
     }
 
     /// `order.settled` / `order.unsettled` at the entry `row`: the order's balance over the
@@ -749,6 +773,7 @@ fn opening_facts(doc: &Value) -> Vec<Fact> {
             opening,
             min_balance: amount_field(doc, "min_balance"),
             balance: None,
+            meta: Metadata::new(),
         }),
     }]
 }
@@ -778,6 +803,7 @@ fn overdrawn_facts(doc: &Value) -> Vec<Fact> {
             opening: amount_field(doc, "opening").unwrap_or_default(),
             min_balance: Some(min),
             balance: Some(balance),
+            meta: doc.as_object().map(Metadata::stored).unwrap_or_default(),
         }),
     }]
 }
