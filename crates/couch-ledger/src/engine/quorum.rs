@@ -25,7 +25,10 @@ pub enum WriteQuorum {
     /// with a slow copy; a rival write through another node may then land too, and the
     /// conflict is merged (each transfer counted once). An overdraft such a merge causes is
     /// taken back from the debit whose worker has not committed yet, and reported by `verify`
-    /// and `status` while it lasts.
+    /// and `status` while it lasts. Where both debits were decided before the merge (each
+    /// passed its funds check on its own branch), none can be taken back: a limited account
+    /// can then stay below its minimum until credits come (no money is made or lost;
+    /// docs/CLUSTER.md, "Open: reads of one copy").
     ///
     /// Exercised in every CI run by `r1_trio` (three replicating servers, conflicts merged),
     /// where it once showed two defects, both fixed and tested (docs/CLUSTER.md, "What the
