@@ -20,7 +20,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 
 /// Fault probabilities (per mille) and the delay.
@@ -423,6 +424,22 @@ fn synthetic(status: &str, extra: &str, body: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A kept-alive connection to the server: its buffered reading half and its writing half.
+type Upstream = (BufReader<OwnedReadHalf>, OwnedWriteHalf);
+
+/// The faults rolled for one request.
+#[derive(Debug, Clone, Copy)]
+struct Rolled {
+    refuse: bool,
+    unavailable: bool,
+    too_many: bool,
+    reset_after_send: bool,
+    garbage_after_send: bool,
+    drop_after_send: bool,
+    /// The delay to hold the reply back by, when one was rolled.
+    delay_ms: Option<u64>,
+}
+
 /// One client connection, request by request.
 async fn serve_http(
     client: TcpStream,
@@ -433,144 +450,217 @@ async fn serve_http(
 ) -> std::io::Result<()> {
     let _ = client.set_nodelay(true);
     let (cr, mut cw) = client.into_split();
-    let mut cr = tokio::io::BufReader::new(cr);
-    let mut server: Option<(
-        tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>,
-        tokio::net::tcp::OwnedWriteHalf,
-    )> = None;
+    let mut cr = BufReader::new(cr);
+    let mut server: Option<Upstream> = None;
     loop {
-        let Some(head) = read_head(&mut cr).await? else {
+        let Some((head, request)) = read_request(&mut cr).await? else {
             return Ok(());
         };
-        let mut request = head.clone();
-        if let Some(len) = content_length(&head) {
-            let mut body = vec![0u8; len];
-            cr.read_exact(&mut body).await?;
-            request.extend_from_slice(&body);
-        }
         counters.requests.fetch_add(1, Ordering::Relaxed);
-        let is_head = head.starts_with(b"HEAD ");
-        let f = *faults.lock().unwrap();
-        let roll = |r: &mut fastrand::Rng| r.u32(0..1000);
-        let (refuse, unavailable, too_many, reset_after, garbage, dropped, delay) = {
-            let mut r = rng.lock().unwrap();
-            (
-                roll(&mut r) < f.refuse_permille,
-                roll(&mut r) < f.unavailable_permille,
-                roll(&mut r) < f.too_many_permille,
-                roll(&mut r) < f.reset_after_send_permille,
-                roll(&mut r) < f.garbage_after_send_permille,
-                roll(&mut r) < f.drop_after_send_permille,
-                roll(&mut r) < f.delay_permille,
-            )
-        };
-        if refuse {
+        let rolled = roll_faults(&faults, &rng);
+        if rolled.refuse {
             counters.refused.fetch_add(1, Ordering::Relaxed);
-            let client = cr
-                .into_inner()
-                .reunite(cw)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            reset(client);
-            return Ok(());
+            return reset_client(cr, cw);
         }
-        if unavailable || too_many {
-            let reply = if unavailable {
-                counters.unavailable.fetch_add(1, Ordering::Relaxed);
-                synthetic(
-                    "503 Service Unavailable",
-                    "Retry-After: 0\r\n",
-                    r#"{"error":"service_unavailable","reason":"fault proxy"}"#,
-                )
-            } else {
-                counters.too_many.fetch_add(1, Ordering::Relaxed);
-                synthetic(
-                    "429 Too Many Requests",
-                    "Retry-After: 1\r\n",
-                    r#"{"error":"too_many_requests","reason":"fault proxy"}"#,
-                )
-            };
+        if let Some(reply) = synthetic_fault(rolled, &counters) {
             cw.write_all(&reply).await?;
             continue;
         }
-        // A kept-alive upstream connection the server closed while idle is not a fault of
-        // ours: send the request again on a fresh one (the server never saw it).
-        let mut reply_head = None;
-        for _ in 0..2 {
-            let reused = server.is_some();
-            if server.is_none() {
-                let s = TcpStream::connect(upstream).await?;
-                let _ = s.set_nodelay(true);
-                let (sr, sw) = s.into_split();
-                server = Some((tokio::io::BufReader::new(sr), sw));
-            }
-            let (sr, sw) = server.as_mut().expect("connected");
-            let answer = match sw.write_all(&request).await {
-                Ok(()) => read_head(sr).await,
-                Err(e) => Err(e),
-            };
-            match answer {
-                Ok(Some(h)) => {
-                    reply_head = Some(h);
-                    break;
-                }
-                Ok(None) | Err(_) if reused => server = None,
-                Ok(None) => return Ok(()),
-                Err(e) => return Err(e),
-            }
-        }
-        let Some(reply_head) = reply_head else {
+        let Some(reply_head) = forward(&mut server, upstream, &request).await? else {
             return Ok(());
         };
-        let (sr, _) = server.as_mut().expect("connected");
-        if reset_after {
+        if rolled.reset_after_send {
             // The server processed the request and is answering: cut the client off now, so
             // it cannot tell whether its request landed.
             counters.reset_after_send.fetch_add(1, Ordering::Relaxed);
-            let client = cr
-                .into_inner()
-                .reunite(cw)
-                .map_err(|e| std::io::Error::other(e.to_string()))?;
-            reset(client);
-            return Ok(());
+            return reset_client(cr, cw);
         }
-        let status_line = String::from_utf8_lossy(&reply_head);
-        let bodiless = is_head
-            || status_line.starts_with("HTTP/1.1 204")
-            || status_line.starts_with("HTTP/1.1 304");
-        if garbage || dropped {
-            let ended =
-                copy_body::<_, tokio::net::tcp::OwnedWriteHalf>(sr, &reply_head, bodiless, None)
-                    .await?;
-            if ended {
-                server = None;
-            }
-            if dropped {
-                counters.dropped_after_send.fetch_add(1, Ordering::Relaxed);
-                // Hold the connection, unanswered, until the client gives up on it.
-                let mut sink = Vec::new();
-                let _ = cr.read_to_end(&mut sink).await;
-                return Ok(());
-            }
-            counters.garbage_after_send.fetch_add(1, Ordering::Relaxed);
-            let reply = synthetic("200 OK", "", "<html>proxy garbage</html>");
-            cw.write_all(&reply).await?;
-            continue;
-        }
-        if delay {
-            counters.delayed.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(Duration::from_millis(f.delay_ms)).await;
-        }
-        cw.write_all(&reply_head).await?;
-        let ended = copy_body(sr, &reply_head, bodiless, Some(&mut cw)).await?;
-        if ended {
-            let _ = cw.shutdown().await;
-            return Ok(());
-        }
-        let close =
-            |h: &[u8]| header(h, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        if close(&reply_head) || close(&head) {
-            let _ = cw.shutdown().await;
+        let bodiless = bodiless(&head, &reply_head);
+        let go_on = if rolled.garbage_after_send || rolled.drop_after_send {
+            spoil_reply(
+                &mut server,
+                &mut cr,
+                &mut cw,
+                &reply_head,
+                bodiless,
+                rolled.drop_after_send,
+                &counters,
+            )
+            .await?
+        } else {
+            let (sr, _) = server.as_mut().expect("connected");
+            relay_reply(
+                sr,
+                &mut cw,
+                &head,
+                &reply_head,
+                bodiless,
+                rolled.delay_ms,
+                &counters,
+            )
+            .await?
+        };
+        if !go_on {
             return Ok(());
         }
     }
+}
+
+/// Reads one request from the client: its head, and the head with its body (the bytes to
+/// forward); `None` at a clean end of stream.
+async fn read_request(
+    cr: &mut BufReader<OwnedReadHalf>,
+) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+    let Some(head) = read_head(cr).await? else {
+        return Ok(None);
+    };
+    let mut request = head.clone();
+    if let Some(len) = content_length(&head) {
+        let mut body = vec![0u8; len];
+        cr.read_exact(&mut body).await?;
+        request.extend_from_slice(&body);
+    }
+    Ok(Some((head, request)))
+}
+
+/// Rolls every fault of the current mix for one request, always in the same order, so a seed
+/// replays the same run.
+fn roll_faults(faults: &Mutex<HttpFaults>, rng: &Mutex<fastrand::Rng>) -> Rolled {
+    let f = *faults.lock().unwrap();
+    let mut r = rng.lock().unwrap();
+    let mut roll = |permille: u32| r.u32(0..1000) < permille;
+    Rolled {
+        refuse: roll(f.refuse_permille),
+        unavailable: roll(f.unavailable_permille),
+        too_many: roll(f.too_many_permille),
+        reset_after_send: roll(f.reset_after_send_permille),
+        garbage_after_send: roll(f.garbage_after_send_permille),
+        drop_after_send: roll(f.drop_after_send_permille),
+        delay_ms: roll(f.delay_permille).then_some(f.delay_ms),
+    }
+}
+
+/// Resets the client's connection (see [`reset`]).
+fn reset_client(cr: BufReader<OwnedReadHalf>, cw: OwnedWriteHalf) -> std::io::Result<()> {
+    let client = cr
+        .into_inner()
+        .reunite(cw)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    reset(client);
+    Ok(())
+}
+
+/// The `503` or `429` to answer in the server's place, when one was rolled (`503` first).
+fn synthetic_fault(rolled: Rolled, counters: &Counters) -> Option<Vec<u8>> {
+    if rolled.unavailable {
+        counters.unavailable.fetch_add(1, Ordering::Relaxed);
+        Some(synthetic(
+            "503 Service Unavailable",
+            "Retry-After: 0\r\n",
+            r#"{"error":"service_unavailable","reason":"fault proxy"}"#,
+        ))
+    } else if rolled.too_many {
+        counters.too_many.fetch_add(1, Ordering::Relaxed);
+        Some(synthetic(
+            "429 Too Many Requests",
+            "Retry-After: 1\r\n",
+            r#"{"error":"too_many_requests","reason":"fault proxy"}"#,
+        ))
+    } else {
+        None
+    }
+}
+
+/// Sends the request to the server and reads its reply's head; `None` when the server closed
+/// without answering.
+async fn forward(
+    server: &mut Option<Upstream>,
+    upstream: SocketAddr,
+    request: &[u8],
+) -> std::io::Result<Option<Vec<u8>>> {
+    // A kept-alive upstream connection the server closed while idle is not a fault of ours:
+    // send the request again on a fresh one (the server never saw it).
+    for _ in 0..2 {
+        let reused = server.is_some();
+        if server.is_none() {
+            let s = TcpStream::connect(upstream).await?;
+            let _ = s.set_nodelay(true);
+            let (sr, sw) = s.into_split();
+            *server = Some((BufReader::new(sr), sw));
+        }
+        let (sr, sw) = server.as_mut().expect("connected");
+        let answer = match sw.write_all(request).await {
+            Ok(()) => read_head(sr).await,
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(Some(h)) => return Ok(Some(h)),
+            Ok(None) | Err(_) if reused => *server = None,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// Whether the reply to this request has no body: the answer to a `HEAD`, a `204` or a `304`.
+fn bodiless(request_head: &[u8], reply_head: &[u8]) -> bool {
+    let status_line = String::from_utf8_lossy(reply_head);
+    request_head.starts_with(b"HEAD ")
+        || status_line.starts_with("HTTP/1.1 204")
+        || status_line.starts_with("HTTP/1.1 304")
+}
+
+/// Reads and drops the server's reply, then answers garbage in its place or, when `dropped`,
+/// holds the client's connection unanswered until the client gives up on it; `false` when the
+/// connection is done.
+async fn spoil_reply(
+    server: &mut Option<Upstream>,
+    cr: &mut BufReader<OwnedReadHalf>,
+    cw: &mut OwnedWriteHalf,
+    reply_head: &[u8],
+    bodiless: bool,
+    dropped: bool,
+    counters: &Counters,
+) -> std::io::Result<bool> {
+    let (sr, _) = server.as_mut().expect("connected");
+    let ended = copy_body::<_, OwnedWriteHalf>(sr, reply_head, bodiless, None).await?;
+    if ended {
+        *server = None;
+    }
+    if dropped {
+        counters.dropped_after_send.fetch_add(1, Ordering::Relaxed);
+        let mut sink = Vec::new();
+        let _ = cr.read_to_end(&mut sink).await;
+        return Ok(false);
+    }
+    counters.garbage_after_send.fetch_add(1, Ordering::Relaxed);
+    let reply = synthetic("200 OK", "", "<html>proxy garbage</html>");
+    cw.write_all(&reply).await?;
+    Ok(true)
+}
+
+/// Passes the server's reply on to the client, held back by `delay_ms` when given; `false`
+/// when the connection is done (the server's stream ended, or either side asked to close it).
+async fn relay_reply(
+    sr: &mut BufReader<OwnedReadHalf>,
+    cw: &mut OwnedWriteHalf,
+    request_head: &[u8],
+    reply_head: &[u8],
+    bodiless: bool,
+    delay_ms: Option<u64>,
+    counters: &Counters,
+) -> std::io::Result<bool> {
+    if let Some(ms) = delay_ms {
+        counters.delayed.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    cw.write_all(reply_head).await?;
+    let ended = copy_body(sr, reply_head, bodiless, Some(&mut *cw)).await?;
+    let close = |h: &[u8]| header(h, "connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    if ended || close(reply_head) || close(request_head) {
+        let _ = cw.shutdown().await;
+        return Ok(false);
+    }
+    Ok(true)
 }
