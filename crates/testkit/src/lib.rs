@@ -465,15 +465,53 @@ pub async fn plant_sibling(
     hash: &str,
     edit: impl FnOnce(&mut serde_json::Value),
 ) -> String {
-    use serde_json::{json, Value};
     let doc_url = raw_url(&format!("{db}/{}", id.replace(':', "%3A")));
-    let current: Value = auth(raw().get(format!("{doc_url}?revs=true")))
+    let current: serde_json::Value = auth(raw().get(format!("{doc_url}?revs=true")))
         .send()
         .await
         .unwrap()
         .json()
         .await
         .unwrap();
+    let (sibling, rev) = sibling_of(&current, hash, edit);
+    // On a cluster, on every copy (`w` = the copies): the sweeper's views, answered by any
+    // one of them, must see the conflict.
+    let copies = copies(db).await;
+    let w = if copies > 1 {
+        format!("?w={copies}")
+    } else {
+        String::new()
+    };
+    let bulk_url = raw_url(&format!("{db}/_bulk_docs{w}"));
+    post_sibling(&bulk_url, &sibling).await;
+    if copies > 1 {
+        // On a cluster a read may not show the plant at once (a read of `r` copies that agree
+        // on the winner need not name a losing leaf): give it a few seconds before taking it
+        // for dropped below.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !leaves(&doc_url).await.contains(&rev) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    if !leaves(&doc_url).await.contains(&rev) {
+        // pouchdb-server dropped it: lift the validation for the plant, then put it back.
+        without_validation(db, post_sibling(&bulk_url, &sibling)).await;
+    }
+    assert!(
+        leaves(&doc_url).await.contains(&rev),
+        "the sibling {rev} was not stored"
+    );
+    rev
+}
+
+/// The sibling of `current` (a document read with `?revs=true`) that `edit` makes, with
+/// revision hash `hash` under the same parent; and its revision.
+fn sibling_of(
+    current: &serde_json::Value,
+    hash: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> (serde_json::Value, String) {
+    use serde_json::{json, Value};
     let start = current["_revisions"]["start"].as_u64().expect("revisions");
     let ancestors: Vec<Value> = current["_revisions"]["ids"].as_array().unwrap()[1..].to_vec();
     let mut sibling = current.clone();
@@ -483,82 +521,65 @@ pub async fn plant_sibling(
     let mut ids = vec![json!(hash)];
     ids.extend(ancestors);
     sibling["_revisions"] = json!({"start": start, "ids": ids});
+    (sibling, rev)
+}
 
-    // On a cluster, on every copy (`w` = the copies): the sweeper's views, answered by any
-    // one of them, must see the conflict.
-    let copies = copies(db).await;
-    let w = if copies > 1 {
-        format!("?w={copies}")
-    } else {
-        String::new()
-    };
-    let post = || async {
-        let planted = auth(raw().post(raw_url(&format!("{db}/_bulk_docs{w}"))))
-            .header("Content-Type", "application/json")
-            .body(json!({"docs": [&sibling], "new_edits": false}).to_string())
-            .send()
-            .await
-            .unwrap();
-        assert!(planted.status().is_success(), "plant: {}", planted.status());
-    };
-    let leaves = || async {
-        let now: Value = auth(raw().get(format!("{doc_url}?conflicts=true")))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        std::iter::once(now["_rev"].clone())
-            .chain(now["_conflicts"].as_array().cloned().unwrap_or_default())
-            .filter_map(|v| v.as_str().map(str::to_owned))
-            .collect::<Vec<String>>()
-    };
-    post().await;
-    if copies > 1 {
-        // On a cluster a read may not show the plant at once (a read of `r` copies that agree
-        // on the winner need not name a losing leaf): give it a few seconds before taking it
-        // for dropped below.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline && !leaves().await.contains(&rev) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-    if !leaves().await.contains(&rev) {
-        // pouchdb-server dropped it: lift the validation for the plant, then put it back.
-        let validation_url = raw_url(&format!("{db}/_design/validation"));
-        let r = auth(raw().get(&validation_url)).send().await.unwrap();
-        assert!(
-            r.status().is_success(),
-            "the plant was dropped, and there is no validation"
-        );
-        let mut v: Value = r.json().await.unwrap();
-        let url = format!("{validation_url}?rev={}", v["_rev"].as_str().unwrap());
-        assert!(auth(raw().delete(url))
-            .send()
-            .await
-            .unwrap()
-            .status()
-            .is_success());
-        post().await;
-        v.as_object_mut().unwrap().remove("_rev");
-        let back = auth(raw().put(&validation_url))
-            .header("Content-Type", "application/json")
-            .body(v.to_string())
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            back.status().is_success(),
-            "validation back: {}",
-            back.status()
-        );
-    }
+/// Writes `sibling` as it is (`"new_edits": false`) with the `_bulk_docs` at `bulk_url`.
+async fn post_sibling(bulk_url: &str, sibling: &serde_json::Value) {
+    let planted = auth(raw().post(bulk_url))
+        .header("Content-Type", "application/json")
+        .body(serde_json::json!({"docs": [sibling], "new_edits": false}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(planted.status().is_success(), "plant: {}", planted.status());
+}
+
+/// The leaf revisions of the document at `doc_url`: the winner, then the conflicts.
+async fn leaves(doc_url: &str) -> Vec<String> {
+    let now: serde_json::Value = auth(raw().get(format!("{doc_url}?conflicts=true")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    std::iter::once(now["_rev"].clone())
+        .chain(now["_conflicts"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Runs `plant` with database `db`'s validation design document taken away, then puts that
+/// document back as it was (asserts there is one).
+async fn without_validation(db: &str, plant: impl std::future::Future<Output = ()>) {
+    let validation_url = raw_url(&format!("{db}/_design/validation"));
+    let r = auth(raw().get(&validation_url)).send().await.unwrap();
     assert!(
-        leaves().await.contains(&rev),
-        "the sibling {rev} was not stored"
+        r.status().is_success(),
+        "the plant was dropped, and there is no validation"
     );
-    rev
+    let mut v: serde_json::Value = r.json().await.unwrap();
+    let url = format!("{validation_url}?rev={}", v["_rev"].as_str().unwrap());
+    assert!(auth(raw().delete(url))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .is_success());
+    plant.await;
+    v.as_object_mut().unwrap().remove("_rev");
+    let back = auth(raw().put(&validation_url))
+        .header("Content-Type", "application/json")
+        .body(v.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        back.status().is_success(),
+        "validation back: {}",
+        back.status()
+    );
 }
 
 /// Holds a worker once, right before it writes in `phase` (after its lease check), until
