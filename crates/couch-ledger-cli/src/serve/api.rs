@@ -951,9 +951,9 @@ mod tests {
         Currency::from_code("GBP").unwrap()
     }
 
-    /// Long on purpose: one flat list of fixtures, each body compared with its library type.
+    /// An account's body.
     #[test]
-    fn every_body_answers_as_the_library_serializes() {
+    fn account_body_answers_as_the_library_serializes() {
         let account = AccountView {
             account: "alice".into(),
             currency: "GBP".into(),
@@ -969,6 +969,11 @@ mod tests {
             meta: Default::default(),
         };
         same(&account, &AccountBody::from(&account));
+    }
+
+    /// A transfer's body, and its outcome's when done and when cancelled.
+    #[test]
+    fn transfer_bodies_answer_as_the_library_serializes() {
         let transfer = TransferView {
             id: "t1".into(),
             source: "alice".into(),
@@ -997,6 +1002,12 @@ mod tests {
             };
             same(&outcome, &OutcomeBody::from(&outcome));
         }
+    }
+
+    /// A recorded entry, an order's summary, a page of outstanding orders and a customer's
+    /// statement.
+    #[test]
+    fn order_bodies_answer_as_the_library_serializes() {
         let recorded = Recorded {
             id: "payment:o1:r1".into(),
             status: RecordStatus::Exists,
@@ -1052,6 +1063,11 @@ mod tests {
             }],
         };
         same(&statement, &StatementBody::from(&statement));
+    }
+
+    /// The ledger's status and a verification's report.
+    #[test]
+    fn operations_bodies_answer_as_the_library_serializes() {
         let status = LedgerStatus {
             states: StateCounts {
                 initial: 1,
