@@ -201,11 +201,12 @@ pub(crate) struct Settled {
     /// and the entries of a few seconds share one group.
     pub(crate) at: i64,
     pub(crate) undone: bool,
-    /// Of an undone entry, the attempts of the one-write marker it took back (its own and
-    /// those merged into it), so that a merge can tell that undo from the end of another
-    /// attempt's marker on another branch (docs/CLUSTER.md). Empty where no one-write marker
-    /// was taken back (a stepwise marker, an undo that found nothing, an entry of an earlier
-    /// version): such an entry ends the transfer on the account whatever the attempt.
+    /// Of an entry undone by the settle of a `done` decision that does not name the one-write
+    /// marker it met, that marker's attempts (its own and those merged into it): a merge then
+    /// knows the undo says nothing of another attempt's marker on another branch, which the
+    /// decision that stays may name (docs/CLUSTER.md). Empty for every other undone entry (a
+    /// cancel's undo, a stepwise marker's, an entry of an earlier version): such an entry ends
+    /// the transfer on the account whatever the attempt.
     pub(crate) attempts: Vec<Attempt>,
 }
 
@@ -230,7 +231,8 @@ impl Settled {
         }
     }
 
-    /// The undone entry of `marker`, taken back at `now`.
+    /// The undone entry of `marker`, taken back at `now` by a `done` decision's settle that
+    /// does not name it.
     pub(crate) fn undone_of(marker: &Marker, now: i64) -> Settled {
         Settled {
             attempts: marker.attempts(),

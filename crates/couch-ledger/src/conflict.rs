@@ -238,10 +238,11 @@ impl OnLeaves<'_> {
         std::iter::once(self.winner).chain(self.losers.iter())
     }
 
-    /// The attempts whose marker the transfer's undone entries on these leaves took back;
-    /// `None` when one of them names none (a stepwise marker's, an undo that found nothing, an
-    /// entry of an earlier version): that entry ends the transfer on the account whatever the
-    /// attempt.
+    /// The attempts whose marker the transfer's undone entries on these leaves took back, where
+    /// each is a `done` decision's settle of a marker it does not name; `None` when one of them
+    /// names none (a cancel's undo, a stepwise marker's, an entry of an earlier version): that
+    /// entry ends the transfer on the account whatever the attempt, and is what the resolution
+    /// of a forked transfer document reads as the cancel path's evidence.
     fn undone_attempts(&self) -> Option<Vec<Attempt>> {
         let mut all = Vec::new();
         for s in self.leaves().flat_map(|d| d.settled.iter()) {
@@ -297,11 +298,13 @@ impl OnLeaves<'_> {
         // names it, else undone again).
         let one_write = attempt.is_some();
         let undecided = one_write && matches!(f.state, State::Initial | State::Pending);
-        // A one-write `done` whose leaf read here may not be the one that stays, and an undone
-        // entry that took back other attempts' marker than one still pending on another leaf
-        // (the settle of a rival `done` leaf naming another attempt, on a branch that lacked
-        // this marker): that undo says nothing of this marker, which the decision that stands
-        // may name. It stays pending and is converged by that decision (settled if named, else
+        // A one-write `done` whose leaf read here may not be the one that stays, and undone
+        // entries that are all the settles of `done` decisions of other attempts' markers than
+        // one still pending on another leaf (a rival `done` leaf naming another attempt, settled
+        // on a branch that lacked this marker): those undos say nothing of this marker, which
+        // the decision that stands may name. A cancel's undo names no attempt, so it never
+        // lets a marker through (a `cancelled` leaf beside the `done` one read here may be the
+        // one kept, and its undo is the evidence the resolution reads). It stays pending and is converged by that decision (settled if named, else
         // undone). Before, the undo won and the transfer's credit was gone where the other leaf
         // stayed (0x4a1 of the trio shape, docs/CLUSTER.md).
         let other_attempts_undone =

@@ -171,8 +171,8 @@ impl Apply<'_> {
             if self.merged_overdraft(doc) {
                 let applied = doc.pending[pos].delta;
                 doc.balance = doc.balance.checked_sub(applied)?;
-                let marker = doc.pending.remove(pos);
-                doc.settled.push(Settled::undone_of(&marker, now));
+                doc.pending.remove(pos);
+                doc.settled.push(Settled::new(&op.txn, now, true));
                 tracing::warn!(
                     account = %doc.account_id,
                     txn = %op.txn,
@@ -270,6 +270,8 @@ fn settle(
             let marker = doc.pending.remove(pos);
             doc.balance = doc.balance.checked_sub(marker.delta)?;
             if entries {
+                // Named with its attempts: a `done` decision's settle took it back, which a
+                // merge tells from a cancel's undo (docs/CLUSTER.md).
                 doc.settled.push(Settled::undone_of(&marker, now));
             }
             tracing::warn!(
@@ -349,7 +351,7 @@ fn undo(
             // instead of re-adding a marker someone would have to undo again (a one-write
             // marker's late apply is not counted anyway: no decision names it).
             if entries || !decided || marker.attempt.is_none() {
-                doc.settled.push(Settled::undone_of(&marker, now));
+                doc.settled.push(Settled::new(&op.txn, now, true));
             }
             Ok(OpResult::Applied)
         }

@@ -743,3 +743,28 @@ fn applies_stop_at_the_size_cap_and_undos_at_the_slack() {
     );
     assert!(doc.markers_bytes() <= MARKERS_BYTES_MAX + MARKERS_UNDO_SLACK_BYTES);
 }
+
+#[test]
+fn only_a_done_settle_names_the_attempts_of_the_marker_it_undoes() {
+    let none = HashSet::new();
+    // A `done` decision naming attempt 9 meets attempt 5's marker: undone, its attempt named.
+    let mut doc = account(1000, Some(0));
+    evaluate(Some(&mut doc), &once("t", 100, 5, "b"), 1, &none).unwrap();
+    let settled = evaluate(Some(&mut doc), &settle_named("t", 9, 100), 2, &none).unwrap();
+    assert_eq!(settled, OpResult::Repaired);
+    assert_eq!(doc.balance.minor(), 1000);
+    assert!(doc.settled[0].undone);
+    assert_eq!(doc.settled[0].attempts, vec![Attempt::from_bits(5)]);
+    // A cancel's undo of the same marker names none: it ends the transfer on the account
+    // whatever the attempt, and a merge reads it as the cancel path's evidence.
+    let mut doc = account(1000, Some(0));
+    evaluate(Some(&mut doc), &once("t", 100, 5, "b"), 1, &none).unwrap();
+    let cancel = OpKind::Undo {
+        decided: true,
+        delta: Some(Amount::new(100).unwrap()),
+        peer: None,
+    };
+    let undone = evaluate(Some(&mut doc), &op("t", cancel), 2, &none).unwrap();
+    assert_eq!(undone, OpResult::Applied);
+    assert!(doc.settled[0].undone && doc.settled[0].attempts.is_empty());
+}
