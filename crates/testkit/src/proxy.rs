@@ -111,48 +111,30 @@ pub struct FaultProxy {
 impl FaultProxy {
     /// Starts a proxy on 127.0.0.1 in front of `upstream` (a loopback address).
     pub async fn start(upstream: SocketAddr, faults: Faults, seed: u64) -> FaultProxy {
-        assert!(
-            upstream.ip().is_loopback(),
-            "fault tests target loopback only"
-        );
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let faults = Arc::new(Mutex::new(faults));
         let counters = Arc::new(Counters::default());
         let stopped = Arc::new(AtomicBool::new(false));
-        let rng = Arc::new(Mutex::new(fastrand::Rng::with_seed(seed)));
-        let task = {
-            let faults = faults.clone();
-            let counters = counters.clone();
-            let stopped = stopped.clone();
-            tokio::spawn(async move {
-                loop {
-                    let Ok((client, _)) = listener.accept().await else {
-                        break;
-                    };
-                    if stopped.load(Ordering::Relaxed) {
-                        break;
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let on_connection = {
+            let (faults, counters) = (faults.clone(), counters.clone());
+            move |client: TcpStream| {
+                let f = *faults.lock().unwrap();
+                let (roll_refuse, roll_reset, roll_delay) =
+                    (rng.u32(0..1000), rng.u32(0..1000), rng.u32(0..1000));
+                let counters = counters.clone();
+                tokio::spawn(async move {
+                    if roll_refuse < f.refuse_permille {
+                        counters.refused.fetch_add(1, Ordering::Relaxed);
+                        reset(client);
+                        return;
                     }
-                    counters.connections.fetch_add(1, Ordering::Relaxed);
-                    let f = *faults.lock().unwrap();
-                    let (roll_refuse, roll_reset, roll_delay) = {
-                        let mut r = rng.lock().unwrap();
-                        (r.u32(0..1000), r.u32(0..1000), r.u32(0..1000))
-                    };
-                    let counters = counters.clone();
-                    tokio::spawn(async move {
-                        if roll_refuse < f.refuse_permille {
-                            counters.refused.fetch_add(1, Ordering::Relaxed);
-                            reset(client);
-                            return;
-                        }
-                        let reset_after = roll_reset < f.reset_after_send_permille;
-                        let delay = (roll_delay < f.delay_permille).then_some(f.delay_ms);
-                        let _ = pipe(client, upstream, reset_after, delay, &counters).await;
-                    });
-                }
-            })
+                    let reset_after = roll_reset < f.reset_after_send_permille;
+                    let delay = (roll_delay < f.delay_permille).then_some(f.delay_ms);
+                    let _ = pipe(client, upstream, reset_after, delay, &counters).await;
+                });
+            }
         };
+        let (addr, task) = listen(upstream, &counters, &stopped, on_connection).await;
         FaultProxy {
             addr,
             faults,
@@ -166,37 +148,20 @@ impl FaultProxy {
     /// Starts a proxy on 127.0.0.1 in front of `upstream` that decides its faults per HTTP
     /// request (see [`HttpFaults`]).
     pub async fn start_http(upstream: SocketAddr, faults: HttpFaults, seed: u64) -> FaultProxy {
-        assert!(
-            upstream.ip().is_loopback(),
-            "fault tests target loopback only"
-        );
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let http_faults = Arc::new(Mutex::new(faults));
         let counters = Arc::new(Counters::default());
         let stopped = Arc::new(AtomicBool::new(false));
         let rng = Arc::new(Mutex::new(fastrand::Rng::with_seed(seed)));
-        let task = {
-            let http_faults = http_faults.clone();
-            let counters = counters.clone();
-            let stopped = stopped.clone();
-            tokio::spawn(async move {
-                loop {
-                    let Ok((client, _)) = listener.accept().await else {
-                        break;
-                    };
-                    if stopped.load(Ordering::Relaxed) {
-                        break;
-                    }
-                    counters.connections.fetch_add(1, Ordering::Relaxed);
-                    let (faults, counters, rng) =
-                        (http_faults.clone(), counters.clone(), rng.clone());
-                    tokio::spawn(async move {
-                        let _ = serve_http(client, upstream, faults, rng, counters).await;
-                    });
-                }
-            })
+        let on_connection = {
+            let (http_faults, counters) = (http_faults.clone(), counters.clone());
+            move |client: TcpStream| {
+                let (faults, counters, rng) = (http_faults.clone(), counters.clone(), rng.clone());
+                tokio::spawn(async move {
+                    let _ = serve_http(client, upstream, faults, rng, counters).await;
+                });
+            }
         };
+        let (addr, task) = listen(upstream, &counters, &stopped, on_connection).await;
         FaultProxy {
             addr,
             faults: Arc::new(Mutex::new(Faults::default())),
@@ -229,6 +194,36 @@ impl Drop for FaultProxy {
         self.stopped.store(true, Ordering::Relaxed);
         self.task.abort();
     }
+}
+
+/// Listens on 127.0.0.1 in front of `upstream` (a loopback address) and, until `stopped`,
+/// counts each connection and hands it to `on_connection`; the address and the accept task.
+async fn listen(
+    upstream: SocketAddr,
+    counters: &Arc<Counters>,
+    stopped: &Arc<AtomicBool>,
+    mut on_connection: impl FnMut(TcpStream) + Send + 'static,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    assert!(
+        upstream.ip().is_loopback(),
+        "fault tests target loopback only"
+    );
+    let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (counters, stopped) = (counters.clone(), stopped.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((client, _)) = listener.accept().await else {
+                break;
+            };
+            if stopped.load(Ordering::Relaxed) {
+                break;
+            }
+            counters.connections.fetch_add(1, Ordering::Relaxed);
+            on_connection(client);
+        }
+    });
+    (addr, task)
 }
 
 /// Closes with RST rather than FIN, as a crashed peer or a broken network would.
