@@ -110,6 +110,20 @@ async fn dispatch(command: Command, ctx: &mut Context) -> anyhow::Result<Exit> {
     }
 }
 
+/// Resolves on the first SIGINT or SIGTERM: the stop of `sweep --watch` and of
+/// `serve`. Installed when called, so a signal from then on is not missed.
+pub(crate) fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    let mut terminate = signal(SignalKind::terminate())?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+        }
+    })
+}
+
 /// `completions SHELL`: the completion script on stdout. It needs no settings, no server and
 /// no runtime, so `main.rs` runs it before any of them.
 ///

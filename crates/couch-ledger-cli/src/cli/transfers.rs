@@ -639,7 +639,11 @@ async fn sweep(a: SweepArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     }
     debug_assert!(a.watch, "clap requires --once or --watch");
     // Installed before the first pass, so a signal at any moment stops us cleanly.
-    let shutdown = shutdown_signal().context("cannot install the signal handlers")?;
+    let signals = super::shutdown_signal().context("cannot install the signal handlers")?;
+    let shutdown = async move {
+        signals.await;
+        let _ = writeln!(std::io::stderr(), "stopping: finishing the current step");
+    };
     let _ = writeln!(
         std::io::stderr(),
         "sweeping (stale after {stale_after_text}, batch {}); SIGINT or SIGTERM stops after the \
@@ -660,20 +664,6 @@ async fn sweep(a: SweepArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     }
     ctx.out.print(&sweep_json(&totals), &text)?;
     Ok(Exit::Success)
-}
-
-/// Resolves on the first SIGINT or SIGTERM.
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-        let _ = writeln!(std::io::stderr(), "stopping: finishing the current step");
-    })
 }
 
 async fn status(ctx: &mut Context) -> anyhow::Result<Exit> {

@@ -41,7 +41,7 @@ use utoipa_axum::routes;
 use crate::cli::args::HiArgs;
 use crate::cli::parse::parse_duration;
 use crate::cli::serve::{ServeArgs, API_KEYS_ENV};
-use crate::cli::{Exit, UsageError};
+use crate::cli::{shutdown_signal, Exit, UsageError};
 
 mod access;
 mod accounts;
@@ -333,19 +333,6 @@ async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
 }
 
-/// Resolves on the first SIGINT or SIGTERM.
-fn shutdown_signal() -> std::io::Result<impl Future<Output = ()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut interrupt = signal(SignalKind::interrupt())?;
-    let mut terminate = signal(SignalKind::terminate())?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
-    })
-}
-
 // ---- the router and its document ------------------------------------------------------------
 
 #[derive(OpenApi)]
@@ -495,6 +482,18 @@ fn record_status(status: RecordStatus) -> StatusCode {
         RecordStatus::Exists => StatusCode::OK,
         RecordStatus::Uncertain => StatusCode::ACCEPTED,
     }
+}
+
+/// A page's `limit` query parameter: `default` when absent, else between 1 and `max`.
+fn page_limit(given: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    let limit = given.unwrap_or(default);
+    if limit == 0 || limit > max {
+        return Err(ApiError::invalid(
+            Some("limit"),
+            format!("must be between 1 and {max}"),
+        ));
+    }
+    Ok(limit)
 }
 
 /// A JSON body parsed inside a handler (for one that must answer with an id even then).
