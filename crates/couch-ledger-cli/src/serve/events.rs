@@ -24,7 +24,7 @@ use super::api::ErrorBody;
 use super::error::ApiError;
 use super::extract::QueryParams;
 use super::schema::{AnyValue, EventCursorText};
-use super::AppState;
+use super::{page_limit, AppState};
 
 // The attributes below must spell these limits as literals.
 const _: () = assert!(couch_ledger::EVENTS_LIMIT_MAX == 1000);
@@ -108,13 +108,11 @@ impl From<&EventPage> for EventPageBody {
 
 impl EventsParams {
     fn query(&self, last_event_id: Option<&str>) -> Result<EventQuery, ApiError> {
-        let limit = self.limit.unwrap_or(couch_ledger::EVENTS_LIMIT_DEFAULT);
-        if limit == 0 || limit > couch_ledger::EVENTS_LIMIT_MAX {
-            return Err(ApiError::invalid(
-                Some("limit"),
-                format!("must be between 1 and {}", couch_ledger::EVENTS_LIMIT_MAX),
-            ));
-        }
+        let limit = page_limit(
+            self.limit,
+            couch_ledger::EVENTS_LIMIT_DEFAULT,
+            couch_ledger::EVENTS_LIMIT_MAX,
+        )?;
         let after = match last_event_id.or(self.after.as_deref()) {
             Some(text) => EventCursor::parse(text)
                 .map_err(|e| ApiError::invalid(Some("after"), e.to_string()))?,

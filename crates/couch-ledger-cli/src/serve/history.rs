@@ -15,7 +15,7 @@ use super::api::ErrorBody;
 use super::error::ApiError;
 use super::extract::{IdPath, QueryParams};
 use super::schema::{HistoryCursorText, Id, MinorUnits, Time};
-use super::AppState;
+use super::{page_limit, AppState};
 
 // The attributes below must spell these limits as literals.
 const _: () = assert!(HISTORY_LIMIT_MAX == 1000);
@@ -125,13 +125,7 @@ pub(crate) fn time_param(field: &str, text: Option<&str>) -> Result<Option<i64>,
 
 impl HistoryParams {
     fn query(&self) -> Result<HistoryQuery, ApiError> {
-        let limit = self.limit.unwrap_or(HISTORY_LIMIT_DEFAULT);
-        if limit == 0 || limit > HISTORY_LIMIT_MAX {
-            return Err(ApiError::invalid(
-                Some("limit"),
-                format!("must be between 1 and {HISTORY_LIMIT_MAX}"),
-            ));
-        }
+        let limit = page_limit(self.limit, HISTORY_LIMIT_DEFAULT, HISTORY_LIMIT_MAX)?;
         let after = self
             .after
             .as_deref()

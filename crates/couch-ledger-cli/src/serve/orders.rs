@@ -16,7 +16,7 @@ use super::api::{
 use super::error::ApiError;
 use super::extract::{IdPath, JsonBody, QueryParams, RawBody};
 use super::schema::Id;
-use super::{amount, currency, record_status, AppState};
+use super::{amount, currency, page_limit, record_status, AppState};
 
 /// `GET /v1/orders` without `limit`.
 const OUTSTANDING_LIMIT_DEFAULT: usize = 100;
@@ -291,13 +291,7 @@ pub(crate) async fn list(
             "only the outstanding orders can be listed: add outstanding=true",
         ));
     }
-    let limit = q.limit.unwrap_or(OUTSTANDING_LIMIT_DEFAULT);
-    if limit == 0 || limit > OUTSTANDING_LIMIT_MAX {
-        return Err(ApiError::invalid(
-            Some("limit"),
-            format!("must be between 1 and {OUTSTANDING_LIMIT_MAX}"),
-        ));
-    }
+    let limit = page_limit(q.limit, OUTSTANDING_LIMIT_DEFAULT, OUTSTANDING_LIMIT_MAX)?;
     let page = state
         .ledger
         .outstanding_orders(limit, q.after.as_deref())
