@@ -493,6 +493,52 @@ fn answers(addr: SocketAddr) -> bool {
     text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200")
 }
 
+/// Whether an anonymous client may act as an admin of the server at `url`, as on
+/// pouchdb-server or a CouchDB left in "admin party": `GET /_session` names `_admin` among its
+/// roles. A stock CouchDB 3 creates databases for admins only, so the demo cannot run there
+/// without a login. Anything unclear (https, no answer, another body) counts as yes: the real
+/// client then says what the server answers.
+pub fn anonymous_is_admin(url: &str) -> bool {
+    let Ok(parsed) = url::Url::parse(url) else {
+        return true;
+    };
+    let (Some(host), Some(port)) = (parsed.host_str(), parsed.port_or_known_default()) else {
+        return true;
+    };
+    if parsed.scheme() != "http" || !parsed.username().is_empty() {
+        return true;
+    }
+    let Some(addr) = std::net::ToSocketAddrs::to_socket_addrs(&(host, port))
+        .ok()
+        .and_then(|mut a| a.next())
+    else {
+        return true;
+    };
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return true;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let path = format!("{}/_session", parsed.path().trim_end_matches('/'));
+    let request =
+        format!("GET {path} HTTP/1.0\r\nHost: {host}\r\nAccept: application/json\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return true;
+    }
+    let mut reply = Vec::new();
+    let _ = stream.take(65_536).read_to_end(&mut reply);
+    let text = String::from_utf8_lossy(&reply);
+    let Some((_, body)) = text.split_once("\r\n\r\n") else {
+        return true;
+    };
+    let Ok(session) = serde_json::from_str::<serde_json::Value>(body) else {
+        return true;
+    };
+    match session["userCtx"]["roles"].as_array() {
+        Some(roles) => roles.iter().any(|r| r == "_admin"),
+        None => true,
+    }
+}
+
 /// Whether something answers like CouchDB at `url` (plain http on a host:port), within about a
 /// second. Used by the demo to decide whether to start its own server.
 pub fn url_answers(url: &str) -> bool {

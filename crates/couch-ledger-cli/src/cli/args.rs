@@ -397,6 +397,13 @@ impl HiArgs {
         redact_url(&self.url)
     }
 
+    /// Whether a login is set: a user, an IAM key, or credentials in the URL.
+    pub(crate) fn has_login(&self) -> bool {
+        self.user.is_some()
+            || self.iam_api_key.is_some()
+            || url::Url::parse(&self.url).is_ok_and(|u| !u.username().is_empty())
+    }
+
     /// A client on `url` and `db` with these settings' credentials and timeout.
     ///
     /// # Errors

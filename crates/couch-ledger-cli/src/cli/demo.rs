@@ -24,6 +24,7 @@ use couch_ledger::{
 use couch_ledger_devserver::{self as devserver, DevServer};
 use serde_json::{json, Value};
 
+use super::args::HiArgs;
 use super::output::{install_status, money};
 use super::{Context, Exit, Out, UsageError};
 use couch_ledger::redact_url;
@@ -67,25 +68,7 @@ impl Story<'_> {
 
 pub(crate) async fn run(_args: DemoArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
     let settings = &ctx.settings;
-    // A server the user named is used as is; otherwise the default URL when something answers
-    // there; otherwise our own local pouchdb-server, stopped (dropped) at the end.
-    let (url, local): (String, Option<DevServer>) =
-        if settings.url_explicit || devserver::url_answers(&settings.url) {
-            (settings.url.clone(), None)
-        } else {
-            let _ = writeln!(
-                std::io::stderr(),
-                "no CouchDB at {}; starting a local pouchdb-server for the demo",
-                settings.shown_url()
-            );
-            let dev = tokio::task::spawn_blocking(DevServer::start)
-                .await
-                .context("the local server's start-up task failed")?
-                // Not the user's input at fault: an operational error (exit 1).
-                .map_err(|e| anyhow::anyhow!("{e}"))
-                .context("could not start a local pouchdb-server")?;
-            (dev.url(), Some(dev))
-        };
+    let (url, local) = pick_server(settings).await?;
     let db = if settings.db_on_command_line {
         settings.db.clone()
     } else {
@@ -140,6 +123,37 @@ pub(crate) async fn run(_args: DemoArgs, ctx: &mut Context) -> anyhow::Result<Ex
     }
     drop(local);
     Ok(Exit::Success)
+}
+
+/// The server the demo runs on: the one the user named, as is; else the default URL when a
+/// server answers there and will take the demo's writes (a login is set, or anonymous clients
+/// are admins there); else a local pouchdb-server of our own, stopped (dropped) at the end.
+async fn pick_server(settings: &HiArgs) -> anyhow::Result<(String, Option<DevServer>)> {
+    if settings.url_explicit {
+        return Ok((settings.url.clone(), None));
+    }
+    let shown = settings.shown_url();
+    let why = if !devserver::url_answers(&settings.url) {
+        format!("no CouchDB at {shown}")
+    } else if settings.has_login() || devserver::anonymous_is_admin(&settings.url) {
+        return Ok((settings.url.clone(), None));
+    } else {
+        format!(
+            "the server at {shown} lets only its admins create databases, and no login is set \
+             (COUCHDB_USER and COUCHDB_PASSWORD, or --url) to run the demo there"
+        )
+    };
+    let _ = writeln!(
+        std::io::stderr(),
+        "{why}; starting a local pouchdb-server for the demo"
+    );
+    let dev = tokio::task::spawn_blocking(DevServer::start)
+        .await
+        .context("the local server's start-up task failed")?
+        // Not the user's input at fault: an operational error (exit 1).
+        .map_err(|e| anyhow::anyhow!("{e}"))
+        .context("could not start a local pouchdb-server")?;
+    Ok((dev.url(), Some(dev)))
 }
 
 /// `init`, twice: the second writes nothing.
