@@ -21,8 +21,6 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use serde_json::Map;
-
 use crate::account_doc::Attempt;
 use crate::couch::RawDoc;
 use crate::engine::{now_ms, AccountOp, Decide, OpKind, OpResult};
@@ -34,7 +32,7 @@ use crate::state::{transition, Event, State};
 #[cfg(feature = "failpoints")]
 use crate::transfer::crash;
 use crate::transfer::{
-    txn_doc_id, unconfirmed, FinishingGuard, Named, Reason, TransferOutcome, TransferRequest,
+    new_txn_doc, unconfirmed, FinishingGuard, Named, Reason, TransferOutcome, TransferRequest,
     TxnDoc, TxnWritten,
 };
 
@@ -185,26 +183,7 @@ impl Ledger {
     ) -> Result<TransferOutcome> {
         let now = now_ms();
         let (_, deadline) = self.new_claim();
-        let mut terms = TxnDoc {
-            id: txn_doc_id(id),
-            rev: None,
-            doc_type: "transaction".to_owned(),
-            txn_id: id.to_owned(),
-            source: request.source.clone(),
-            destination: request.destination.clone(),
-            value: request.amount,
-            currency: request.currency.code().to_owned(),
-            state: State::Initial,
-            reason: None,
-            reverses: None,
-            claim: None,
-            created_at: now,
-            last_modified: now,
-            markers: None,
-            decided_at: None,
-            extra: Map::new(),
-        };
-        request.meta.store(&mut terms.extra);
+        let terms = new_txn_doc(id, request, None, None, now);
         // A re-sent id, answered from its document with nothing written: known to have ended
         // here, or looked up first (`LedgerBuilder::lookup_first`).
         if self.inner.accounts.has_ended(id) {

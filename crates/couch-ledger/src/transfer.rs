@@ -1632,8 +1632,9 @@ impl Ledger {
     }
 }
 
-/// A new transfer's document: `pending` under `claim` for a caller that waits, else `initial`.
-fn new_txn_doc(
+/// A new transfer's document: `pending` under `claim` for a caller that waits, else `initial`
+/// (the one-write path's terms, too).
+pub(crate) fn new_txn_doc(
     id: &str,
     request: &TransferRequest,
     reverses: Option<String>,

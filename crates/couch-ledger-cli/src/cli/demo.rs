@@ -24,7 +24,6 @@ use couch_ledger::{
 use couch_ledger_devserver::{self as devserver, DevServer};
 use serde_json::{json, Value};
 
-use super::args::HiArgs;
 use super::output::{install_status, money};
 use super::{Context, Exit, Out, UsageError};
 use couch_ledger::redact_url;
@@ -67,8 +66,8 @@ impl Story<'_> {
 }
 
 pub(crate) async fn run(_args: DemoArgs, ctx: &mut Context) -> anyhow::Result<Exit> {
+    let (url, local) = pick_server(ctx).await?;
     let settings = &ctx.settings;
-    let (url, local) = pick_server(settings).await?;
     let db = if settings.db_on_command_line {
         settings.db.clone()
     } else {
@@ -128,7 +127,8 @@ pub(crate) async fn run(_args: DemoArgs, ctx: &mut Context) -> anyhow::Result<Ex
 /// The server the demo runs on: the one the user named, as is; else the default URL when a
 /// server answers there and will take the demo's writes (a login is set, or anonymous clients
 /// are admins there); else a local pouchdb-server of our own, stopped (dropped) at the end.
-async fn pick_server(settings: &HiArgs) -> anyhow::Result<(String, Option<DevServer>)> {
+async fn pick_server(ctx: &Context) -> anyhow::Result<(String, Option<DevServer>)> {
+    let settings = &ctx.settings;
     if settings.url_explicit {
         return Ok((settings.url.clone(), None));
     }
