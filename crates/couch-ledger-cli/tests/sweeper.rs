@@ -72,9 +72,24 @@ async fn balance(l: &Ledger, id: &str) -> i64 {
     l.account(id).await.unwrap().balance.minor()
 }
 
+/// `verify` at rest passes. On several copies a read may still come from a copy that has not
+/// yet received the last writes (measured on a 3-node CouchDB 3.4.3 cluster: an account read at
+/// its revision before a credit, just after the transfer was answered): the copies agree within
+/// moments, so the check is repeated for a while; a real violation stays.
 async fn assert_at_rest(l: &Ledger) {
-    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-    assert!(report.ok, "{report:#?}");
+    let several = support::copies(l.hot_client().database()).await > 1;
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
+        if report.ok {
+            return;
+        }
+        assert!(
+            several && std::time::Instant::now() < deadline,
+            "{report:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// Σ balance over every account document, read raw (not through the library).
