@@ -478,10 +478,7 @@ impl OnLeaves<'_> {
             .flat_map(|d| d.pending.iter())
             .filter(|m| m.txn == self.txn && m.delta == delta)
             .collect();
-        let mut all: Vec<Attempt> = markers
-            .iter()
-            .flat_map(|m| m.attempt.into_iter().chain(m.aliases.iter().copied()))
-            .collect();
+        let mut all: Vec<Attempt> = markers.iter().flat_map(|m| m.attempts()).collect();
         all.sort_unstable();
         all.dedup();
         let named = self.fact.and_then(|f| f.named).filter(|n| all.contains(n));
