@@ -262,14 +262,25 @@ async fn orphan_markers_are_repaired() {
 
     let report = l.verify().await.unwrap();
     assert!(!report.ok, "{report:#?}");
-    // On a cluster a pass reads the markers' view from one copy, which may not have indexed the
-    // planted markers yet: passes are summed until they show up (one pass on one copy).
-    let o = sweep_until_seen(&l, |o| {
-        o.repaired_markers >= 1 && o.problems.iter().any(|p| p.contains("ghost"))
-    })
-    .await;
-    assert_eq!(o.repaired_markers, 1, "{o:?}");
-    assert!(o.problems.iter().any(|p| p.contains("ghost")), "{o:?}");
+    if support::copies(l.hot_client().database()).await > 1 {
+        // A pass reads the markers' view from one copy, which may not have indexed the planted
+        // markers yet: passes go on until B's marker is gone. The repair is not always counted
+        // there: a write the cluster answers 202 is read again and decided again, and that
+        // second look finds the marker already undone (measured on CouchDB 3.4.3).
+        let o = sweep_until_seen(&l, |o| o.problems.iter().any(|p| p.contains("ghost"))).await;
+        assert!(o.repaired_markers <= 1, "{o:?}");
+        support::wait_for("B's orphan marker repaired", WAIT, || async {
+            let pass = l.sweep_once(now_sweep(100)).await.unwrap();
+            assert!(pass.repaired_markers <= 1, "{pass:?}");
+            let b = l.account("B").await.unwrap();
+            b.pending.is_empty().then_some(())
+        })
+        .await;
+    } else {
+        let o = l.sweep_once(now_sweep(100)).await.unwrap();
+        assert_eq!(o.repaired_markers, 1, "{o:?}");
+        assert!(o.problems.iter().any(|p| p.contains("ghost")), "{o:?}");
+    }
     let b = l.account("B").await.unwrap();
     assert_eq!(b.balance.minor(), 100);
     assert!(b.pending.is_empty());
@@ -758,10 +769,32 @@ async fn malformed_transfers_do_not_starve_the_sweeper() {
         State::Done,
         "the good transfer was not reached behind 30 malformed ones: {pass:?}"
     );
-    assert_eq!((pass.advanced, pass.skipped), (1, 30), "{pass:?}");
     assert_eq!(balance(&l, "B").await, 100);
-    // Remembered: a later pass passes over all 30 without reading them, and says so.
-    let pass = l.sweep_once(now_sweep(10)).await.unwrap();
+    let pass = if support::copies(&db).await > 1 {
+        // Each query of the view reads one copy, not necessarily the one the wait above read:
+        // it may list only some of the 30 yet. Each pass reports those it newly meets and
+        // remembers them; the reports add up to the 30, each once.
+        assert_eq!(pass.advanced, 1, "{pass:?}");
+        let mut reported = pass.skipped;
+        let start = Instant::now();
+        loop {
+            let next = l.sweep_once(now_sweep(10)).await.unwrap();
+            reported += next.skipped;
+            if next.skipped_malformed == 30 && next.examined == 0 {
+                assert_eq!(
+                    reported, 30,
+                    "each malformed transfer reported once: {next:?}"
+                );
+                break next;
+            }
+            assert!(start.elapsed() < WAIT, "not all 30 remembered: {next:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        assert_eq!((pass.advanced, pass.skipped), (1, 30), "{pass:?}");
+        // Remembered: a later pass passes over all 30 without reading them, and says so.
+        l.sweep_once(now_sweep(10)).await.unwrap()
+    };
     assert_eq!(pass.skipped_malformed, 30, "{pass:?}");
     assert_eq!(pass.examined, 0, "{pass:?}");
     assert!(
@@ -839,8 +872,7 @@ async fn the_sweeper_merges_a_conflicted_account_counting_each_transfer_once() {
             (1, 0),
             "{name}: {out:?}"
         );
-        let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-        assert!(report.ok, "{name}: {report:#?}");
+        assert_at_rest(&l).await;
         assert_eq!(l.account("B").await.unwrap().balance, amount(130), "{name}");
         assert_eq!(l.account("A").await.unwrap().balance, amount(870), "{name}");
         let leaves: Value = get_raw(&db, "account:B?conflicts=true").await;
@@ -879,8 +911,7 @@ async fn the_sweeper_resolves_a_conflicted_transfer_to_its_furthest_leaf() {
     assert_eq!(l.transfer("t1").await.unwrap().state, State::Done);
     let out = l.sweep_once(now_sweep(10)).await.unwrap();
     assert_eq!(out.conflicts_unresolved, 0, "{out:?}");
-    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-    assert!(report.ok, "{report:#?}");
+    assert_at_rest(&l).await;
     let doc: Value = get_raw(&db, "txn:t1?conflicts=true").await;
     assert_eq!(doc["state"], "done", "{doc}");
     assert!(doc.get("_conflicts").is_none(), "{doc}");
@@ -960,12 +991,28 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
     .settled_entries()
     .build()
     .unwrap();
-    let out = member.sweep_once(now_sweep(10)).await.unwrap();
-    assert_eq!(
-        (out.conflicts_resolved, out.conflicts_unresolved),
-        (0, 1),
-        "{out:?}"
-    );
+    let out = if support::copies(&db).await > 1 {
+        // A pass counts as resolved a listed conflict whose account it then read without one:
+        // on a cluster the view or the read may come from a copy the planted leaf had not
+        // reached yet. Passes go on until one meets the conflict; none may end it.
+        let start = Instant::now();
+        loop {
+            let out = member.sweep_once(now_sweep(10)).await.unwrap();
+            if out.conflicts_unresolved == 1 {
+                break out;
+            }
+            assert!(
+                start.elapsed() < WAIT,
+                "the member never met the conflict: {out:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    } else {
+        let out = member.sweep_once(now_sweep(10)).await.unwrap();
+        assert_eq!(out.conflicts_resolved, 0, "{out:?}");
+        out
+    };
+    assert_eq!(out.conflicts_unresolved, 1, "{out:?}");
     assert!(
         out.problems
             .iter()
@@ -982,8 +1029,7 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
         (1, 0),
         "{out:?}"
     );
-    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-    assert!(report.ok, "{report:#?}");
+    assert_at_rest(&l).await;
     assert_eq!(l.account("B").await.unwrap().balance, amount(130));
 }
 
