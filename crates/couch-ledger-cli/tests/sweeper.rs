@@ -1033,6 +1033,78 @@ async fn a_members_sweeper_reports_the_conflict_it_cannot_finish() {
     assert_eq!(l.account("B").await.unwrap().balance, amount(130));
 }
 
+/// One id sent at once with other terms from two places, both creates stored on some copies: a
+/// `done` leaf (A → B, its markers pending on both accounts) and the other terms' `cancelled`
+/// leaf, which CouchDB makes the winner. A member cannot resolve it (deleting the losing leaf
+/// needs an admin): its pass must not take CouchDB's winner for the outcome and undo the
+/// `done` leaf's markers, which the resolution keeps — the transfer would end `done` and
+/// counted on neither account (simulator seed 0x13cc of `SIM_TWO_TERMS=1 SIM_BASE=5000`).
+#[tokio::test]
+async fn a_members_sweeper_leaves_the_markers_of_a_transfer_it_cannot_resolve() {
+    let l = support::ledger("member_terms").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    let txn: Value = l.hot_client().get("txn:t").await.unwrap();
+    // The decision's markers, as a worker that stopped before converging left them.
+    for (account, delta, peer, side) in [("A", -100, "B", "source"), ("B", 100, "A", "destination")]
+    {
+        let id = format!("account:{account}");
+        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
+        doc["settled"] = json!([]);
+        doc["pending"] = json!([{"txn": "t", "delta": delta, "at": 1,
+            "attempt": txn["markers"][side], "peer": peer}]);
+        l.hot_client().put(&id, &doc).await.unwrap();
+    }
+    support::plant_sibling(&db, "txn:t", &"f".repeat(32), |doc| {
+        doc["state"] = json!("cancelled");
+        doc["destination"] = json!("C");
+        doc["reason"] = json!("conflicting_terms");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+    let (name, password) = support::test_user("member_terms").await;
+    l.client()
+        .set_security(&json!({
+            "admins": {"names": [], "roles": []},
+            "members": {"names": [&name], "roles": []}
+        }))
+        .await
+        .unwrap();
+    let member = Ledger::new(
+        couch_ledger::Client::builder()
+            .url(support::server().url.clone())
+            .database(&db)
+            .basic_auth(name, password)
+            .build()
+            .unwrap(),
+    );
+
+    let out = member.sweep_once(now_sweep(10)).await.unwrap();
+    assert!(
+        out.problems
+            .iter()
+            .any(|p| p.contains("txn:t") && p.contains("conflict")),
+        "{out:?}"
+    );
+    for account in ["A", "B"] {
+        let held = l.account(account).await.unwrap().pending;
+        assert_eq!(
+            held.len(),
+            1,
+            "{account}: the member undid the kept leaf's marker: {out:?}"
+        );
+    }
+
+    // An admin's pass resolves it to the `done` leaf and settles its markers.
+    support::sweep_to_rest(&l, WAIT).await;
+    assert_eq!(l.transfer("t").await.unwrap().state, State::Done);
+    assert_eq!(balance(&l, "A").await, 900);
+    assert_eq!(balance(&l, "B").await, 100);
+    assert_at_rest(&l).await;
+}
+
 /// Plants a sibling of account B's current revision as a node that never applied transfer c2
 /// (100 from c1 only) would hold it; `hash` decides whether it wins.
 async fn plant_b_without_c2(db: &str, hash: &str) {
