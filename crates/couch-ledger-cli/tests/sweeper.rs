@@ -1105,6 +1105,107 @@ async fn a_members_sweeper_leaves_the_markers_of_a_transfer_it_cannot_resolve() 
     assert_at_rest(&l).await;
 }
 
+/// One id sent at once with other terms, both creates stored on some copies: a `done` leaf
+/// (A → B) and the other terms' `cancelled` leaf. A sweeper that read only the `cancelled` leaf
+/// (one copy, before the conflict reached it) converged A and B to it: the `done` leaf's
+/// markers were undone on both. The resolution must then keep the `cancelled` terms: keeping
+/// `done`, as the furthest along, left the transfer done and counted on neither account
+/// (simulator seed 0x145d of `SIM_TWO_TERMS=1 SIM_BASE=5000`; seen on a 3-node CouchDB 3.4.3
+/// cluster).
+#[tokio::test]
+async fn a_done_leaf_whose_markers_were_taken_back_loses_to_the_other_terms() {
+    let l = support::ledger("taken_back").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    // A and B as the convergence to the `cancelled` leaf left them: the markers undone.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let at = (now / 1_000 + 1) * 1_000;
+    for (account, opening) in [("A", 1_000), ("B", 0)] {
+        let id = format!("account:{account}");
+        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
+        doc["settled"] = json!([{"at": at, "undone": ["t"]}]);
+        doc["pending"] = json!([]);
+        doc["balance"] = json!(opening);
+        l.hot_client().put(&id, &doc).await.unwrap();
+    }
+    // The other terms' leaf, losing to `done` by CouchDB's rule.
+    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
+        doc["state"] = json!("cancelled");
+        doc["destination"] = json!("C");
+        doc["reason"] = json!("conflicting_terms");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+
+    let t = l.transfer("t").await.unwrap();
+    assert_eq!(
+        (t.state, t.destination.as_str()),
+        (State::Cancelled, "C"),
+        "{t:?}"
+    );
+    let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
+    assert!(doc.get("_conflicts").is_none(), "{doc}");
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    support::sweep_to_rest(&l, WAIT).await;
+    assert_at_rest(&l).await;
+}
+
+/// The same, but the `done` terms have a `cancelled` leaf of their own too (a retry that read
+/// only it converged the accounts): their own cancel explains the undo, so those terms stand and
+/// their `cancelled` leaf is kept, not the other terms' `initial` leaf, which could never be
+/// decided against the undone entries.
+#[tokio::test]
+async fn a_done_leaf_undone_by_its_own_terms_cancel_keeps_its_terms() {
+    let l = support::ledger("own_cancel").await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let at = (now / 1_000 + 1) * 1_000;
+    for (account, opening) in [("A", 1_000), ("B", 0)] {
+        let id = format!("account:{account}");
+        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
+        doc["settled"] = json!([{"at": at, "undone": ["t"]}]);
+        doc["pending"] = json!([]);
+        doc["balance"] = json!(opening);
+        l.hot_client().put(&id, &doc).await.unwrap();
+    }
+    support::plant_sibling(&db, "txn:t", &"1".repeat(32), |doc| {
+        doc["state"] = json!("cancelled");
+        doc["reason"] = json!("insufficient_funds");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
+        doc["state"] = json!("initial");
+        doc["value"] = json!(101);
+        doc.as_object_mut().unwrap().remove("markers");
+        doc.as_object_mut().unwrap().remove("decided_at");
+    })
+    .await;
+
+    let t = l.transfer("t").await.unwrap();
+    assert_eq!(
+        (t.state, t.amount.minor()),
+        (State::Cancelled, 100),
+        "{t:?}"
+    );
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    support::sweep_to_rest(&l, WAIT).await;
+    assert_at_rest(&l).await;
+}
+
 /// Plants a sibling of account B's current revision as a node that never applied transfer c2
 /// (100 from c1 only) would hold it; `hash` decides whether it wins.
 async fn plant_b_without_c2(db: &str, hash: &str) {

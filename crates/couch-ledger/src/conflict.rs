@@ -131,17 +131,20 @@ fn same_kind(a: Status, b: Status) -> bool {
 /// protocol (no attempt) is never dropped: its drive may still settle it, so two of those with
 /// different deltas still block the merge. Where the document was not read (the leaves agree
 /// on the delta), a stray marker is joined as any and converged later (undone: not named).
+///
+/// The markers dropped are added to `strays`.
 fn without_strays(
     leaf: &AccountDoc,
     facts: &HashMap<String, TxnFacts>,
+    strays: &mut Vec<Marker>,
 ) -> Result<AccountDoc, Blocked> {
     let mut doc = leaf.clone();
-    let (strays, kept): (Vec<Marker>, Vec<Marker>) =
+    let (dropped, kept): (Vec<Marker>, Vec<Marker>) =
         std::mem::take(&mut doc.pending).into_iter().partition(|m| {
             m.attempt.is_some() && facts.get(&m.txn).is_some_and(|f| f.delta != m.delta)
         });
     doc.pending = kept;
-    for m in strays {
+    for m in dropped {
         tracing::debug!(
             account = %doc.account_id,
             txn = %m.txn,
@@ -153,8 +156,38 @@ fn without_strays(
             txn: m.txn.clone(),
             why: format!("the balance without a marker of other terms is out of range: {e}"),
         })?;
+        strays.push(m);
     }
     Ok(doc)
+}
+
+/// Records on `winner` each transfer whose markers were dropped as strays and that no leaf
+/// holds otherwise (no marker of the document's terms, no entry) as undone, naming the dropped
+/// markers' attempts, dated `now`. The document read (one copy) may be the other terms' leaf
+/// of a conflict whose resolution keeps the dropped marker's `done` leaf after all: the entry
+/// is what tells that resolution the marker was taken back (`marker_taken_back`), so that it
+/// keeps the other terms instead of a `done` counted on one account only (`SIM_TWO_TERMS=1`
+/// seed 0xa5: +3,282 on a3). A late apply of the dropped terms then skips too. Where a leaf
+/// holds the transfer otherwise, nothing is recorded: an undone entry would end that marker too.
+fn record_strays(winner: &mut AccountDoc, losers: &[AccountDoc], strays: &[Marker], now: i64) {
+    let mut by_txn: BTreeMap<&str, Vec<Attempt>> = BTreeMap::new();
+    for m in strays {
+        by_txn.entry(&m.txn).or_default().extend(m.attempts());
+    }
+    for (txn, mut attempts) in by_txn {
+        let held = std::iter::once(&*winner)
+            .chain(losers.iter())
+            .any(|leaf| Status::of(leaf, txn) != Status::Absent);
+        if held {
+            continue;
+        }
+        attempts.sort_unstable();
+        attempts.dedup();
+        winner.settled.push(Settled {
+            attempts,
+            ..Settled::new(txn, now, true)
+        });
+    }
 }
 
 /// The merged account: the winner's document (and `_rev`, so the write is a CAS on it) with,
@@ -167,11 +200,14 @@ pub(crate) fn merge_account(
     facts: &HashMap<String, TxnFacts>,
     now: i64,
 ) -> Result<AccountDoc, Blocked> {
-    let winner = &without_strays(winner, facts)?;
+    let mut strays = Vec::new();
+    let mut stripped = without_strays(winner, facts, &mut strays)?;
     let losers = &losers
         .iter()
-        .map(|leaf| without_strays(leaf, facts))
+        .map(|leaf| without_strays(leaf, facts, &mut strays))
         .collect::<Result<Vec<_>, _>>()?;
+    record_strays(&mut stripped, losers, &strays, now);
+    let winner = &stripped;
     let mut merged = winner.clone();
     let mut pending: Vec<Marker> = Vec::new();
     let mut settled: BTreeMap<usize, Settled> = BTreeMap::new();
@@ -580,6 +616,27 @@ pub(crate) fn prefer_held_markers(
         .filter(|(n, _)| *n > kept)
         .max_by_key(|(n, i)| (*n, std::cmp::Reverse(*i)))
         .map_or(keep, |(_, i)| i)
+}
+
+/// Whether an account's leaves show the one-write marker of `attempt` (transfer `txn`) taken
+/// back: the transfer recorded undone there by an undo that ended every attempt's marker (a
+/// cancel's, the convergence to a `cancelled` document) or named this one, and no leaf holding
+/// a pending marker carrying the attempt or a settle of the transfer. With another terms'
+/// `cancelled` leaf under the same id, that undo came from a convergence to it that read no
+/// conflict yet (one copy): keeping the `done` leaf would leave it counted on neither account.
+pub(crate) fn marker_taken_back(leaves: &[AccountDoc], txn: &str, attempt: Attempt) -> bool {
+    let held = leaves.iter().any(|leaf| {
+        leaf.pending
+            .iter()
+            .any(|m| m.txn == txn && m.carries(attempt))
+            || leaf.settled.iter().any(|s| s.txn == txn && !s.undone)
+    });
+    let undone = leaves.iter().any(|leaf| {
+        leaf.settled.iter().any(|s| {
+            s.txn == txn && s.undone && (s.attempts.is_empty() || s.attempts.contains(&attempt))
+        })
+    });
+    undone && !held
 }
 
 #[cfg(test)]

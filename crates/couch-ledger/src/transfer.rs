@@ -41,7 +41,7 @@ use serde_json::{Map, Value};
 
 use crate::account_doc::Attempt;
 use crate::accounts::validate_id;
-use crate::conflict::{choose_transfer_leaf, prefer_held_markers, Evidence};
+use crate::conflict::{choose_transfer_leaf, marker_taken_back, prefer_held_markers, Evidence};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Condition, Error, Result};
 use crate::ledger::Ledger;
@@ -251,6 +251,16 @@ pub(crate) enum TxnWritten {
     /// never answered as final, nor acted on by its writer: the sweeper resolves and finishes
     /// it once the copies agree (`unconfirmed`).
     Uncertain,
+}
+
+/// The leaf, among those `eligible`, whose terms stand: the furthest toward an outcome
+/// ([`terms_rank`]), CouchDB's winner (the first) among equals; 0 when none is eligible.
+fn furthest_terms(all: &[TxnDoc], eligible: impl Fn(&TxnDoc) -> bool) -> usize {
+    all.iter()
+        .enumerate()
+        .filter(|(_, d)| eligible(d))
+        .max_by_key(|(i, d)| (terms_rank(d.state), std::cmp::Reverse(*i)))
+        .map_or(0, |(i, _)| i)
 }
 
 /// How far toward an outcome a transfer's state is, between leaves of other terms: a decided
@@ -673,11 +683,12 @@ impl Ledger {
         // those furthest toward an outcome, CouchDB's winner among equals. Markers of the other
         // terms are then strays the accounts drop (`conflict::merge_account`, the settle's
         // delta check).
-        let standing = all
-            .iter()
-            .enumerate()
-            .max_by_key(|(i, d)| (terms_rank(d.state), std::cmp::Reverse(*i)))
-            .map_or(0, |(i, _)| i);
+        let mut standing = furthest_terms(&all, |_| true);
+        if self.done_taken_back(&all, standing).await? {
+            // Its accounts undid its markers by the other terms' decision: those terms stand.
+            let reference = &all[standing];
+            standing = furthest_terms(&all, |d| reference.differing_term(d).is_some());
+        }
         let reference = all[standing].clone();
         let (leaves, other_terms): (Vec<TxnDoc>, Vec<TxnDoc>) = all
             .into_iter()
@@ -729,6 +740,52 @@ impl Ledger {
             self.inner.conflicts.resolved.fetch_add(1, Relaxed);
         }
         Ok(leaves.into_iter().nth(keep).expect("kept leaf"))
+    }
+
+    /// Whether the terms of leaf `standing` (of a transfer holding other terms' leaves too) are
+    /// a one-write `done` whose markers its accounts took back: every `done` leaf of those terms
+    /// names attempts, and for each an account shows its marker undone and not held
+    /// ([`marker_taken_back`]). A sweeper that read only the other terms' `cancelled` leaf (one
+    /// copy, before the conflict reached it) converged the accounts to it; keeping `done` would
+    /// leave the transfer counted on neither account (simulator, `SIM_TWO_TERMS=1
+    /// SIM_BASE=5000` seed 0x145d; seen on a 3-node CouchDB 3.4.3 cluster too).
+    async fn done_taken_back(&self, all: &[TxnDoc], standing: usize) -> Result<bool> {
+        let reference = &all[standing];
+        let ours: Vec<&TxnDoc> = all
+            .iter()
+            .filter(|d| reference.differing_term(d).is_none())
+            .collect();
+        if reference.state != State::Done || ours.len() == all.len() {
+            return Ok(false);
+        }
+        // Its own terms' cancel path explains an undo as well: between its leaves the evidence
+        // rule decides (`choose_leaf`). And only another terms' decision, or a drive under way,
+        // explains one: an `initial` leaf of them kept would meet the undone entries and never
+        // be decided.
+        if ours
+            .iter()
+            .any(|d| matches!(d.state, State::Canceling | State::Cancelled))
+        {
+            return Ok(false);
+        }
+        let other = furthest_terms(all, |d| reference.differing_term(d).is_some());
+        if all[other].state == State::Initial {
+            return Ok(false);
+        }
+        let mut named = Vec::new();
+        for d in ours.iter().filter(|d| d.state == State::Done) {
+            match d.markers {
+                Some(n) => named.push((n.source, n.destination)),
+                // A stepwise `done` is written after both settles: its money is there.
+                None => return Ok(false),
+            }
+        }
+        let source = self.account_leaves(&reference.source).await?;
+        let destination = self.account_leaves(&reference.destination).await?;
+        let txn = &reference.txn_id;
+        Ok(named.iter().all(|&(s, d)| {
+            marker_taken_back(&source, txn, s) || marker_taken_back(&destination, txn, d)
+        }))
     }
 
     /// Which of a conflicted transfer's leaves of one terms to keep: the furthest along; between

@@ -462,3 +462,61 @@ fn a_one_write_marker_undone_on_a_leaf_stays_pending_while_its_transfer_reads_un
     assert_eq!(m.balance.minor(), 1_000);
     assert!(m.pending.is_empty());
 }
+
+#[test]
+fn a_marker_is_taken_back_only_by_an_undo_of_every_attempt_or_of_its_own_with_nothing_held() {
+    let x = Attempt::from_bits(5);
+    let y = Attempt::from_bits(3);
+    // Undone by a cancel's convergence (no attempt named), nothing held: taken back.
+    let undone = account(1000, &[], &[("t", true)]);
+    assert!(marker_taken_back(&[undone.clone()], "t", x));
+    // Undone by a `done` settle that named another attempt's marker: says nothing of x.
+    let mut other = undone.clone();
+    other.settled[0].attempts = vec![y];
+    assert!(!marker_taken_back(&[other.clone()], "t", x));
+    assert!(marker_taken_back(&[other], "t", y));
+    // x's marker still pending on another leaf: held.
+    let mut pending = account(1000, &[], &[]);
+    once(&mut pending, "t", -100, 5);
+    assert!(!marker_taken_back(&[undone.clone(), pending], "t", x));
+    // Settled on some leaf: the transfer counts there.
+    let settled = account(900, &[], &[("t", false)]);
+    assert!(!marker_taken_back(&[undone.clone(), settled], "t", x));
+    // Nothing recorded (never applied, or pruned): no evidence.
+    assert!(!marker_taken_back(&[account(1000, &[], &[])], "t", x));
+    // Another transfer's undo is not this one's.
+    assert!(!marker_taken_back(&[undone], "u", x));
+}
+
+#[test]
+fn a_dropped_stray_no_leaf_holds_otherwise_is_recorded_undone_with_its_attempts() {
+    // Only the other terms' marker (-100, attempt 3) on a branch; the document read holds -70.
+    let (mut w, l) = (account(1000, &[], &[]), account(1000, &[], &[]));
+    once(&mut w, "t", -100, 3);
+    for (winner, loser) in [(&w, &l), (&l, &w)] {
+        let f = decided(State::Pending, -70, None);
+        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
+        let entry = m.settled.iter().find(|s| s.txn == "t").expect("recorded");
+        assert!(entry.undone, "{entry:?}");
+        assert_eq!(entry.attempts, vec![Attempt::from_bits(3)]);
+        // The resolution reads it as that attempt's marker taken back, not another's.
+        assert!(marker_taken_back(
+            std::slice::from_ref(&m),
+            "t",
+            Attempt::from_bits(3)
+        ));
+        assert!(!marker_taken_back(
+            std::slice::from_ref(&m),
+            "t",
+            Attempt::from_bits(5)
+        ));
+    }
+    // A leaf holding the document's terms' marker: nothing recorded (it would end that one).
+    let mut l = account(1000, &[], &[]);
+    once(&mut l, "t", -70, 5);
+    let f = decided(State::Done, -70, Some(5));
+    let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
+    assert!(m.settled.iter().all(|s| s.txn != "t"), "{:?}", m.settled);
+    assert_eq!((m.balance.minor(), m.pending.len()), (930, 1));
+}
