@@ -1114,25 +1114,7 @@ async fn a_members_sweeper_leaves_the_markers_of_a_transfer_it_cannot_resolve() 
 /// cluster).
 #[tokio::test]
 async fn a_done_leaf_whose_markers_were_taken_back_loses_to_the_other_terms() {
-    let l = support::ledger("taken_back").await;
-    open(&l, "A", 1_000, Some(0)).await;
-    open(&l, "B", 0, Some(0)).await;
-    l.submit(request("t", "A", "B", 100), true).await.unwrap();
-    let db = l.client().database().to_owned();
-    // A and B as the convergence to the `cancelled` leaf left them: the markers undone.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let at = (now / 1_000 + 1) * 1_000;
-    for (account, opening) in [("A", 1_000), ("B", 0)] {
-        let id = format!("account:{account}");
-        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
-        doc["settled"] = json!([{"at": at, "undone": ["t"]}]);
-        doc["pending"] = json!([]);
-        doc["balance"] = json!(opening);
-        l.hot_client().put(&id, &doc).await.unwrap();
-    }
+    let (l, db) = done_then_undone("taken_back").await;
     // The other terms' leaf, losing to `done` by CouchDB's rule.
     support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
         doc["state"] = json!("cancelled");
@@ -1162,24 +1144,7 @@ async fn a_done_leaf_whose_markers_were_taken_back_loses_to_the_other_terms() {
 /// decided against the undone entries.
 #[tokio::test]
 async fn a_done_leaf_undone_by_its_own_terms_cancel_keeps_its_terms() {
-    let l = support::ledger("own_cancel").await;
-    open(&l, "A", 1_000, Some(0)).await;
-    open(&l, "B", 0, Some(0)).await;
-    l.submit(request("t", "A", "B", 100), true).await.unwrap();
-    let db = l.client().database().to_owned();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let at = (now / 1_000 + 1) * 1_000;
-    for (account, opening) in [("A", 1_000), ("B", 0)] {
-        let id = format!("account:{account}");
-        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
-        doc["settled"] = json!([{"at": at, "undone": ["t"]}]);
-        doc["pending"] = json!([]);
-        doc["balance"] = json!(opening);
-        l.hot_client().put(&id, &doc).await.unwrap();
-    }
+    let (l, db) = done_then_undone("own_cancel").await;
     support::plant_sibling(&db, "txn:t", &"1".repeat(32), |doc| {
         doc["state"] = json!("cancelled");
         doc["reason"] = json!("insufficient_funds");
@@ -1204,6 +1169,31 @@ async fn a_done_leaf_undone_by_its_own_terms_cancel_keeps_its_terms() {
     assert_eq!(balance(&l, "B").await, 0);
     support::sweep_to_rest(&l, WAIT).await;
     assert_at_rest(&l).await;
+}
+
+/// A ledger where `t` (A → B, 100) is `done`, and A and B as a convergence to a `cancelled`
+/// leaf of it left them: its markers undone (an undone entry naming no attempt), the money
+/// back. Returns it and its database.
+async fn done_then_undone(name: &str) -> (Ledger, String) {
+    let l = support::ledger(name).await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let at = (now / 1_000 + 1) * 1_000;
+    for (account, opening) in [("A", 1_000), ("B", 0)] {
+        let id = format!("account:{account}");
+        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
+        doc["settled"] = json!([{"at": at, "undone": ["t"]}]);
+        doc["pending"] = json!([]);
+        doc["balance"] = json!(opening);
+        l.hot_client().put(&id, &doc).await.unwrap();
+    }
+    let db = l.client().database().to_owned();
+    (l, db)
 }
 
 /// Plants a sibling of account B's current revision as a node that never applied transfer c2

@@ -469,11 +469,11 @@ fn a_marker_is_taken_back_only_by_an_undo_of_every_attempt_or_of_its_own_with_no
     let y = Attempt::from_bits(3);
     // Undone by a cancel's convergence (no attempt named), nothing held: taken back.
     let undone = account(1000, &[], &[("t", true)]);
-    assert!(marker_taken_back(&[undone.clone()], "t", x));
+    assert!(marker_taken_back(std::slice::from_ref(&undone), "t", x));
     // Undone by a `done` settle that named another attempt's marker: says nothing of x.
     let mut other = undone.clone();
     other.settled[0].attempts = vec![y];
-    assert!(!marker_taken_back(&[other.clone()], "t", x));
+    assert!(!marker_taken_back(std::slice::from_ref(&other), "t", x));
     assert!(marker_taken_back(&[other], "t", y));
     // x's marker still pending on another leaf: held.
     let mut pending = account(1000, &[], &[]);
