@@ -58,6 +58,10 @@ pub(crate) struct TxnFacts {
 pub(crate) struct Blocked {
     pub(crate) txn: String,
     pub(crate) why: String,
+    /// The leaves hold markers of the transfer with other terms and its document is not there
+    /// to say which stand (one id sent at once with other terms): settled once the transfer is
+    /// decided, by a caller or the sweeper.
+    pub(crate) rival_terms: bool,
 }
 
 /// Every transfer named on any leaf, in a stable order (the winner's first).
@@ -155,38 +159,52 @@ fn without_strays(
         doc.balance = doc.balance.checked_sub(m.delta).map_err(|e| Blocked {
             txn: m.txn.clone(),
             why: format!("the balance without a marker of other terms is out of range: {e}"),
+            rival_terms: false,
         })?;
         strays.push(m);
     }
     Ok(doc)
 }
 
-/// Records on `winner` each transfer whose markers were dropped as strays and that no leaf
-/// holds otherwise (no marker of the document's terms, no entry) as undone, naming the dropped
-/// markers' attempts, dated `now`. The document read (one copy) may be the other terms' leaf
-/// of a conflict whose resolution keeps the dropped marker's `done` leaf after all: the entry
-/// is what tells that resolution the marker was taken back (`marker_taken_back`), so that it
-/// keeps the other terms instead of a `done` counted on one account only (`SIM_TWO_TERMS=1`
-/// seed 0xa5: +3,282 on a3). A late apply of the dropped terms then skips too. Where a leaf
-/// holds the transfer otherwise, nothing is recorded: an undone entry would end that marker too.
-fn record_strays(winner: &mut AccountDoc, losers: &[AccountDoc], strays: &[Marker], now: i64) {
+/// Records on the merged account each transfer whose markers were dropped as strays and that
+/// the merge left holding nothing (no marker, no entry) as undone, naming the dropped markers'
+/// attempts, dated `now`; where it left an undone entry that names attempts, adds theirs to it.
+/// The document read (one copy) may be the other terms' leaf of a conflict whose resolution
+/// keeps the dropped marker's `done` leaf after all: the entry is what tells that resolution
+/// the marker was taken back (`marker_taken_back`), so that it keeps the other terms instead of
+/// a `done` counted on one account only (`SIM_TWO_TERMS=1` seed 0xa5: +3,282 on a3; on a real
+/// cluster, the other terms' marker on a losing leaf left out beside the stray, as its document
+/// was `cancelled`: B's credit of 100 lost). A late apply of the dropped terms then skips too.
+/// Where the merge keeps a marker or a settle of the transfer, nothing is recorded: an undone
+/// entry would end that marker too.
+fn record_strays(merged: &mut AccountDoc, strays: &[Marker], now: i64) {
     let mut by_txn: BTreeMap<&str, Vec<Attempt>> = BTreeMap::new();
     for m in strays {
         by_txn.entry(&m.txn).or_default().extend(m.attempts());
     }
-    for (txn, mut attempts) in by_txn {
-        let held = std::iter::once(&*winner)
-            .chain(losers.iter())
-            .any(|leaf| Status::of(leaf, txn) != Status::Absent);
-        if held {
-            continue;
+    for (txn, attempts) in by_txn {
+        let recorded = |entry: &mut Settled| {
+            entry.attempts.extend_from_slice(&attempts);
+            entry.attempts.sort_unstable();
+            entry.attempts.dedup();
+        };
+        match Status::of(merged, txn) {
+            Status::Absent => {
+                let mut entry = Settled::new(txn, now, true);
+                recorded(&mut entry);
+                merged.settled.push(entry);
+            }
+            Status::Undone(_) => {
+                if let Some(entry) = merged
+                    .settled
+                    .iter_mut()
+                    .find(|s| s.txn == txn && !s.attempts.is_empty())
+                {
+                    recorded(entry);
+                }
+            }
+            Status::Pending(..) | Status::Settled(_) => {}
         }
-        attempts.sort_unstable();
-        attempts.dedup();
-        winner.settled.push(Settled {
-            attempts,
-            ..Settled::new(txn, now, true)
-        });
     }
 }
 
@@ -201,12 +219,11 @@ pub(crate) fn merge_account(
     now: i64,
 ) -> Result<AccountDoc, Blocked> {
     let mut strays = Vec::new();
-    let mut stripped = without_strays(winner, facts, &mut strays)?;
+    let stripped = without_strays(winner, facts, &mut strays)?;
     let losers = &losers
         .iter()
         .map(|leaf| without_strays(leaf, facts, &mut strays))
         .collect::<Result<Vec<_>, _>>()?;
-    record_strays(&mut stripped, losers, &strays, now);
     let winner = &stripped;
     let mut merged = winner.clone();
     let mut pending: Vec<Marker> = Vec::new();
@@ -241,6 +258,7 @@ pub(crate) fn merge_account(
     merged.balance = balance;
     merged.pending = pending;
     merged.settled = settled.into_values().collect();
+    record_strays(&mut merged, &strays, now);
     Ok(merged)
 }
 
@@ -258,6 +276,7 @@ impl OnLeaves<'_> {
         Blocked {
             txn: self.txn.to_owned(),
             why,
+            rival_terms: false,
         }
     }
 
@@ -357,11 +376,14 @@ impl OnLeaves<'_> {
                 (Status::Absent, x) | (x, Status::Absent) => x,
                 (Status::Pending(a, at, x), Status::Pending(b, bt, y)) => {
                     if a != b {
-                        return Err(self.blocked(format!(
-                            "two leaves hold different deltas ({} and {}) for one transfer",
-                            a.minor(),
-                            b.minor()
-                        )));
+                        return Err(Blocked {
+                            rival_terms: fact.is_none(),
+                            ..self.blocked(format!(
+                                "two leaves hold different deltas ({} and {}) for one transfer",
+                                a.minor(),
+                                b.minor()
+                            ))
+                        });
                     }
                     // Two attempts of one transfer, each on its own branch (one-write path,
                     // docs/ONE_WRITE.md): one marker, the delta counted once, carrying both

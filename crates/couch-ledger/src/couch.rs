@@ -1705,6 +1705,35 @@ impl Client {
             .collect())
     }
 
+    /// Every live leaf of a document, from every copy that answers (`open_revs=all` with
+    /// `r` = `copies`): on a cluster, a read with `conflicts=true` shows one copy's leaves, and
+    /// a rival revision that reached only the other copies is not among them. Empty when the
+    /// document does not exist.
+    ///
+    /// # Errors
+    ///
+    /// The server failed, or the reply is not a list of revisions.
+    pub async fn live_leaves(&self, id: &str, copies: Option<u32>) -> Result<Vec<Value>> {
+        let path = self.doc_path(id)?;
+        let mut query = vec![("open_revs", "all".to_owned())];
+        if let Some(n) = copies {
+            query.push(("r", n.to_string()));
+        }
+        let rows: Vec<Value> = match self
+            .send_json(Method::GET, &path, &query, None, Retry::Safe)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) if e.is_not_found() && !e.is_missing_database() => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| row.get("ok").cloned())
+            .filter(|doc| doc.get("_deleted").and_then(Value::as_bool) != Some(true))
+            .collect())
+    }
+
     /// A document with every live leaf of its revision tree: the winner and, when it holds a
     /// conflict, the losers (two requests then, one otherwise). `None` when it does not exist.
     ///

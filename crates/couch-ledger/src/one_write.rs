@@ -162,6 +162,23 @@ fn answer_status(existing: &TxnDoc, tried: Option<&TxnDoc>) -> RecordStatus {
     }
 }
 
+/// Not final: another request sent this id with other terms at the same moment, and each
+/// applied its markers on a branch of its own of an account (a cluster, where two coordinators
+/// can both take a write). Which terms stand is decided once, by whichever decision reaches
+/// the document (this caller's did not yet), or by the sweeper.
+fn rival_terms(id: &str) -> Error {
+    Error::ledger(
+        Condition::Unconfirmed,
+        format!(
+            "transfer {id} was sent at the same moment with other terms from elsewhere, and \
+             both reached its accounts (a cluster); which terms stand is not final yet: the \
+             sweeper decides it. Send the same id again later to learn how it ended, and do not \
+             reuse one id for other terms"
+        ),
+    )
+    .with_transfer(id)
+}
+
 /// "Not decided in time": the worker's deadline passed before its accounts were applied (the
 /// sweeper's pass, whose transfer's document exists already, tries again next pass).
 fn undecided(id: &str) -> Error {
@@ -219,6 +236,7 @@ impl Ledger {
                     unblocks += 1;
                     continue;
                 }
+                Err(e) if e.rival_terms_of() == Some(id) => return Err(rival_terms(id)),
                 other => other?,
             };
             match applied {

@@ -489,7 +489,7 @@ fn a_marker_is_taken_back_only_by_an_undo_of_every_attempt_or_of_its_own_with_no
 }
 
 #[test]
-fn a_dropped_stray_no_leaf_holds_otherwise_is_recorded_undone_with_its_attempts() {
+fn a_dropped_stray_the_merge_leaves_nothing_of_is_recorded_undone_with_its_attempts() {
     // Only the other terms' marker (-100, attempt 3) on a branch; the document read holds -70.
     let (mut w, l) = (account(1000, &[], &[]), account(1000, &[], &[]));
     once(&mut w, "t", -100, 3);
@@ -519,4 +519,45 @@ fn a_dropped_stray_no_leaf_holds_otherwise_is_recorded_undone_with_its_attempts(
     let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
     assert!(m.settled.iter().all(|s| s.txn != "t"), "{:?}", m.settled);
     assert_eq!((m.balance.minor(), m.pending.len()), (930, 1));
+}
+
+#[test]
+fn a_dropped_stray_beside_a_marker_its_cancelled_document_leaves_out_is_recorded() {
+    // A real cluster's trace: one branch holds the one-write marker of terms +100 (attempt 3),
+    // the other the marker of terms +70 (attempt 5); the document read is the +70 terms'
+    // `cancelled` leaf. The +100 marker is dropped as a stray and the +70 one left out (its
+    // transfer does not count it): the merge leaves nothing of `t`, and the entry says the
+    // +100 marker was taken back.
+    let (mut w, mut l) = (account(0, &[], &[]), account(0, &[], &[]));
+    once(&mut w, "t", 100, 3);
+    once(&mut l, "t", 70, 5);
+    let f = decided(State::Cancelled, 70, None);
+    let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
+    assert_eq!((m.balance.minor(), m.pending.len()), (0, 0), "{m:?}");
+    let entry = m.settled.iter().find(|s| s.txn == "t").expect("recorded");
+    assert!(entry.undone, "{entry:?}");
+    assert_eq!(entry.attempts, vec![Attempt::from_bits(3)]);
+    let merged = std::slice::from_ref(&m);
+    assert!(marker_taken_back(merged, "t", Attempt::from_bits(3)));
+    // Where the winner holds the +70 marker, the merge keeps it for the convergence to its
+    // `cancelled` document, whose undo (of every attempt) says the same: nothing recorded now.
+    let m = merge_account(&l, std::slice::from_ref(&w), &f, NOW).unwrap();
+    assert_eq!((m.balance.minor(), m.pending.len()), (70, 1), "{m:?}");
+    assert!(m.settled.iter().all(|s| s.txn != "t"), "{:?}", m.settled);
+    // Where an undone entry naming attempts is there already, the stray's are added to it.
+    let mut u = account(0, &[], &[]);
+    u.settled.push(Settled::at(
+        "t".into(),
+        2000,
+        true,
+        vec![Attempt::from_bits(7)],
+    ));
+    let f = decided(State::Pending, 70, None);
+    let m = merge_account(&u, std::slice::from_ref(&w), &f, NOW).unwrap();
+    let entry = m.settled.iter().find(|s| s.txn == "t").expect("kept");
+    assert_eq!(
+        entry.attempts,
+        vec![Attempt::from_bits(3), Attempt::from_bits(7)]
+    );
+    assert_eq!(m.balance.minor(), 0);
 }

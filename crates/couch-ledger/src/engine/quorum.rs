@@ -140,6 +140,16 @@ impl Quorum {
         }
     }
 
+    /// `cluster.n` where the database states several copies: the `r` of a read that must see
+    /// every copy that answers. `None` on one copy, where the server does not say, or while
+    /// the database cannot be read.
+    pub(crate) async fn several_copies(&self, client: &Client) -> Option<u32> {
+        match self.stated(client).await {
+            Ok(Some(n)) if n > 1 => Some(n),
+            _ => None,
+        }
+    }
+
     /// Forgets the copies read, as [`COPIES_RECHECK_MS`] passing does.
     #[cfg(test)]
     fn expire(&self) {

@@ -426,6 +426,9 @@ async fn document(
         }
         _ => {
             let rq = quorum(r, cluster, "r");
+            if r.param("open_revs") == Some("all") {
+                return open_revs_all(cluster, db, id, rq);
+            }
             if let Some(revs) = json_param(r, "open_revs") {
                 return open_revs(cluster, db, id, &revs, rq);
             }
@@ -441,6 +444,38 @@ async fn document(
             reply(200, doc_json(id, &tree, &winner, flag(r, "conflicts")))
         }
     }
+}
+
+/// `open_revs=all`: every leaf held by any of the `r` copies read (CouchDB merges the copies'
+/// revision trees), deleted ones too, as `{"ok": doc}` rows; a 404 when no copy read holds the
+/// document.
+fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize) -> WireReply {
+    let copies = cluster.read_copies(r);
+    let trees: Vec<crate::sim::tree::Tree> = {
+        let s = cluster.lock();
+        let Some(d) = s.dbs.get(db) else {
+            return not_found("Database does not exist.");
+        };
+        copies
+            .iter()
+            .filter_map(|c| d.copies[*c].docs.get(id).map(|e| e.tree.clone()))
+            .collect()
+    };
+    if trees.is_empty() {
+        return not_found("missing");
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut rows = Vec::new();
+    for t in &trees {
+        for leaf in t.leaves() {
+            // A leaf of one copy that another copy has built on is no leaf of the merged tree.
+            let built_on = trees.iter().any(|o| o.contains(&leaf) && !o.is_leaf(&leaf));
+            if !built_on && t.body(&leaf).is_some() && seen.insert(leaf.to_string()) {
+                rows.push(json!({"ok": doc_json(id, t, &leaf, false)}));
+            }
+        }
+    }
+    reply(200, Value::Array(rows))
 }
 
 fn open_revs(cluster: &Arc<Cluster>, db: &str, id: &str, revs: &Value, r: usize) -> WireReply {

@@ -125,7 +125,7 @@ impl AccountEngine {
             })));
         }
         let needed = facts_needed(&winner, &leaves);
-        let facts = match self.read_facts(&winner, &needed).await? {
+        let facts = match self.read_facts(&winner, &leaves, &needed).await? {
             ControlFlow::Continue(facts) => facts,
             ControlFlow::Break(failed) => return Ok(failed),
         };
@@ -154,6 +154,9 @@ impl AccountEngine {
                     losers: joined,
                     dirty,
                 })))
+            }
+            Err(b) if b.rival_terms => {
+                Ok(AccountRead::Failed(Error::rival_terms(&id, &b.txn, &b.why)))
             }
             Err(b) => Ok(AccountRead::Failed(Error::ledger(
                 Condition::Conflicted,
@@ -223,9 +226,18 @@ impl AccountEngine {
     /// What the merge needs of the transfers `needed`, from their documents (one not there,
     /// or not about this account, is left out). `Break`: a transfer holds a conflict itself,
     /// to be resolved first.
+    ///
+    /// Where the merge would drop a one-write marker as holding other terms than the document
+    /// read ([`holds_other_terms`]), the document is read again from every copy first: the
+    /// read above (one copy) may show one leaf of a document whose rival leaf, with the
+    /// marker's terms, reached only the other copies and may be the one kept. Dropped against
+    /// that one leaf, the marker left no trace, and the resolution kept its `done` with the
+    /// account's side of it gone (a real 3-node cluster, one id sent with other terms at once:
+    /// B's credit of 100 lost).
     async fn read_facts(
         &self,
         winner: &AccountDoc,
+        losers: &[AccountDoc],
         needed: &[String],
     ) -> Result<ControlFlow<AccountRead, HashMap<String, TxnFacts>>> {
         let mut facts = HashMap::new();
@@ -245,6 +257,28 @@ impl AccountEngine {
             }
             if let Some(f) = txn_facts(&doc, &winner.account_id) {
                 facts.insert(txn.clone(), f);
+            }
+        }
+        let copies = self.quorum.several_copies(&self.client).await;
+        for (txn, f) in &facts {
+            if copies.is_none() || !holds_other_terms(winner, losers, txn, f) {
+                continue;
+            }
+            let leaves = self
+                .client
+                .live_leaves(&format!("txn:{txn}"), copies)
+                .await?;
+            if leaves.len() > 1 {
+                tracing::info!(
+                    account = %winner.account_id,
+                    %txn,
+                    leaves = leaves.len(),
+                    "a merge waits for the transfer's conflict: a marker of other terms than \
+                     the leaf read"
+                );
+                return Ok(ControlFlow::Break(AccountRead::Failed(
+                    Error::blocked_by_transfer(&winner.id, txn),
+                )));
             }
         }
         Ok(ControlFlow::Continue(facts))
@@ -302,6 +336,15 @@ impl AccountEngine {
             }
         }
     }
+}
+
+/// Whether some leaf of the account holds a one-write marker of `txn` whose delta is not the
+/// one its document `f` says: a marker the merge drops as of other terms.
+fn holds_other_terms(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &TxnFacts) -> bool {
+    std::iter::once(winner)
+        .chain(losers.iter())
+        .flat_map(|leaf| leaf.pending.iter())
+        .any(|m| m.txn == txn && m.attempt.is_some() && m.delta != f.delta)
 }
 
 /// What a transfer's document says to the merge of `account`: its state, its delta on the
