@@ -250,9 +250,61 @@ pub async fn db_snapshot(db: &str) -> DbSnapshot {
             )
         })
         .collect();
+    let n = copies(db).await;
+    if n > 1 {
+        return snapshot_of_every_copy(db, n, revs).await;
+    }
     DbSnapshot {
         doc_count: info["doc_count"].as_u64().expect("doc_count"),
         doc_del_count: info["doc_del_count"].as_u64(),
+        revs,
+    }
+}
+
+/// On several copies: `_all_docs` and `GET /db` are answered by one copy of each shard range,
+/// which may not hold a write another copy answered yet (an account written at 202 under load
+/// read back at its revision 1). Each listed document's revision is read instead from every
+/// copy that answers (`open_revs=all` with `r` = n, which merges the copies' trees: the
+/// winning live leaf's); `doc_count` counts the live ones, and `doc_del_count` is left out.
+async fn snapshot_of_every_copy(db: &str, n: u64, listed: Vec<(String, String)>) -> DbSnapshot {
+    let mut revs = Vec::with_capacity(listed.len());
+    for (id, _) in listed {
+        let path = if id.starts_with("_design/") {
+            id.clone()
+        } else {
+            id.replace(':', "%3A")
+        };
+        let url = raw_url(&format!("{db}/{path}?open_revs=all&r={n}"));
+        let reply = auth(raw().get(url))
+            .header("Accept", "application/json")
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            reply.status().is_success(),
+            "open_revs {id}: {}",
+            reply.status()
+        );
+        let leaves: serde_json::Value = reply.json().await.unwrap();
+        let winner = leaves
+            .as_array()
+            .expect("open_revs answers an array")
+            .iter()
+            .filter_map(|l| l.get("ok"))
+            .filter(|d| d["_deleted"] != true)
+            .filter_map(|d| d["_rev"].as_str())
+            .max_by_key(|rev| {
+                let (pos, hash) = rev.split_once('-').unwrap_or(("0", rev));
+                (pos.parse::<u64>().unwrap_or(0), hash.to_owned())
+            })
+            .map(str::to_owned);
+        if let Some(rev) = winner {
+            revs.push((id, rev));
+        }
+    }
+    DbSnapshot {
+        doc_count: revs.len() as u64,
+        doc_del_count: None,
         revs,
     }
 }
@@ -695,6 +747,45 @@ pub async fn sweep_to_rest(l: &Ledger, within: std::time::Duration) {
         assert!(
             std::time::Instant::now() < deadline,
             "not at rest after {within:?} of sweeping: {status:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// On a database of several copies: sweeps until each of `ids` holds one live leaf on every
+/// copy that answers (an `open_revs=all` read with `r` = `cluster.n`, which merges the copies'
+/// revision trees) holding no pending marker, and the ledger is at rest ([`sweep_to_rest`]),
+/// and returns those leaves in
+/// the order of `ids`. A read of one copy can show a document without a rival leaf that
+/// reached only the other copies (two decisions of one id, each a 202): an outcome judged
+/// before this may not be the one that stays. Fails the test if `within` passes first.
+pub async fn sweep_until_one_leaf(
+    l: &Ledger,
+    ids: &[String],
+    within: std::time::Duration,
+) -> Vec<serde_json::Value> {
+    let deadline = std::time::Instant::now() + within;
+    let client = l.hot_client();
+    let copies = u32::try_from(copies(client.database()).await).expect("a few copies");
+    loop {
+        sweep_to_rest(l, within).await;
+        let mut leaves = Vec::with_capacity(ids.len());
+        for id in ids {
+            leaves.push(client.live_leaves(id, Some(copies)).await.unwrap());
+        }
+        // The status's count of pending markers reads a view (one copy): the leaves say.
+        let settled = |leaf: &serde_json::Value| {
+            leaf["pending"]
+                .as_array()
+                .is_none_or(|pending| pending.is_empty())
+        };
+        if leaves.iter().all(|l| l.len() == 1 && settled(&l[0])) {
+            return leaves.into_iter().flatten().collect();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not one leaf on every copy after {within:?} of sweeping: {:#?}",
+            ids.iter().zip(&leaves).collect::<Vec<_>>()
         );
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
