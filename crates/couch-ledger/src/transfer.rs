@@ -660,12 +660,14 @@ impl Ledger {
         self.resolve_transfer(&id, winner, leaves.losers).await
     }
 
-    /// Resolves a conflicted transfer document (docs/CLUSTER.md): every leaf must hold the same
-    /// terms (different terms under one id are never picked between: an error for a person);
-    /// the leaf kept is the one furthest along the state graph, and between the commit and the
-    /// cancel path the one the accounts acted on ([`choose_transfer_leaf`]). The other leaves
-    /// are deleted (a CAS each: a leaf that moved meanwhile stays, and the next read resolves
-    /// again).
+    /// Resolves a conflicted transfer document (docs/CLUSTER.md). Between leaves of other terms
+    /// under one id (sent at once from two places), the terms furthest toward an outcome stand
+    /// ([`furthest_terms`]), unless they are a one-write `done` whose markers its accounts show
+    /// taken back ([`Ledger::done_taken_back`]); the other terms' leaves go. Between the leaves
+    /// of the terms that stand, the one kept is the furthest along the state graph, and between
+    /// the commit and the cancel path the one the accounts acted on ([`choose_transfer_leaf`]).
+    /// The other leaves are deleted (a CAS each: a leaf that moved meanwhile stays, and the
+    /// next read resolves again).
     pub(crate) async fn resolve_transfer(
         &self,
         id: &str,
