@@ -141,13 +141,14 @@ impl Quorum {
     }
 
     /// `cluster.n` where the database states several copies: the `r` of a read that must see
-    /// every copy that answers. `None` on one copy, where the server does not say, or while
-    /// the database cannot be read.
-    pub(crate) async fn several_copies(&self, client: &Client) -> Option<u32> {
-        match self.stated(client).await {
-            Ok(Some(n)) if n > 1 => Some(n),
-            _ => None,
-        }
+    /// every copy that answers. `None` on one copy, or where the server does not say (one
+    /// server).
+    ///
+    /// # Errors
+    ///
+    /// The database's copies could not be read now.
+    pub(crate) async fn several_copies(&self, client: &Client) -> Result<Option<u32>> {
+        Ok(self.stated(client).await?.filter(|n| *n > 1))
     }
 
     /// Forgets the copies read, as [`COPIES_RECHECK_MS`] passing does.

@@ -259,16 +259,30 @@ impl AccountEngine {
                 facts.insert(txn.clone(), f);
             }
         }
-        let copies = self.quorum.several_copies(&self.client).await;
-        for (txn, f) in &facts {
-            if copies.is_none() || !holds_other_terms(winner, losers, txn, f) {
-                continue;
-            }
+        let strays: Vec<String> = facts
+            .iter()
+            .filter(|(txn, f)| holds_other_terms(winner, losers, txn, f))
+            .map(|(txn, _)| txn.clone())
+            .collect();
+        if strays.is_empty() {
+            return Ok(ControlFlow::Continue(facts));
+        }
+        // One server, or one copy of each document: the read above was of every copy.
+        let Some(copies) = self.quorum.several_copies(&self.client).await? else {
+            return Ok(ControlFlow::Continue(facts));
+        };
+        for txn in strays {
             let leaves = self
                 .client
-                .live_leaves(&format!("txn:{txn}"), copies)
+                .live_leaves(&format!("txn:{txn}"), Some(copies))
                 .await?;
-            if leaves.len() > 1 {
+            // The facts are those of the one leaf every copy holds now: the leaf read first may
+            // have been deleted meanwhile by a resolution that kept the other terms' leaf.
+            let only = match leaves.as_slice() {
+                [only] => txn_facts(only, &winner.account_id),
+                _ => None,
+            };
+            let Some(f) = only else {
                 tracing::info!(
                     account = %winner.account_id,
                     %txn,
@@ -277,9 +291,10 @@ impl AccountEngine {
                      the leaf read"
                 );
                 return Ok(ControlFlow::Break(AccountRead::Failed(
-                    Error::blocked_by_transfer(&winner.id, txn),
+                    Error::blocked_by_transfer(&winner.id, &txn),
                 )));
-            }
+            };
+            facts.insert(txn, f);
         }
         Ok(ControlFlow::Continue(facts))
     }
