@@ -1171,6 +1171,37 @@ async fn a_done_leaf_undone_by_its_own_terms_cancel_keeps_its_terms() {
     assert_at_rest(&l).await;
 }
 
+/// The same other terms, but only B shows the `done` marker taken back while A holds `t`
+/// settled (a merge of B that read the other terms' leaf where the copy holding `done` did not
+/// answer; a sweeper that had read that copy settled A). Keeping `done` leaves B's credit out,
+/// keeping the other terms leaves A's debit in: the resolution picks neither and says a person
+/// must decide, the conflict left as it is.
+#[tokio::test]
+async fn a_done_leaf_settled_on_one_account_and_taken_back_on_the_other_is_left_to_a_person() {
+    let (l, db) = done_then_undone("taken_back_half").await;
+    let mut a: Value = l.hot_client().get("account:A").await.unwrap();
+    let at = a["settled"][0]["at"].clone();
+    a["settled"] = json!([{"at": at, "txns": ["t"]}]);
+    a["balance"] = json!(900);
+    l.hot_client().put("account:A", &a).await.unwrap();
+    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
+        doc["state"] = json!("cancelled");
+        doc["destination"] = json!("C");
+        doc["reason"] = json!("conflicting_terms");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+
+    let refused = l.transfer("t").await.expect_err("resolved anyway");
+    assert!(
+        refused.to_string().contains("a person must decide"),
+        "{refused}"
+    );
+    let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
+    assert_eq!(doc["_conflicts"].as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!((balance(&l, "A").await, balance(&l, "B").await), (900, 0));
+}
+
 /// A ledger where `t` (A → B, 100) is `done`, and A and B as a convergence to a `cancelled`
 /// leaf of it left them: its markers undone (an undone entry naming no attempt), the money
 /// back. Returns it and its database.

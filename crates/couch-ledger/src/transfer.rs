@@ -785,9 +785,28 @@ impl Ledger {
         let source = self.account_leaves(&reference.source).await?;
         let destination = self.account_leaves(&reference.destination).await?;
         let txn = &reference.txn_id;
-        Ok(named.iter().all(|&(s, d)| {
+        let taken_back = named.iter().all(|&(s, d)| {
             marker_taken_back(&source, txn, s) || marker_taken_back(&destination, txn, d)
-        }))
+        });
+        // One account took the marker back while the other holds the transfer settled (a merge
+        // that read the other terms' leaf where a copy holding the `done` leaf did not answer,
+        // a sweeper that had read that copy settling the other side): neither terms leave the
+        // accounts agreeing, and the other terms' decision cannot take that settle back (only
+        // a stepwise commit of theirs would explain it).
+        let settled = |leaves: &[crate::account_doc::AccountDoc]| {
+            leaves
+                .iter()
+                .any(|l| l.settled.iter().any(|e| e.txn == *txn && !e.undone))
+        };
+        let other_commits = matches!(all[other].state, State::Committed | State::Done);
+        if taken_back && !other_commits && (settled(&source) || settled(&destination)) {
+            return Err(Error::invariant(format!(
+                "txn:{txn} holds other terms beside a `done` whose marker one account took back \
+                 while the other holds it settled; the accounts agree with neither: a person \
+                 must decide"
+            )));
+        }
+        Ok(taken_back)
     }
 
     /// Which of a conflicted transfer's leaves of one terms to keep: the furthest along; between
