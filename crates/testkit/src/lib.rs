@@ -239,7 +239,7 @@ pub async fn db_snapshot(db: &str) -> DbSnapshot {
     };
     let info = get(db.to_owned()).await;
     let all = get(format!("{db}/_all_docs")).await;
-    let revs = all["rows"]
+    let revs: Vec<(String, String)> = all["rows"]
         .as_array()
         .expect("_all_docs rows")
         .iter()
@@ -252,7 +252,28 @@ pub async fn db_snapshot(db: &str) -> DbSnapshot {
         .collect();
     let n = copies(db).await;
     if n > 1 {
-        return snapshot_of_every_copy(db, n, revs).await;
+        // `_all_docs` lists what the copy it read of each shard range holds: the ids of a few
+        // reads (each may read other copies) until two in a row add none.
+        let mut ids: std::collections::BTreeSet<String> =
+            revs.into_iter().map(|(id, _)| id).collect();
+        let mut quiet = 0;
+        for _ in 0..10 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let again = get(format!("{db}/_all_docs")).await;
+            let before = ids.len();
+            ids.extend(
+                again["rows"]
+                    .as_array()
+                    .expect("_all_docs rows")
+                    .iter()
+                    .filter_map(|row| row["id"].as_str().map(str::to_owned)),
+            );
+            quiet = if ids.len() == before { quiet + 1 } else { 0 };
+            if quiet == 2 {
+                break;
+            }
+        }
+        return snapshot_of_every_copy(db, n, ids).await;
     }
     DbSnapshot {
         doc_count: info["doc_count"].as_u64().expect("doc_count"),
@@ -263,12 +284,17 @@ pub async fn db_snapshot(db: &str) -> DbSnapshot {
 
 /// On several copies: `_all_docs` and `GET /db` are answered by one copy of each shard range,
 /// which may not hold a write another copy answered yet (an account written at 202 under load
-/// read back at its revision 1). Each listed document's revision is read instead from every
+/// read back at its revision 1; a new account not listed). Each listed document's revision is
+/// read instead from every
 /// copy that answers (`open_revs=all` with `r` = n, which merges the copies' trees: the
 /// winning live leaf's); `doc_count` counts the live ones, and `doc_del_count` is left out.
-async fn snapshot_of_every_copy(db: &str, n: u64, listed: Vec<(String, String)>) -> DbSnapshot {
+async fn snapshot_of_every_copy(
+    db: &str,
+    n: u64,
+    listed: std::collections::BTreeSet<String>,
+) -> DbSnapshot {
     let mut revs = Vec::with_capacity(listed.len());
-    for (id, _) in listed {
+    for id in listed {
         let path = if id.starts_with("_design/") {
             id.clone()
         } else {
