@@ -7,19 +7,15 @@
 use std::time::Duration;
 
 use crate::support;
+use crate::support::assert_at_rest;
 use crate::support::{balance, eur_transfer as request, open_account as open, writes_in};
-use couch_ledger::{Ledger, RecordStatus, State, SweepOptions, VerifyOptions};
+use couch_ledger::{Ledger, RecordStatus, State, SweepOptions};
 
 async fn assert_no_marker(l: &Ledger, accounts: &[&str]) {
     for id in accounts {
         let a = l.account(id).await.unwrap();
         assert!(a.pending.is_empty(), "{id} still holds a marker: {a:?}");
     }
-}
-
-async fn assert_at_rest(l: &Ledger) {
-    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-    assert!(report.ok, "{report:#?}");
 }
 
 /// `flush`, bounded: a finish that never ends fails the test instead of hanging it.

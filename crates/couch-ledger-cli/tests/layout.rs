@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::support;
+use crate::support::assert_at_rest;
 use crate::support::{eur_transfer as request, open_account as open};
 use couch_ledger::{
     AccountSpec, Amount, Currency, Ledger, Payment, Purchase, RecordStatus, State, SweepOptions,
@@ -30,24 +31,6 @@ async fn ids_in(db: &str) -> BTreeSet<String> {
         .into_iter()
         .map(|(id, _)| id)
         .collect()
-}
-
-/// `verify` at rest passes; on several copies within 15 s, as its reads (`_changes`, views)
-/// are answered by one copy of each shard range, which may not have every write yet.
-async fn assert_at_rest(l: &Ledger) {
-    let several = support::copies(l.hot_client().database()).await > 1;
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-        if report.ok {
-            return;
-        }
-        assert!(
-            several && std::time::Instant::now() < deadline,
-            "{report:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 #[tokio::test]

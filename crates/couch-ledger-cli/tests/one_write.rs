@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support;
+use crate::support::assert_at_rest;
 use crate::support::{balance, eur_transfer as request, open_account as open, writes_in};
 use couch_ledger::{Ledger, RecordStatus, State, SweepOptions, TransferOutcome, VerifyOptions};
 
@@ -49,21 +50,6 @@ async fn assert_no_marker(l: &Ledger, accounts: &[&str]) {
     for id in accounts {
         let a = l.account(id).await.unwrap();
         assert!(a.pending.is_empty(), "{id} still holds a marker: {a:?}");
-    }
-}
-
-/// `verify` at rest passes; on several copies within 15 s, as its reads (`_changes`, views)
-/// are answered by one copy of each shard range, which may not have every write yet.
-async fn assert_at_rest(l: &Ledger) {
-    let several = support::copies(l.hot_client().database()).await > 1;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-        if report.ok {
-            return;
-        }
-        assert!(several && Instant::now() < deadline, "{report:#?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

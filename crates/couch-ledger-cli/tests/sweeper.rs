@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::support;
+use crate::support::assert_at_rest;
 use couch_ledger::{
     AccountSpec, Amount, Currency, Ledger, State, SweepOptions, SweepOutcome, TransferRequest,
     VerifyOptions,
@@ -70,26 +71,6 @@ fn now_sweep(limit: usize) -> SweepOptions {
 
 async fn balance(l: &Ledger, id: &str) -> i64 {
     l.account(id).await.unwrap().balance.minor()
-}
-
-/// `verify` at rest passes. On several copies a read may still come from a copy that has not
-/// yet received the last writes (measured on a 3-node CouchDB 3.4.3 cluster: an account read at
-/// its revision before a credit, just after the transfer was answered): the copies agree within
-/// moments, so the check is repeated for a while; a real violation stays.
-async fn assert_at_rest(l: &Ledger) {
-    let several = support::copies(l.hot_client().database()).await > 1;
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    loop {
-        let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-        if report.ok {
-            return;
-        }
-        assert!(
-            several && std::time::Instant::now() < deadline,
-            "{report:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 /// Σ balance over every account document, read raw (not through the library).
@@ -1057,13 +1038,7 @@ async fn a_members_sweeper_leaves_the_markers_of_a_transfer_it_cannot_resolve() 
             "attempt": txn["markers"][side], "peer": peer}]);
         l.hot_client().put(&id, &doc).await.unwrap();
     }
-    support::plant_sibling(&db, "txn:t", &"f".repeat(32), |doc| {
-        doc["state"] = json!("cancelled");
-        doc["destination"] = json!("C");
-        doc["reason"] = json!("conflicting_terms");
-        doc.as_object_mut().unwrap().remove("markers");
-    })
-    .await;
+    plant_other_terms_cancelled(&db, "f").await;
     let (name, password) = support::test_user("member_terms").await;
     l.client()
         .set_security(&json!({
@@ -1116,13 +1091,7 @@ async fn a_members_sweeper_leaves_the_markers_of_a_transfer_it_cannot_resolve() 
 async fn a_done_leaf_whose_markers_were_taken_back_loses_to_the_other_terms() {
     let (l, db) = done_then_undone("taken_back").await;
     // The other terms' leaf, losing to `done` by CouchDB's rule.
-    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
-        doc["state"] = json!("cancelled");
-        doc["destination"] = json!("C");
-        doc["reason"] = json!("conflicting_terms");
-        doc.as_object_mut().unwrap().remove("markers");
-    })
-    .await;
+    plant_other_terms_cancelled(&db, "0").await;
 
     let t = l.transfer("t").await.unwrap();
     assert_eq!(
@@ -1184,13 +1153,7 @@ async fn a_done_leaf_settled_on_one_account_and_taken_back_on_the_other_is_left_
     a["settled"] = json!([{"at": at, "txns": ["t"]}]);
     a["balance"] = json!(900);
     l.hot_client().put("account:A", &a).await.unwrap();
-    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
-        doc["state"] = json!("cancelled");
-        doc["destination"] = json!("C");
-        doc["reason"] = json!("conflicting_terms");
-        doc.as_object_mut().unwrap().remove("markers");
-    })
-    .await;
+    plant_other_terms_cancelled(&db, "0").await;
 
     let refused = l.transfer("t").await.expect_err("resolved anyway");
     assert!(
@@ -1200,6 +1163,19 @@ async fn a_done_leaf_settled_on_one_account_and_taken_back_on_the_other_is_left_
     let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
     assert_eq!(doc["_conflicts"].as_array().map(Vec::len), Some(1), "{doc}");
     assert_eq!((balance(&l, "A").await, balance(&l, "B").await), (900, 0));
+}
+
+/// Plants the other terms' leaf of `t` beside its current one: A → C, `cancelled` with
+/// `conflicting_terms` (its caller met the first terms' marker), revision hash made of `digit`
+/// (a larger one wins).
+async fn plant_other_terms_cancelled(db: &str, digit: &str) {
+    support::plant_sibling(db, "txn:t", &digit.repeat(32), |doc| {
+        doc["state"] = json!("cancelled");
+        doc["destination"] = json!("C");
+        doc["reason"] = json!("conflicting_terms");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
 }
 
 /// A ledger where `t` (A → B, 100) is `done`, and A and B as a convergence to a `cancelled`

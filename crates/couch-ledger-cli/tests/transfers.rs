@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::support;
+use crate::support::assert_at_rest;
 use couch_ledger::{
     AccountSpec, Amount, Currency, Ledger, RecordStatus, State, SweepOptions, TransferRequest,
     TransitionError, VerifyOptions, ViewQuery,
@@ -69,11 +70,6 @@ async fn view_rows(l: &Ledger, view: &str) -> Vec<(Value, Value)> {
         .into_iter()
         .map(|r| (r.key, r.value))
         .collect()
-}
-
-async fn assert_at_rest(l: &Ledger) {
-    let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
-    assert!(report.ok, "{report:#?}");
 }
 
 #[tokio::test]

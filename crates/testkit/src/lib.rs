@@ -295,29 +295,9 @@ async fn snapshot_of_every_copy(
 ) -> DbSnapshot {
     let mut revs = Vec::with_capacity(listed.len());
     for id in listed {
-        let path = if id.starts_with("_design/") {
-            id.clone()
-        } else {
-            id.replace(':', "%3A")
-        };
-        let url = raw_url(&format!("{db}/{path}?open_revs=all&r={n}"));
-        let reply = auth(raw().get(url))
-            .header("Accept", "application/json")
-            .send()
-            .await
-            .unwrap();
-        assert!(
-            reply.status().is_success(),
-            "open_revs {id}: {}",
-            reply.status()
-        );
-        let leaves: serde_json::Value = reply.json().await.unwrap();
+        let leaves = leaves_read(db, &id, Some(n)).await;
         let winner = leaves
-            .as_array()
-            .expect("open_revs answers an array")
             .iter()
-            .filter_map(|l| l.get("ok"))
-            .filter(|d| d["_deleted"] != true)
             .filter_map(|d| d["_rev"].as_str())
             .max_by_key(|rev| {
                 let (pos, hash) = rev.split_once('-').unwrap_or(("0", rev));
@@ -456,7 +436,18 @@ pub fn retain_settled(doc: &mut serde_json::Value, keep: impl Fn(&str) -> bool) 
 /// The live (not deleted) leaves of document `id` in database `db` (`?open_revs=all`), bodies
 /// included, in the server's order.
 pub async fn live_leaves(db: &str, id: &str) -> Vec<serde_json::Value> {
-    let url = raw_url(&format!("{db}/{}?open_revs=all", id.replace(':', "%3A")));
+    leaves_read(db, id, None).await
+}
+
+/// The live leaves of `id` (`open_revs=all`), from `r` copies when given.
+async fn leaves_read(db: &str, id: &str, r: Option<u64>) -> Vec<serde_json::Value> {
+    let path = if id.starts_with("_design/") {
+        id.to_owned()
+    } else {
+        id.replace(':', "%3A")
+    };
+    let r = r.map(|n| format!("&r={n}")).unwrap_or_default();
+    let url = raw_url(&format!("{db}/{path}?open_revs=all{r}"));
     let reply = auth(raw().get(url))
         .header("Accept", "application/json")
         .send()
@@ -814,6 +805,25 @@ pub async fn sweep_until_one_leaf(
             ids.iter().zip(&leaves).collect::<Vec<_>>()
         );
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// `verify` at rest passes: at once on one copy; on several copies within 15 s, as its reads
+/// (`_changes`, views) are answered by one copy of each shard range, which may not have every
+/// write yet.
+pub async fn assert_at_rest(l: &Ledger) {
+    let several = copies(l.hot_client().database()).await > 1;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let report = l
+            .verify_with(couch_ledger::VerifyOptions::at_rest())
+            .await
+            .unwrap();
+        if report.ok {
+            return;
+        }
+        assert!(several && Instant::now() < deadline, "{report:#?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -450,16 +450,9 @@ async fn document(
 /// revision trees), deleted ones too, as `{"ok": doc}` rows; a 404 when no copy read holds the
 /// document.
 fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize) -> WireReply {
-    let copies = cluster.read_copies(r);
-    let trees: Vec<crate::sim::tree::Tree> = {
-        let s = cluster.lock();
-        let Some(d) = s.dbs.get(db) else {
-            return not_found("Database does not exist.");
-        };
-        copies
-            .iter()
-            .filter_map(|c| d.copies[*c].docs.get(id).map(|e| e.tree.clone()))
-            .collect()
+    let trees = match trees_read(cluster, db, id, r) {
+        Ok(trees) => trees,
+        Err(missing_db) => return missing_db,
     };
     if trees.is_empty() {
         return not_found("missing");
@@ -478,17 +471,29 @@ fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize) -> WireRe
     reply(200, Value::Array(rows))
 }
 
-fn open_revs(cluster: &Arc<Cluster>, db: &str, id: &str, revs: &Value, r: usize) -> WireReply {
+/// The revision trees of `id` on the `r` copies read (those that hold it); `Err` with the
+/// reply when the database does not exist.
+fn trees_read(
+    cluster: &Arc<Cluster>,
+    db: &str,
+    id: &str,
+    r: usize,
+) -> Result<Vec<crate::sim::tree::Tree>, WireReply> {
     let copies = cluster.read_copies(r);
-    let trees: Vec<crate::sim::tree::Tree> = {
-        let s = cluster.lock();
-        let Some(d) = s.dbs.get(db) else {
-            return not_found("Database does not exist.");
-        };
-        copies
-            .iter()
-            .filter_map(|c| d.copies[*c].docs.get(id).map(|e| e.tree.clone()))
-            .collect()
+    let s = cluster.lock();
+    let Some(d) = s.dbs.get(db) else {
+        return Err(not_found("Database does not exist."));
+    };
+    Ok(copies
+        .iter()
+        .filter_map(|c| d.copies[*c].docs.get(id).map(|e| e.tree.clone()))
+        .collect())
+}
+
+fn open_revs(cluster: &Arc<Cluster>, db: &str, id: &str, revs: &Value, r: usize) -> WireReply {
+    let trees = match trees_read(cluster, db, id, r) {
+        Ok(trees) => trees,
+        Err(missing_db) => return missing_db,
     };
     let wanted: Vec<String> = revs
         .as_array()
