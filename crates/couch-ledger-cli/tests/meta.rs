@@ -410,7 +410,17 @@ async fn an_account_created_event_carries_the_accounts_metadata() {
         limit: 10,
         ..couch_ledger::EventQuery::default()
     };
-    let page = l.events(&query).await.unwrap();
+    // On several copies the feed is read from one copy of each shard range, which may not hold
+    // both accounts yet: read again for up to 15 s.
+    let several = support::copies(l.hot_client().database()).await > 1;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let page = loop {
+        let page = l.events(&query).await.unwrap();
+        if page.events.len() >= 2 || !several || std::time::Instant::now() >= deadline {
+            break page;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
     let data: Vec<(String, Value)> = page
         .events
         .iter()
