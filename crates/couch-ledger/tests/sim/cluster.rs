@@ -31,6 +31,10 @@ pub struct Config {
     pub repl_ms: (u64, u64),
     /// One write in this many reaches a copy late (10–60 ms) instead of within 3 ms.
     pub slow_copy_one_in: u32,
+    /// One write in this many (0: none) reaches a copy only after the coordinator stopped
+    /// waiting for it ([`PATIENCE_MS`]): answered 202 though no rival wrote, the copy taking it
+    /// (or refusing it for a rival's that came first) a moment later — a cluster under load.
+    pub late_copy_one_in: u32,
     /// Per mille of requests answered 503 before anything is done.
     pub transient_permille: u32,
     /// Per mille of requests whose answer is lost after the server acted on them (the client
@@ -47,11 +51,16 @@ impl Default for Config {
             default_r: 2,
             repl_ms: (5, 400),
             slow_copy_one_in: 10,
+            late_copy_one_in: 0,
             transient_permille: 0,
             lost_reply_permille: 0,
         }
     }
 }
+
+/// How long a coordinator waits for the copies of a write before it answers with those that
+/// took it (202 below `w`).
+pub const PATIENCE_MS: u64 = 100;
 
 /// What happened, for the summary line and for a seed's report.
 #[derive(Debug, Clone, Default)]
@@ -347,9 +356,12 @@ impl Cluster {
             let mut s = self.lock();
             let n = s.config.nodes;
             let slow = s.config.slow_copy_one_in.max(1);
+            let late = s.config.late_copy_one_in;
             let mut delays: Vec<(u64, usize)> = (0..n)
                 .map(|node| {
-                    let ms = if s.rng.u32(..slow) == 0 {
+                    let ms = if late > 0 && s.rng.u32(..late) == 0 {
+                        s.rng.u64(PATIENCE_MS + 10..PATIENCE_MS + 1500)
+                    } else if s.rng.u32(..slow) == 0 {
                         s.rng.u64(10..60)
                     } else {
                         s.rng.u64(0..=3)
@@ -366,6 +378,10 @@ impl Cluster {
         let started = Instant::now();
         let mut answered = 0;
         for (i, (ms, node)) in order.iter().enumerate() {
+            if *ms > PATIENCE_MS && i > 0 {
+                tokio::time::sleep_until(started + Duration::from_millis(PATIENCE_MS)).await;
+                break;
+            }
             tokio::time::sleep_until(started + Duration::from_millis(*ms)).await;
             let results = self.apply_on(db, *node, &docs, admin);
             self.replicate_after_write(db, *node, &docs, &results, repl);

@@ -84,11 +84,12 @@ fn print_failure(out: &Outcome, long: bool) {
         println!("  - {v}");
     }
     println!(
-        "  replay: SIM_SEED={:#x}{}{}{} cargo test --release --features failpoints --test simulation",
+        "  replay: SIM_SEED={:#x}{}{}{}{} cargo test --release --features failpoints --test simulation",
         out.seed,
         if long { " SIM_LONG=1" } else { "" },
         if run::two_terms_drawn() { " SIM_TWO_TERMS=1" } else { "" },
-        if run::trio_drawn() { " SIM_TRIO=1" } else { "" }
+        if run::trio_drawn() { " SIM_TRIO=1" } else { "" },
+        if run::hot_drawn() { " SIM_HOT=1" } else { "" }
     );
 }
 
@@ -118,6 +119,13 @@ fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
             "SIMULATION NOT DRAWN: the trio's shape (accounts written to one copy, every read of \
              one copy), where an open hole remains (docs/CLUSTER.md, \"Open: reads of one \
              copy\"); SIM_TRIO=1 draws it"
+        );
+    }
+    if !run::hot_drawn() {
+        println!(
+            "SIMULATION NOT DRAWN: the hot shape (busy accounts near their minimum, five processes, \
+             a loaded cluster answering 202s before a slow copy took a write), where open holes \
+             remain (docs/CLUSTER.md, \"Open: a loaded cluster's 202s\"); SIM_HOT=1 draws it"
         );
     }
     violations
