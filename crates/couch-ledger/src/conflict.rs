@@ -590,7 +590,16 @@ impl Evidence {
 /// between the commit and the cancel path, the one the accounts acted on — the commit path
 /// when they show a settle or nothing (a commit may have been reported to a caller), the cancel
 /// path when they show only undos. `None` when the accounts show both (a person must decide).
-pub(crate) fn choose_transfer_leaf(states: &[State], evidence: Evidence) -> Option<usize> {
+///
+/// `leaves` are each leaf's state and revision. Between leaves equally far along, the one kept
+/// is CouchDB's winner among them (the longer revision path, then the greater revision id),
+/// whatever order they were read in: resolvers that read different copies (one holding a leaf
+/// extended, another the leaf before it and a third leaf) each keep the greatest leaf they see,
+/// so none deletes the greatest of all, and the document keeps a live leaf. Kept by read order
+/// instead, two resolvers each deleted the leaf the other kept and the transfer ended deleted
+/// with its accounts' markers held (simulator, a loaded cluster's 202s).
+pub(crate) fn choose_transfer_leaf(leaves: &[(State, &str)], evidence: Evidence) -> Option<usize> {
+    let states: Vec<State> = leaves.iter().map(|(s, _)| *s).collect();
     let paths: Vec<bool> = states.iter().filter_map(|s| rank(*s).0).collect();
     let forked = paths.iter().any(|p| *p) && paths.iter().any(|p| !*p);
     let keep_commit = if forked {
@@ -602,12 +611,20 @@ pub(crate) fn choose_transfer_leaf(states: &[State], evidence: Evidence) -> Opti
     } else {
         true
     };
-    states
+    leaves
         .iter()
         .enumerate()
-        .filter(|(_, s)| !forked || rank(**s).0 == Some(keep_commit))
-        .max_by_key(|(_, s)| rank(**s).1)
+        .filter(|(_, (s, _))| !forked || rank(*s).0 == Some(keep_commit))
+        .max_by_key(|(_, (s, rev))| (rank(*s).1, revision_order(rev)))
         .map(|(i, _)| i)
+}
+
+/// A revision id in CouchDB's order of winners: its position, then its hash.
+fn revision_order(rev: &str) -> (u64, &str) {
+    match rev.split_once('-') {
+        Some((pos, hash)) => (pos.parse().unwrap_or(0), hash),
+        None => (0, rev),
+    }
 }
 
 /// Between `done` leaves of one terms that name different attempts (one id decided by two

@@ -455,6 +455,7 @@ impl Ledger {
             let status = answer_status(&existing, tried);
             match existing.state {
                 State::Done | State::Cancelled => {
+                    self.confirm_read_decision(&existing).await?;
                     return self.converge_decided(existing, touched, status).await;
                 }
                 State::Initial => {

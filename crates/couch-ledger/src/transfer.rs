@@ -660,6 +660,35 @@ impl Ledger {
         self.resolve_transfer(&id, winner, leaves.losers).await
     }
 
+    /// A decision a call read but did not write is told only once every copy holds it alone.
+    /// On a cluster the read shows one copy's leaves: another call's decision answered 202 sits
+    /// on some copies, a rival decision of the same id (a second attempt's, also a 202) on the
+    /// others, and the resolution may keep either — a caller told `cancelled` from the first
+    /// while the kept leaf was `done` (simulator, a loaded cluster answering 202s). Otherwise
+    /// the call answers `unconfirmed`, and the sweeper resolves the conflict and finishes.
+    /// One server, or one copy of each document: the read was of every copy.
+    pub(crate) async fn confirm_read_decision(&self, read: &TxnDoc) -> Result<()> {
+        let hot = &self.inner.hot;
+        let Some(copies) = self.inner.quorum.several_copies(hot).await? else {
+            return Ok(());
+        };
+        let id = txn_doc_id(&read.txn_id);
+        let leaves = hot.live_leaves(&id, Some(copies)).await?;
+        let state = |leaf: &Value| leaf.get("state").and_then(Value::as_str).map(str::to_owned);
+        match leaves.as_slice() {
+            [only] if state(only).as_deref() == Some(read.state.as_str()) => Ok(()),
+            _ => {
+                tracing::info!(
+                    txn = %read.txn_id,
+                    leaves = leaves.len(),
+                    read = %read.state,
+                    "a decision read is not on every copy alone; not told yet"
+                );
+                Err(unconfirmed(&read.txn_id))
+            }
+        }
+    }
+
     /// Resolves a conflicted transfer document (docs/CLUSTER.md). Between leaves of other terms
     /// under one id (sent at once from two places), the terms furthest toward an outcome stand
     /// ([`furthest_terms`]), unless they are a one-write `done` whose markers its accounts show
@@ -830,8 +859,13 @@ impl Ledger {
             })
             .collect();
         let named_differ = named.iter().flatten().collect::<HashSet<_>>().len() > 1;
+        let by_rev: Vec<(State, &str)> = leaves
+            .iter()
+            .zip(states)
+            .map(|(d, s)| (*s, d.rev.as_deref().unwrap_or("")))
+            .collect();
         if paths.len() <= 1 && !named_differ {
-            return Ok(choose_transfer_leaf(states, Evidence::default()).unwrap_or(0));
+            return Ok(choose_transfer_leaf(&by_rev, Evidence::default()).unwrap_or(0));
         }
         if paths.len() > 1 {
             self.check_entries_kept(id).await?;
@@ -847,7 +881,7 @@ impl Ledger {
                 pending[side].extend(doc.pending.into_iter().filter(|m| m.txn == d.txn_id));
             }
         }
-        let keep = choose_transfer_leaf(states, evidence).ok_or_else(|| {
+        let keep = choose_transfer_leaf(&by_rev, evidence).ok_or_else(|| {
             Error::invariant(format!(
                 "{id} holds a conflict between the commit and the cancel path, and its accounts \
                  show both a settle and an undo; a person must decide"
@@ -1481,6 +1515,10 @@ impl Ledger {
             RecordStatus::Exists
         };
         if !wait || existing.state.is_terminal() {
+            if existing.state.is_terminal() {
+                // Read, not decided here: maybe another call's 202 beside a rival decision.
+                self.confirm_read_decision(&existing).await?;
+            }
             return Ok(existing.outcome(status));
         }
         if ours {
@@ -1501,10 +1539,14 @@ impl Ledger {
             // Another worker is on it; it (or the sweeper) will finish it.
             return Ok(existing.outcome(status));
         }
-        match self.take_over(&existing).await? {
-            Some(drive) => answer_asked(asked, self.drive(drive).await?.doc, status),
-            None => answer_asked(asked, self.read_txn(id).await?, status),
+        let end = match self.take_over(&existing).await? {
+            Some(drive) => self.drive(drive).await?.doc,
+            None => self.read_txn(id).await?,
+        };
+        if end.state.is_terminal() {
+            self.confirm_read_decision(&end).await?;
         }
+        answer_asked(asked, end, status)
     }
 
     /// Cancels a transfer: from `initial` straight to `cancelled`; from `pending` through
@@ -1551,7 +1593,11 @@ impl Ledger {
                     }
                 }
                 Err(TransitionError::AlreadyCancelled) => {
-                    return Ok(doc.outcome(RecordStatus::Exists))
+                    // Read, not written here: maybe another call's 202 beside a rival `done`.
+                    if doc.state == State::Cancelled {
+                        self.confirm_read_decision(&doc).await?;
+                    }
+                    return Ok(doc.outcome(RecordStatus::Exists));
                 }
                 Err(TransitionError::NotAllowed {
                     from: State::Canceling,

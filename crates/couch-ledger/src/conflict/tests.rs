@@ -385,25 +385,80 @@ fn facts_are_read_only_where_leaves_disagree_on_an_outcome() {
 fn the_transfer_leaf_kept_is_the_furthest_and_a_fork_follows_the_accounts() {
     use State::*;
     let none = Evidence::default();
-    assert_eq!(choose_transfer_leaf(&[Pending, Committed], none), Some(1));
-    assert_eq!(choose_transfer_leaf(&[Done, Committed], none), Some(0));
-    assert_eq!(choose_transfer_leaf(&[Initial, Cancelled], none), Some(1));
-    assert_eq!(choose_transfer_leaf(&[Canceling, Committed], none), Some(1));
+    assert_eq!(
+        choose_transfer_leaf(&[(Pending, "1-a"), (Committed, "1-b")], none),
+        Some(1)
+    );
+    assert_eq!(
+        choose_transfer_leaf(&[(Done, "1-a"), (Committed, "1-b")], none),
+        Some(0)
+    );
+    assert_eq!(
+        choose_transfer_leaf(&[(Initial, "1-a"), (Cancelled, "1-b")], none),
+        Some(1)
+    );
+    assert_eq!(
+        choose_transfer_leaf(&[(Canceling, "1-a"), (Committed, "1-b")], none),
+        Some(1)
+    );
     let undone = Evidence {
         settled: false,
         undone: true,
     };
     assert_eq!(
-        choose_transfer_leaf(&[Canceling, Committed], undone),
+        choose_transfer_leaf(&[(Canceling, "1-a"), (Committed, "1-b")], undone),
         Some(0)
     );
-    assert_eq!(choose_transfer_leaf(&[Done, Cancelled], undone), Some(1));
+    assert_eq!(
+        choose_transfer_leaf(&[(Done, "1-a"), (Cancelled, "1-b")], undone),
+        Some(1)
+    );
     let both = Evidence {
         settled: true,
         undone: true,
     };
-    assert_eq!(choose_transfer_leaf(&[Done, Cancelled], both), None);
-    assert_eq!(choose_transfer_leaf(&[Done, Committed], both), Some(0));
+    assert_eq!(
+        choose_transfer_leaf(&[(Done, "1-a"), (Cancelled, "1-b")], both),
+        None
+    );
+    assert_eq!(
+        choose_transfer_leaf(&[(Done, "1-a"), (Committed, "1-b")], both),
+        Some(0)
+    );
+}
+
+#[test]
+fn between_leaves_equally_far_the_one_kept_is_the_winner_whatever_the_read_order() {
+    use State::*;
+    let none = Evidence::default();
+    // Two transfer creates at once, `1-3066…` and `1-a51f…`, and `2-978b…` extending the
+    // first on some copies only. One resolver reads a copy holding `2-978b…`, another a copy
+    // that still holds `1-3066…` as a leaf.
+    let first = [(Pending, "2-978b"), (Pending, "1-a51f")];
+    let second = [(Pending, "1-a51f"), (Pending, "1-3066")];
+    assert_eq!(choose_transfer_leaf(&first, none), Some(0));
+    assert_eq!(choose_transfer_leaf(&second, none), Some(0));
+    // The read order does not matter.
+    let reversed = [(Pending, "1-a51f"), (Pending, "2-978b")];
+    assert_eq!(choose_transfer_leaf(&reversed, none), Some(1));
+    // What each deletes: the first `1-a51f…`, the second `1-3066…` (which, where it is not a
+    // leaf any more, refuses the delete). `2-978b…`, the greatest, stays live.
+    let deleted: Vec<&str> = [&first[..], &second[..]]
+        .iter()
+        .flat_map(|view| {
+            let keep = choose_transfer_leaf(view, none).expect("kept");
+            view.iter()
+                .enumerate()
+                .filter(move |(i, _)| *i != keep)
+                .map(|(_, (_, rev))| *rev)
+        })
+        .collect();
+    assert!(!deleted.contains(&"2-978b"), "deleted {deleted:?}");
+    // Further along still wins over a longer path.
+    assert_eq!(
+        choose_transfer_leaf(&[(Pending, "3-ff"), (Committed, "2-00")], none),
+        Some(1)
+    );
 }
 
 #[test]
