@@ -520,6 +520,9 @@ impl Ledger {
         match self.write_txn_outcome(&decided).await? {
             TxnWritten::Written(rev) => {
                 decided.rev = Some(rev);
+                // Written over `initial`: a rival decision created on a copy that lacked the
+                // document may stand beside it.
+                self.confirm_read_decision(&decided).await?;
                 Ok(Some(decided))
             }
             TxnWritten::Uncertain => Err(unconfirmed(id)),

@@ -660,13 +660,18 @@ impl Ledger {
         self.resolve_transfer(&id, winner, leaves.losers).await
     }
 
-    /// A decision a call read but did not write is told only once every copy holds it alone.
-    /// On a cluster the read shows one copy's leaves: another call's decision answered 202 sits
-    /// on some copies, a rival decision of the same id (a second attempt's, also a 202) on the
-    /// others, and the resolution may keep either — a caller told `cancelled` from the first
-    /// while the kept leaf was `done` (simulator, a loaded cluster answering 202s). Otherwise
-    /// the call answers `unconfirmed`, and the sweeper resolves the conflict and finishes.
-    /// One server, or one copy of each document: the read was of every copy.
+    /// A decision a call read, or wrote over an earlier revision, is told only once every copy
+    /// holds it alone. On a cluster a read shows one copy's leaves: another call's decision
+    /// answered 202 sits on some copies, a rival decision of the same id (a second attempt's,
+    /// also a 202) on the others, and the resolution may keep either — a caller told
+    /// `cancelled` from the first while the kept leaf was `done` (simulator, a loaded cluster
+    /// answering 202s). Even a write every copy took (201 at `w` = n) may stand beside a rival
+    /// leaf one copy held already: `cancel` wrote `cancelled` over `initial` on all three
+    /// copies while the third held a one-write `done` created there (a create lands wherever the
+    /// document is not yet), and was told `cancelled`. Otherwise the call answers
+    /// `unconfirmed`, and the sweeper resolves the conflict and finishes. A decision created
+    /// with a 201 needs no such read (every copy lacked the document); one server, or one copy
+    /// of each document, neither (the read was of every copy).
     pub(crate) async fn confirm_read_decision(&self, read: &TxnDoc) -> Result<()> {
         let hot = &self.inner.hot;
         let Some(copies) = self.inner.quorum.several_copies(hot).await? else {
@@ -1491,6 +1496,9 @@ impl Ledger {
         let mut drive = Drive::new(doc, deadline);
         drive.detach = self.inner.background;
         let end = self.drive(drive).await?;
+        if end.doc.state.is_terminal() {
+            self.confirm_read_decision(&end.doc).await?;
+        }
         answer_asked(&asked, end.doc, RecordStatus::Created)
     }
 
@@ -1581,12 +1589,16 @@ impl Ledger {
                         Some(rev) => {
                             new.rev = Some(rev);
                             if next.is_terminal() {
+                                self.confirm_read_decision(&new).await?;
                                 return Ok(new.outcome(RecordStatus::Exists));
                             }
                             fail_point!("txn-after-canceling", |_| Err(crash(
                                 "txn-after-canceling"
                             )));
                             let end = self.drive(Drive::new(new, deadline)).await?;
+                            if end.doc.state.is_terminal() {
+                                self.confirm_read_decision(&end.doc).await?;
+                            }
                             return Ok(end.doc.outcome(RecordStatus::Exists));
                         }
                         None => doc = self.read_txn(id).await?,

@@ -96,6 +96,8 @@ struct Plan {
     forensics: bool,
     /// One id sent at once with two terms, by a one-write process and a stepwise one.
     two_terms: bool,
+    /// Busy accounts near their minimum on a loaded cluster.
+    hot: bool,
     split: bool,
     slots: Vec<ProcessPlan>,
     accounts: Vec<(String, i64, Option<i64>)>,
@@ -240,6 +242,7 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
     let mut plan = Plan {
         forensics: false,
         two_terms: false,
+        hot: false,
         split: rng.bool(),
         slots,
         accounts,
@@ -262,8 +265,7 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
         forensics(rng, &mut plan, &mut config);
     } else if !long && rng.u32(..6) == 0 && two_terms_drawn() {
         two_terms(&mut plan, &mut config);
-    }
-    if !long && hot_drawn() {
+    } else if !long && hot_drawn() {
         hot(rng, &mut plan, &mut config);
     }
     if trio_drawn() {
@@ -280,7 +282,7 @@ pub fn two_terms_drawn() -> bool {
     std::env::var("SIM_TWO_TERMS").is_ok_and(|v| v == "1")
 }
 
-/// Whether every short run takes the hot shape (`SIM_HOT=1`): it finds holes the ledger does
+/// Whether every short run takes the hot shape (`SIM_HOT=1`): it finds a hole the ledger does
 /// not close yet (docs/CLUSTER.md, "Open: a loaded cluster's 202s"), so the CI seeds leave it
 /// out and say so.
 pub fn hot_drawn() -> bool {
@@ -316,6 +318,7 @@ fn trio(plan: &mut Plan, config: &mut Config) {
 /// before a slow copy took them — where a debit's own branch, read from the copies that took
 /// it, can hide a rival debit that reached only the slow copy.
 fn hot(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
+    plan.hot = true;
     config.late_copy_one_in = rng.u32(2..6);
     plan.accounts = (0..rng.usize(2..=4))
         .map(|i| (format!("h{i}"), rng.i64(1_000..4_000), Some(0)))
@@ -428,6 +431,8 @@ impl Run {
                 "forensics, "
             } else if self.plan.two_terms {
                 "two terms, "
+            } else if self.plan.hot {
+                "hot, "
             } else if self.long {
                 "long, "
             } else {

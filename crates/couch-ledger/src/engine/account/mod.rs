@@ -649,6 +649,27 @@ mod tests {
         })
     }
 
+    /// A server whose database `db` states three copies of each document, and takes every
+    /// document of a `_bulk_docs` at revision `3-y`.
+    async fn three_copies() -> wiremock::MockServer {
+        use wiremock::matchers::{method, path, path_regex};
+        let server = wiremock::MockServer::start().await;
+        wiremock::Mock::given(method("GET"))
+            .and(path_regex("/db$"))
+            .respond_with(
+                wiremock::ResponseTemplate::new(200)
+                    .set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
+            )
+            .mount(&server)
+            .await;
+        wiremock::Mock::given(method("POST"))
+            .and(path("/db/_bulk_docs"))
+            .respond_with(|r: &wiremock::Request| bulk_ok(r, "3-y"))
+            .mount(&server)
+            .await;
+        server
+    }
+
     /// A cluster whose `_all_docs` copy holds account `a` with two losing leaves, while the copy
     /// answering `open_revs` holds only the first (the second has not reached it yet): the
     /// merge joins the first and deletes only it. Deleting the second too would throw away
@@ -656,15 +677,8 @@ mod tests {
     #[tokio::test]
     async fn a_merge_deletes_only_the_losing_leaves_it_read() {
         use wiremock::matchers::{method, path, path_regex, query_param};
-        use wiremock::{Mock, MockServer, ResponseTemplate};
-        let server = MockServer::start().await;
-        Mock::given(method("GET"))
-            .and(path_regex("/db$"))
-            .respond_with(
-                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
-            )
-            .mount(&server)
-            .await;
+        use wiremock::{Mock, ResponseTemplate};
+        let server = three_copies().await;
         let mut winner = leaf("2-w");
         winner["_conflicts"] = json!(["2-l1", "2-l2"]);
         Mock::given(method("POST"))
@@ -685,11 +699,6 @@ mod tests {
             ])))
             .mount(&server)
             .await;
-        Mock::given(method("POST"))
-            .and(path("/db/_bulk_docs"))
-            .respond_with(|r: &wiremock::Request| bulk_ok(r, "3-y"))
-            .mount(&server)
-            .await;
         let engine = engine_on(&server.uri());
         let results = engine.run(vec![op("u", settle(5))]).await;
         assert!(results[0].is_ok(), "{results:?}");
@@ -701,5 +710,81 @@ mod tests {
             .map(|d| d["_rev"].as_str().unwrap_or("").to_owned())
             .collect();
         assert_eq!(deleted, ["2-l1"], "only the leaf read is deleted");
+    }
+
+    /// Account `a` (opening 100, minimum 0) at revision `rev`, holding `txn`'s debit pending.
+    fn debited(rev: &str, txn: &str, delta: i64) -> serde_json::Value {
+        json!({
+            "_id": "account:a", "_rev": rev, "type": "account", "account_id": "a",
+            "currency": "EUR", "opening": 100, "balance": 100 + delta, "min_balance": 0,
+            "pending": [{"txn": txn, "delta": delta, "at": 1}], "settled": []
+        })
+    }
+
+    /// A retry of an apply whose debit of 80 is on the copies a quorum read asks, while a rival
+    /// debit of 70 (another writer on the same revision, both answered 202) reached only the
+    /// third copy: the read shows its own marker and no conflict. Answered from that read, the
+    /// debit would stand beside the rival's and the account end at −50 once the copies
+    /// replicate. The engine reads every copy first, merges both leaves and takes its own debit
+    /// back (`Withdrawn`): the transfer is cancelled.
+    #[tokio::test]
+    async fn an_apply_that_finds_its_marker_answers_from_a_read_of_every_copy() {
+        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::{Mock, ResponseTemplate};
+        let server = three_copies().await;
+        let transfer = |txn: &str, value: i64| {
+            json!({"id": format!("txn:{txn}"), "key": format!("txn:{txn}"),
+                   "value": {"rev": "1-t"},
+                   "doc": {"_id": format!("txn:{txn}"), "_rev": "1-t", "type": "transfer",
+                           "txn_id": txn, "state": "pending", "source": "a",
+                           "destination": "b", "value": value, "currency": "EUR"}})
+        };
+        Mock::given(method("POST"))
+            .and(path("/db/_all_docs"))
+            .respond_with(move |r: &wiremock::Request| {
+                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                let rows: Vec<serde_json::Value> = body["keys"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| match k.as_str().unwrap() {
+                        "txn:t1" => transfer("t1", 80),
+                        "txn:t2" => transfer("t2", 70),
+                        id => json!({"id": id, "key": id, "value": {"rev": "2-mine"},
+                                     "doc": debited("2-mine", "t1", -80)}),
+                    })
+                    .collect();
+                ResponseTemplate::new(200).set_body_json(json!({
+                    "total_rows": rows.len(), "offset": 0, "rows": rows
+                }))
+            })
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db/account(:|%3A)a$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+                {"ok": debited("2-mine", "t1", -80)},
+                {"ok": debited("2-rival", "t2", -70)}
+            ])))
+            .mount(&server)
+            .await;
+        let engine = engine_on(&server.uri());
+        let results = engine
+            .run(vec![crate::engine::fixtures::apply("t1", -80, true, None)])
+            .await;
+        assert!(
+            matches!(results[0], Ok(OpResult::Withdrawn)),
+            "the debit found on one branch is answered from the merge of every copy: {results:?}"
+        );
+        let written: Vec<serde_json::Value> = bulk_docs_sent(&server)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|d| d["_deleted"] != true)
+            .collect();
+        assert_eq!(written.len(), 1, "{written:?}");
+        assert_eq!(written[0]["balance"], 30, "only the rival's debit stands");
     }
 }

@@ -53,52 +53,83 @@ impl AccountEngine {
             let keys: Vec<String> = chunk.iter().map(|a| account_doc_id(a)).collect();
             let rows = self.client.all_docs_with_conflicts(&keys).await?;
             for (account, row) in chunk.iter().zip(rows) {
-                let read = match row.doc {
-                    Some(mut raw @ Value::Object(_)) => {
-                        let losers = take_conflicts(&mut raw);
-                        match AccountDoc::from_value(raw.clone()) {
-                            Err(e) => AccountRead::Unreadable(raw, e),
-                            Ok(mut doc) => {
-                                // Leaves this branch joined already stay out of any merge
-                                // (and out of the list once they are gone).
-                                doc.merged.retain(|r| losers.contains(r));
-                                if losers.iter().all(|r| doc.merged.contains(r)) {
-                                    AccountRead::Found(Box::new(Found {
-                                        doc: Some(doc),
-                                        losers,
-                                        dirty: false,
-                                    }))
-                                } else {
-                                    self.merge(doc, losers).await?
-                                }
-                            }
-                        }
-                    }
-                    // Missing (`error: not_found`) or deleted (`doc: null`).
-                    _ => AccountRead::Found(Box::new(Found {
-                        doc: None,
-                        losers: Vec::new(),
-                        dirty: false,
-                    })),
-                };
-                out.push((account.clone(), read));
+                out.push((account.clone(), self.account_read(row.doc, &[]).await?));
             }
         }
         Ok(out)
+    }
+
+    /// Reads accounts as [`AccountEngine::read`] does, each from every copy that answers
+    /// (`open_revs=all` with `r` = n, one request per account): the leaves of a rival write
+    /// that reached only some copies are among those merged. On one copy, or one server, the
+    /// plain read is of every copy already.
+    pub(super) async fn read_every_copy(
+        &self,
+        accounts: &[String],
+    ) -> Result<Vec<(String, AccountRead)>> {
+        let Some(copies) = self.quorum.several_copies(&self.client).await? else {
+            return self.read(accounts).await;
+        };
+        let mut out = Vec::with_capacity(accounts.len());
+        for account in accounts {
+            let leaves = self
+                .client
+                .live_leaves(&account_doc_id(account), Some(copies))
+                .await?;
+            let winner = as_read(&leaves);
+            out.push((account.clone(), self.account_read(winner, &leaves).await?));
+        }
+        Ok(out)
+    }
+
+    /// One account as a read with conflicts returned it (`None`: missing or deleted): merged
+    /// from every leaf when it holds a conflict. `leaves`: the bodies of its leaves where the
+    /// read gave them (else they are read).
+    async fn account_read(&self, raw: Option<Value>, leaves: &[Value]) -> Result<AccountRead> {
+        let Some(mut raw @ Value::Object(_)) = raw else {
+            return Ok(AccountRead::Found(Box::new(Found {
+                doc: None,
+                losers: Vec::new(),
+                dirty: false,
+            })));
+        };
+        let losers = take_conflicts(&mut raw);
+        match AccountDoc::from_value(raw.clone()) {
+            Err(e) => Ok(AccountRead::Unreadable(raw, e)),
+            Ok(mut doc) => {
+                // Leaves this branch joined already stay out of any merge (and out of the list
+                // once they are gone).
+                doc.merged.retain(|r| losers.contains(r));
+                if losers.iter().all(|r| doc.merged.contains(r)) {
+                    Ok(AccountRead::Found(Box::new(Found {
+                        doc: Some(doc),
+                        losers,
+                        dirty: false,
+                    })))
+                } else {
+                    self.merge(doc, losers, leaves).await
+                }
+            }
+        }
     }
 
     /// Merges a conflicted account's leaves ([`merge_account`]), reading the transfers the
     /// leaves disagree on. A loser this program cannot read, or a transfer that is itself in
     /// conflict, leaves the account as it is for now (an error for its ops: the sweeper
     /// resolves the transfer first).
-    async fn merge(&self, winner: AccountDoc, losers: Vec<String>) -> Result<AccountRead> {
+    async fn merge(
+        &self,
+        winner: AccountDoc,
+        losers: Vec<String>,
+        read: &[Value],
+    ) -> Result<AccountRead> {
         let id = winner.id.clone();
         self.conflicts.met.fetch_add(1, Ordering::Relaxed);
         self.unconfirm(&winner.account_id);
         if let Some(e) = self.not_mergeable(&id, losers.len()).await {
             return Ok(AccountRead::Failed(e));
         }
-        let (leaves, revs) = match self.read_leaves(&winner, &losers).await? {
+        let (leaves, revs) = match self.read_leaves(&winner, &losers, read).await? {
             ControlFlow::Continue(read) => read,
             ControlFlow::Break(failed) => return Ok(failed),
         };
@@ -185,12 +216,13 @@ impl AccountEngine {
     }
 
     /// The losing leaves of `winner`'s conflict, and their revisions, but for those this branch
-    /// joined already (not read again). `Break`: a leaf is not a valid account, the merge
-    /// waits for a person.
+    /// joined already (not read again): taken from `read` where it holds them, else read.
+    /// `Break`: a leaf is not a valid account, the merge waits for a person.
     async fn read_leaves(
         &self,
         winner: &AccountDoc,
         losers: &[String],
+        read: &[Value],
     ) -> Result<ControlFlow<AccountRead, (Vec<AccountDoc>, Vec<String>)>> {
         let id = &winner.id;
         let unread: Vec<String> = losers
@@ -198,7 +230,18 @@ impl AccountEngine {
             .filter(|r| !winner.merged.contains(r))
             .cloned()
             .collect();
-        let bodies = self.client.revisions(id, &unread).await?;
+        let rev_of = |body: &Value| body.get("_rev").and_then(Value::as_str).map(str::to_owned);
+        let mut bodies: Vec<Value> = read
+            .iter()
+            .filter(|b| rev_of(b).is_some_and(|r| unread.contains(&r)))
+            .cloned()
+            .collect();
+        let missing: Vec<String> = unread
+            .iter()
+            .filter(|r| !bodies.iter().any(|b| rev_of(b).as_ref() == Some(*r)))
+            .cloned()
+            .collect();
+        bodies.extend(self.client.revisions(id, &missing).await?);
         let mut leaves = Vec::with_capacity(bodies.len());
         let mut revs = Vec::with_capacity(bodies.len());
         for mut body in bodies {
@@ -360,6 +403,28 @@ fn holds_other_terms(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &
         .chain(losers.iter())
         .flat_map(|leaf| leaf.pending.iter())
         .any(|m| m.txn == txn && m.attempt.is_some() && m.delta != f.delta)
+}
+
+/// Live leaves as a read with conflicts shows a document: CouchDB's winner among them (the
+/// longer revision path, then the greater revision id), its `_conflicts` the others' revisions.
+/// `None` when there is none.
+fn as_read(leaves: &[Value]) -> Option<Value> {
+    let rev = |leaf: &Value| {
+        let r = leaf.get("_rev").and_then(Value::as_str).unwrap_or("");
+        let (pos, hash) = r.split_once('-').unwrap_or(("0", r));
+        (pos.parse::<u64>().unwrap_or(0), hash.to_owned())
+    };
+    let mut leaves: Vec<&Value> = leaves.iter().collect();
+    leaves.sort_by_key(|leaf| std::cmp::Reverse(rev(leaf)));
+    let mut leaves = leaves.into_iter();
+    let mut winner = leaves.next()?.clone();
+    let conflicts: Vec<Value> = leaves.filter_map(|l| l.get("_rev").cloned()).collect();
+    if !conflicts.is_empty() {
+        if let Some(w) = winner.as_object_mut() {
+            w.insert("_conflicts".to_owned(), Value::Array(conflicts));
+        }
+    }
+    Some(winner)
 }
 
 /// What a transfer's document says to the merge of `account`: its state, its delta on the

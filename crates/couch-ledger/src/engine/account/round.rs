@@ -68,6 +68,12 @@ struct Round {
     /// Transfers whose state this round read for pruning, and those found done/cancelled.
     checked: HashSet<String>,
     terminal: HashSet<String>,
+    /// Accounts whose next read must be of every copy ([`AccountEngine::read_every_copy`]):
+    /// written with a 202, or holding an apply's marker this round did not write.
+    wide: HashSet<String>,
+    /// Accounts read from every copy in this round: a marker found there is on the one leaf
+    /// every copy holds.
+    widened: HashSet<String>,
 }
 
 impl Round {
@@ -255,6 +261,8 @@ impl AccountEngine {
             failed_links: HashSet::new(),
             checked: HashSet::new(),
             terminal: HashSet::new(),
+            wide: HashSet::new(),
+            widened: HashSet::new(),
         }
     }
 
@@ -271,7 +279,20 @@ impl AccountEngine {
         if to_read.is_empty() {
             return ControlFlow::Continue(());
         }
-        match self.read(&to_read).await {
+        let (wide, narrow): (Vec<String>, Vec<String>) =
+            to_read.into_iter().partition(|a| round.wide.contains(a));
+        let read = async {
+            let mut read = self.read(&narrow).await?;
+            if !wide.is_empty() {
+                read.extend(self.read_every_copy(&wide).await?);
+                for a in wide {
+                    round.wide.remove(&a);
+                    round.widened.insert(a);
+                }
+            }
+            Ok::<_, Error>(read)
+        };
+        match read.await {
             Ok(read) => {
                 for (account, doc) in read {
                     self.take_read(round, account, doc);
@@ -404,6 +425,17 @@ impl AccountEngine {
             let (doc, changed) = work.remove(a).expect("open account has a copy");
             if changed {
                 writes.push(doc.expect("a changed account exists"));
+            } else if round.slots.get(a).is_some_and(|s| s.fresh)
+                && !round.widened.contains(a)
+                && found_marker(&round.ops, decided, a)
+                && !matches!(self.quorum.several_copies(&self.client).await, Ok(None))
+            {
+                // An apply answered from a marker this round did not write: on a cluster the
+                // read showed some copies, and a rival debit's branch on the others would be
+                // merged beside it only later, both debits counted against one balance. Read
+                // every copy first, and decide again there.
+                round.slots.remove(a);
+                round.wide.insert(a.clone());
             } else if round.slots.get(a).is_some_and(|s| s.fresh) {
                 if let Some(slot) = round.slots.get_mut(a) {
                     let winner = slot.doc.as_ref().and_then(|d| d.rev.clone());
@@ -483,6 +515,7 @@ impl AccountEngine {
                 self.unconfirm(&a);
                 self.conflicts.uncertain.fetch_add(1, Ordering::Relaxed);
                 round.slots.remove(&a);
+                round.wide.insert(a.clone());
                 self.forget(&a);
             } else if r.is_conflict() {
                 round.slots.remove(&a);
@@ -630,6 +663,17 @@ fn fail_resolves(ops: &mut [OpSlot], account: &str, refused: Option<Error>) {
             o.answer(Err(duplicate(&e)));
         }
     }
+}
+
+/// Whether an unanswered apply on `account` was decided from a marker of its transfer that was
+/// there already (`AlreadyPending` or `Adopted`): its answer says the debit or credit stands.
+fn found_marker(ops: &[OpSlot], decided: &[Option<Result<OpResult>>], account: &str) -> bool {
+    ops.iter().zip(decided).any(|(o, d)| {
+        o.reply.is_some()
+            && o.op.account == account
+            && matches!(o.op.kind, OpKind::Apply { .. })
+            && matches!(d, Some(Ok(OpResult::AlreadyPending | OpResult::Adopted(_))))
+    })
 }
 
 /// Answers every unanswered op of `account` with what `f` makes of it.
