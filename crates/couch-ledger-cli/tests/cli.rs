@@ -1615,16 +1615,10 @@ async fn verify_exits_1_and_names_the_broken_invariant() {
     assert!(put.status().is_success(), "{}", put.status());
 
     // On several copies `verify` reads through views and `_changes` of one copy of each shard
-    // range, which may not hold the forged write yet: asked again for up to 15 s.
-    let several = support::copies(&db).await > 1;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    let r = loop {
-        let r = cli(&db, &["verify", "--json"]).await;
-        if r.code != 0 || !several || std::time::Instant::now() >= deadline {
-            break r;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    };
+    // range, which may not hold the forged write yet.
+    let r =
+        support::again_on_several_copies(&db, || cli(&db, &["verify", "--json"]), |r| r.code != 0)
+            .await;
     assert_eq!(r.code, 1, "{}", r.describe());
     let v = r.json();
     assert_eq!(v["ok"], false, "{v}");
