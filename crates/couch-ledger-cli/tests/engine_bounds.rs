@@ -85,7 +85,10 @@ async fn write_until(l: &Ledger, prefix: &str, pruned: impl Fn(&[String]) -> boo
 }
 
 /// Item 5: a settled entry is pruned only once its transfer reads done or cancelled, however
-/// old its timestamp says it is (that timestamp is another host's clock).
+/// old its timestamp says it is (that timestamp is another host's clock). A transfer whose
+/// document holds a conflict (`done` beside `cancelled`) has not ended either, whatever its
+/// winner says: a resolution judges between its leaves by what the accounts show, so its
+/// entries stay.
 #[tokio::test]
 async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
     // Entries as a cluster keeps them (none of one-write transfers on one copy).
@@ -103,10 +106,27 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
         .await
         .unwrap();
     assert!(!matches!(open_t.state, State::Done | State::Cancelled));
+    // Ended by another worker (this one would know its own end stands alone, and read
+    // nothing), then given a `cancelled` sibling that loses to `done`, as two deciders on a
+    // cluster leave it.
+    let forked = l
+        .another_worker()
+        .submit(request("t-forked", "A", "B", 10), true)
+        .await
+        .unwrap();
+    assert_eq!(forked.state, State::Done);
+    let db = l.hot_client().database().to_owned();
+    support::plant_sibling(&db, "txn:t-forked", &"0".repeat(32), |doc| {
+        doc["state"] = json!("cancelled");
+        doc["reason"] = json!("insufficient_funds");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
     let old = now_ms() - i64::try_from(SETTLED_AGE_MIN_MS).unwrap() - 60_000;
     let mut settled = vec![
         json!({"txn": "t-open", "at": old}),
         json!({"txn": "t-done", "at": old}),
+        json!({"txn": "t-forked", "at": old}),
     ];
     // Enough old entries (of transfers that never existed) to make pruning worth a read.
     settled.extend((0..40).map(|i| json!({"txn": format!("gone-{i}"), "at": old})));
@@ -119,6 +139,10 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
     assert!(
         ids.contains(&"t-open".to_owned()),
         "pruned an open transfer: {ids:?}"
+    );
+    assert!(
+        ids.contains(&"t-forked".to_owned()),
+        "pruned a transfer whose document holds a conflict: {ids:?}"
     );
     assert!(
         !ids.contains(&"t-done".to_owned()),

@@ -155,6 +155,11 @@ pub const ENGINE_ROUNDS_MAX: u32 = 10_000;
 /// re-read or two); the bound stops a livelock between workers, never a normal drive.
 pub const DRIVE_PHASES_MAX: u32 = 32;
 
+/// Writes of a decision's sealing child (`Ledger::seal_decision`) one call makes before it
+/// answers `unconfirmed`: another call sealing the same decision at once makes the first
+/// answer a 409, and the child it wrote is sealed again on top.
+pub const SEAL_ATTEMPTS: u32 = 3;
+
 /// The most times a batching queue yields to the runtime before taking its batch, so the tasks
 /// its last answers woke can queue their next steps into it (src/engine/queue.rs, `gather`). Halved
 /// the requests per transfer under `p8`'s load (0.24 → 0.12, BENCHMARKS.md).

@@ -32,8 +32,8 @@ use crate::state::{transition, Event, State};
 #[cfg(feature = "failpoints")]
 use crate::transfer::crash;
 use crate::transfer::{
-    new_txn_doc, unconfirmed, FinishingGuard, Named, Reason, TransferOutcome, TransferRequest,
-    TxnDoc, TxnWritten,
+    new_txn_doc, unconfirmed, Decided, FinishingGuard, Named, Reason, TransferOutcome,
+    TransferRequest, TxnDoc, TxnWritten,
 };
 
 /// How many times one submit resolves a transfer's conflict that blocked its accounts before it
@@ -455,7 +455,7 @@ impl Ledger {
             let status = answer_status(&existing, tried);
             match existing.state {
                 State::Done | State::Cancelled => {
-                    self.confirm_read_decision(&existing).await?;
+                    self.confirm_decision(&existing, Decided::Read).await?;
                     return self.converge_decided(existing, touched, status).await;
                 }
                 State::Initial => {
@@ -522,7 +522,8 @@ impl Ledger {
                 decided.rev = Some(rev);
                 // Written over `initial`: a rival decision created on a copy that lacked the
                 // document may stand beside it.
-                self.confirm_read_decision(&decided).await?;
+                self.confirm_decision(&decided, Decided::WrittenHere)
+                    .await?;
                 Ok(Some(decided))
             }
             TxnWritten::Uncertain => Err(unconfirmed(id)),
@@ -542,16 +543,17 @@ impl Ledger {
         if !existing.claim_free(now_ms(), &self.inner.worker_id, true) {
             return Ok(existing.outcome(status));
         }
-        let end = match self.take_over(&existing).await? {
-            Some(drive) => self.drive(drive).await?.doc,
-            None => self.read_txn(&terms.txn_id).await?,
+        let (end, decided) = match self.take_over(&existing).await? {
+            Some(drive) => self.drive(drive).await?.with_how(),
+            None => (self.read_txn(&terms.txn_id).await?, Decided::Read),
         };
         // On a cluster the drive may have met other terms of this id and kept those
         // (`resolve_transfer`): then this call's transfer never happened.
-        match end.differing_term(terms) {
-            Some(field) => Err(Error::mismatch(&terms.id, field)),
-            None => Ok(end.outcome(status)),
+        if let Some(field) = end.differing_term(terms) {
+            return Err(Error::mismatch(&terms.id, field));
         }
+        self.confirm_decision(&end, decided).await?;
+        Ok(end.outcome(status))
     }
 
     /// Step 4 after a decision: converges `touched` (and, for a `done` one, both of its

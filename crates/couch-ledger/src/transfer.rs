@@ -46,8 +46,8 @@ use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Condition, Error, Result};
 use crate::ledger::Ledger;
 use crate::limits::{
-    DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SETTLE_HOLD_LEASE_DIVISOR,
-    SETTLE_HOLD_MS,
+    DRIVE_PHASES_MAX, LEASE_MARGIN_DIVISOR, REVERSAL_ATTEMPTS_MAX, SEAL_ATTEMPTS,
+    SETTLE_HOLD_LEASE_DIVISOR, SETTLE_HOLD_MS,
 };
 use crate::meta::Metadata;
 use crate::money::{Amount, Currency};
@@ -464,6 +464,8 @@ pub(crate) struct Drive {
     ///
     /// [`AccountEngine::run_held`]: crate::engine::AccountEngine::run_held
     hold: bool,
+    /// The revision this drive last wrote with a 201 (every copy took it, on a cluster).
+    written: Option<String>,
 }
 
 impl Drive {
@@ -475,6 +477,7 @@ impl Drive {
             budget: u32::MAX,
             detach: false,
             hold: false,
+            written: None,
         }
     }
 
@@ -499,6 +502,34 @@ impl Drop for FinishingGuard<'_> {
 pub(crate) struct DriveEnd {
     pub(crate) doc: TxnDoc,
     pub(crate) lease_lost: bool,
+    /// Whether `doc` is a revision this drive wrote with a 201, or one it read.
+    pub(crate) decided: Decided,
+}
+
+/// How a call came by the decision it is about to tell ([`Ledger::confirm_decision`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decided {
+    /// Written by this call and answered 201: on a cluster, every copy took it.
+    WrittenHere,
+    /// Read, or written with an answer that was not a 201.
+    Read,
+}
+
+impl DriveEnd {
+    /// The document it ended on, and how it came by it.
+    pub(crate) fn with_how(self) -> (TxnDoc, Decided) {
+        (self.doc, self.decided)
+    }
+}
+
+impl Drive {
+    /// How this drive came by the document it ends on.
+    fn decided(&self) -> Decided {
+        match (&self.written, &self.doc.rev) {
+            (Some(w), Some(r)) if w == r => Decided::WrittenHere,
+            _ => Decided::Read,
+        }
+    }
 }
 
 /// What the apply results of a transfer call for.
@@ -599,7 +630,14 @@ impl Ledger {
     ) -> Result<TxnWritten> {
         match written {
             Ok(crate::engine::TxnWrite::Written(rev)) => {
-                if matches!(doc.state, State::Done | State::Cancelled) {
+                // Ended for good: the entries of its accounts may go without a read. A
+                // decision created with a 201 stands alone (every copy lacked the document), as
+                // does any on one copy; one written over an earlier revision on a cluster may
+                // stand beside a rival leaf a copy took before, and is read before its entries
+                // go (`read_terminal`).
+                let alone = doc.rev.is_none()
+                    || self.inner.quorum.one_copy(&self.inner.hot).await == Some(true);
+                if matches!(doc.state, State::Done | State::Cancelled) && alone {
                     self.inner.accounts.note_ended(&doc.txn_id);
                 }
                 Ok(TxnWritten::Written(rev))
@@ -660,38 +698,81 @@ impl Ledger {
         self.resolve_transfer(&id, winner, leaves.losers).await
     }
 
-    /// A decision a call read, or wrote over an earlier revision, is told only once every copy
-    /// holds it alone. On a cluster a read shows one copy's leaves: another call's decision
-    /// answered 202 sits on some copies, a rival decision of the same id (a second attempt's,
-    /// also a 202) on the others, and the resolution may keep either — a caller told
-    /// `cancelled` from the first while the kept leaf was `done` (simulator, a loaded cluster
-    /// answering 202s). Even a write every copy took (201 at `w` = n) may stand beside a rival
-    /// leaf one copy held already: `cancel` wrote `cancelled` over `initial` on all three
-    /// copies while the third held a one-write `done` created there (a create lands wherever the
-    /// document is not yet), and was told `cancelled`. Otherwise the call answers
-    /// `unconfirmed`, and the sweeper resolves the conflict and finishes. A decision created
-    /// with a 201 needs no such read (every copy lacked the document); one server, or one copy
-    /// of each document, neither (the read was of every copy).
-    pub(crate) async fn confirm_read_decision(&self, read: &TxnDoc) -> Result<()> {
+    /// A decision is told to its caller only once no rival decision can stand beside it; on
+    /// a cluster that takes two things (docs/CLUSTER.md, "Telling a decision on a cluster").
+    ///
+    /// 1. **Every copy holds the decision as its leaf.** A decision this call wrote with a 201
+    ///    (`w` = n) is there already. A decision read, or written here with an answer that was
+    ///    not a 201, is not known to be: a copy may still hold the revision before it (a write
+    ///    answered after the coordinator's patience), or lack the document. A rival decision of
+    ///    the same parent, or a create, can still land on that copy, and the resolution may keep
+    ///    it. No read can tell (`open_revs=all` merges the copies' trees, so a copy still at the
+    ///    parent does not show), but a write can: a child of the decision, same body, at
+    ///    `w` = n, is answered 201 only where every copy took it, that is where every copy held
+    ///    the decision as a leaf ([`Ledger::seal_decision`]). From then on no rival can land:
+    ///    the parent is no leaf anywhere, and a create is refused where the document exists.
+    /// 2. **No rival landed before.** A rival one copy took earlier (a create on a copy that
+    ///    lacked the document, a rival of the parent that came first) is in that copy's tree:
+    ///    a read of every copy (`open_revs=all`, `r` = n) after step 1 shows it as a second
+    ///    leaf.
+    ///
+    /// Otherwise the call answers `unconfirmed`, and the sweeper resolves and finishes. A state
+    /// that is no decision (the drive left it on the way), one server, or one copy of each
+    /// document need nothing: there every write is a compare-and-swap of the only copy.
+    pub(crate) async fn confirm_decision(&self, doc: &TxnDoc, how: Decided) -> Result<()> {
+        if !doc.state.is_terminal() {
+            return Ok(());
+        }
         let hot = &self.inner.hot;
         let Some(copies) = self.inner.quorum.several_copies(hot).await? else {
             return Ok(());
         };
-        let id = txn_doc_id(&read.txn_id);
+        let sealed = match how {
+            Decided::WrittenHere => doc.clone(),
+            Decided::Read => self.seal_decision(doc).await?,
+        };
+        let id = txn_doc_id(&doc.txn_id);
         let leaves = hot.live_leaves(&id, Some(copies)).await?;
         let state = |leaf: &Value| leaf.get("state").and_then(Value::as_str).map(str::to_owned);
         match leaves.as_slice() {
-            [only] if state(only).as_deref() == Some(read.state.as_str()) => Ok(()),
+            [only] if state(only).as_deref() == Some(sealed.state.as_str()) => Ok(()),
             _ => {
                 tracing::info!(
-                    txn = %read.txn_id,
+                    txn = %doc.txn_id,
                     leaves = leaves.len(),
-                    read = %read.state,
-                    "a decision read is not on every copy alone; not told yet"
+                    decided = %doc.state,
+                    "a decision is not on every copy alone; not told yet"
                 );
-                Err(unconfirmed(&read.txn_id))
+                Err(unconfirmed(&doc.txn_id))
             }
         }
+    }
+
+    /// Writes a child of the decision `doc`, its body unchanged, at `w` = n: the decision as it
+    /// stands once every copy took the child ([`Ledger::confirm_decision`], step 1). A child
+    /// someone wrote first (another call sealing the same decision: the same body over the same
+    /// parent is the same revision) is followed when it still holds the decision, a few times
+    /// at most; a 202, or a leaf that says otherwise, is `unconfirmed`.
+    async fn seal_decision(&self, doc: &TxnDoc) -> Result<TxnDoc> {
+        let mut current = doc.clone();
+        for _ in 0..SEAL_ATTEMPTS {
+            match self.write_txn_outcome(&current).await? {
+                TxnWritten::Written(rev) => {
+                    current.rev = Some(rev);
+                    return Ok(current);
+                }
+                TxnWritten::Uncertain => break,
+                TxnWritten::Taken => {
+                    let now = self.read_txn(&doc.txn_id).await?;
+                    if now.state != doc.state || now.differing_term(doc).is_some() {
+                        break;
+                    }
+                    current = now;
+                }
+            }
+        }
+        tracing::info!(txn = %doc.txn_id, decided = %doc.state, "a decision read could not be sealed on every copy; not told yet");
+        Err(unconfirmed(&doc.txn_id))
     }
 
     /// Resolves a conflicted transfer document (docs/CLUSTER.md). Between leaves of other terms
@@ -980,8 +1061,9 @@ impl Ledger {
                     %rev,
                     "transfer document written"
                 );
-                new.rev = Some(rev);
+                new.rev = Some(rev.clone());
                 d.doc = new;
+                d.written = Some(rev);
                 d.deadline = deadline;
                 d.spend();
                 Ok(true)
@@ -1049,10 +1131,12 @@ impl Ledger {
         use tracing::Instrument;
         let span = tracing::info_span!("transfer", txn = %d.doc.txn_id);
         let result = self.drive_phases(&mut d).instrument(span).await;
+        let decided = d.decided();
         match result {
             Ok(()) => Ok(DriveEnd {
                 doc: d.doc,
                 lease_lost: false,
+                decided,
             }),
             Err(Stop::LeaseLost) => {
                 tracing::warn!(
@@ -1063,6 +1147,7 @@ impl Ledger {
                 Ok(DriveEnd {
                     doc: d.doc,
                     lease_lost: true,
+                    decided,
                 })
             }
             Err(Stop::Fail(e)) => Err(e),
@@ -1219,6 +1304,7 @@ impl Ledger {
             budget: d.budget,
             detach: false,
             hold: true,
+            written: d.written.clone(),
         };
         self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(self.clone().finish_in_background(rest));
@@ -1496,9 +1582,7 @@ impl Ledger {
         let mut drive = Drive::new(doc, deadline);
         drive.detach = self.inner.background;
         let end = self.drive(drive).await?;
-        if end.doc.state.is_terminal() {
-            self.confirm_read_decision(&end.doc).await?;
-        }
+        self.confirm_decision(&end.doc, end.decided).await?;
         answer_asked(&asked, end.doc, RecordStatus::Created)
     }
 
@@ -1523,10 +1607,8 @@ impl Ledger {
             RecordStatus::Exists
         };
         if !wait || existing.state.is_terminal() {
-            if existing.state.is_terminal() {
-                // Read, not decided here: maybe another call's 202 beside a rival decision.
-                self.confirm_read_decision(&existing).await?;
-            }
+            // Read, not decided here: maybe another call's 202 beside a rival decision.
+            self.confirm_decision(&existing, Decided::Read).await?;
             return Ok(existing.outcome(status));
         }
         if ours {
@@ -1547,13 +1629,11 @@ impl Ledger {
             // Another worker is on it; it (or the sweeper) will finish it.
             return Ok(existing.outcome(status));
         }
-        let end = match self.take_over(&existing).await? {
-            Some(drive) => self.drive(drive).await?.doc,
-            None => self.read_txn(id).await?,
+        let (end, decided) = match self.take_over(&existing).await? {
+            Some(drive) => self.drive(drive).await?.with_how(),
+            None => (self.read_txn(id).await?, Decided::Read),
         };
-        if end.state.is_terminal() {
-            self.confirm_read_decision(&end).await?;
-        }
+        self.confirm_decision(&end, decided).await?;
         answer_asked(asked, end, status)
     }
 
@@ -1589,16 +1669,14 @@ impl Ledger {
                         Some(rev) => {
                             new.rev = Some(rev);
                             if next.is_terminal() {
-                                self.confirm_read_decision(&new).await?;
+                                self.confirm_decision(&new, Decided::WrittenHere).await?;
                                 return Ok(new.outcome(RecordStatus::Exists));
                             }
                             fail_point!("txn-after-canceling", |_| Err(crash(
                                 "txn-after-canceling"
                             )));
                             let end = self.drive(Drive::new(new, deadline)).await?;
-                            if end.doc.state.is_terminal() {
-                                self.confirm_read_decision(&end.doc).await?;
-                            }
+                            self.confirm_decision(&end.doc, end.decided).await?;
                             return Ok(end.doc.outcome(RecordStatus::Exists));
                         }
                         None => doc = self.read_txn(id).await?,
@@ -1606,9 +1684,7 @@ impl Ledger {
                 }
                 Err(TransitionError::AlreadyCancelled) => {
                     // Read, not written here: maybe another call's 202 beside a rival `done`.
-                    if doc.state == State::Cancelled {
-                        self.confirm_read_decision(&doc).await?;
-                    }
+                    self.confirm_decision(&doc, Decided::Read).await?;
                     return Ok(doc.outcome(RecordStatus::Exists));
                 }
                 Err(TransitionError::NotAllowed {
@@ -1619,6 +1695,7 @@ impl Ledger {
                     match self.take_over(&doc).await? {
                         Some(drive) => {
                             let end = self.drive(drive).await?;
+                            self.confirm_decision(&end.doc, end.decided).await?;
                             return Ok(end.doc.outcome(RecordStatus::Exists));
                         }
                         None => doc = self.read_txn(id).await?,
@@ -1925,5 +2002,119 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), FAIL_POINTS.len());
+    }
+
+    /// A server whose database `db` states three copies of each document, holding `txn:t1`
+    /// `cancelled` at `2-c` alone: the copy a read reaches, and every copy `open_revs` asks
+    /// (a copy still at `1-a` does not show there: its leaf is an ancestor in the merged tree).
+    /// `_bulk_docs` answers `status` with the sealing child at `3-s`, which `open_revs` then
+    /// shows as the one leaf.
+    async fn cancelled_on_three_copies(status: u16) -> wiremock::MockServer {
+        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        let mut cancelled = doc();
+        cancelled["_rev"] = json!("2-c");
+        cancelled["state"] = json!("cancelled");
+        cancelled["reason"] = json!("insufficient_funds");
+        cancelled["claim"] = Value::Null;
+        Mock::given(method("GET"))
+            .and(path("/db"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
+            )
+            .mount(&server)
+            .await;
+        let mut sealed = cancelled.clone();
+        sealed["_rev"] = json!("3-s");
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"ok": sealed}])))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(cancelled))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/db/_bulk_docs"))
+            .respond_with(move |r: &wiremock::Request| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                let results: Vec<Value> = body["docs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| json!({"ok": true, "id": d["_id"], "rev": "3-s"}))
+                    .collect();
+                ResponseTemplate::new(status).set_body_json(results)
+            })
+            .mount(&server)
+            .await;
+        server
+    }
+
+    /// What `cancel` sent to `_bulk_docs`: each document with the `w` of its request.
+    async fn sent(server: &wiremock::MockServer) -> Vec<(Value, Option<String>)> {
+        let requests = server.received_requests().await.unwrap_or_default();
+        requests
+            .iter()
+            .filter(|r| r.url.path() == "/db/_bulk_docs")
+            .flat_map(|r| {
+                let w = r
+                    .url
+                    .query_pairs()
+                    .find(|(k, _)| k == "w")
+                    .map(|(_, v)| v.into_owned());
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                body["docs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| (d.clone(), w.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    fn ledger_of(server: &wiremock::MockServer) -> Ledger {
+        let client = crate::couch::Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap();
+        Ledger::builder(client).build().unwrap()
+    }
+
+    /// A decision a call read is told only once a child of it, its body unchanged, was taken
+    /// by every copy (`w` = n answered 201) and a read of every copy then shows it alone. A read
+    /// alone cannot tell a copy still at the revision before it: there a rival decision of
+    /// that revision can still land and be the one kept (simulator, the hot shape's 0x6a).
+    #[tokio::test]
+    async fn a_decision_read_is_told_only_once_every_copy_took_a_child_of_it() {
+        let server = cancelled_on_three_copies(202).await;
+        let l = ledger_of(&server);
+        let e = l.cancel("t1").await.expect_err("a 202 seal is not final");
+        assert!(e.is_unconfirmed(), "{e}");
+        let seals = sent(&server).await;
+        assert_eq!(seals.len(), 1, "{seals:?}");
+        let (child, w) = &seals[0];
+        assert_eq!(
+            (
+                child["_rev"].as_str(),
+                child["state"].as_str(),
+                w.as_deref()
+            ),
+            (Some("2-c"), Some("cancelled"), Some("3")),
+            "a child of the decision read, at w = n"
+        );
+
+        let server = cancelled_on_three_copies(201).await;
+        let l = ledger_of(&server);
+        let told = l.cancel("t1").await.expect("every copy took the child");
+        assert_eq!(told.state, State::Cancelled);
+        assert_eq!(sent(&server).await.len(), 1);
     }
 }

@@ -98,7 +98,8 @@ impl AccountEngine {
         }
     }
 
-    /// Records that this ledger wrote `txn`'s end (`done` or `cancelled`, answered 201).
+    /// Records that this ledger wrote `txn`'s end and that it stands alone (`done` or
+    /// `cancelled` created with a 201, or any end answered 201 on one copy).
     pub(crate) fn note_ended(&self, txn: &str) {
         self.ended
             .lock()

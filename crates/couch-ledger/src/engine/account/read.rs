@@ -18,19 +18,27 @@ use crate::limits::READ_BATCH_KEYS_MAX;
 use crate::money::Amount;
 
 impl AccountEngine {
-    /// Of these transfers, those whose document reads `done` or `cancelled`, or does not exist
-    /// (no transfer, nothing can apply it): the settled entries that may be pruned.
+    /// Of these transfers, those whose document reads `done` or `cancelled` with no conflict,
+    /// or does not exist (no transfer, nothing can apply it): the settled entries that may be
+    /// pruned. A transfer whose document holds a conflict has not ended yet, whatever its
+    /// winner says: its resolution judges the commit path against the cancel path by what its
+    /// accounts show (`choose_transfer_leaf`), so their entries stay until one leaf is left —
+    /// pruned from under a resolution that cannot delete its losers (a member's), they turned
+    /// a transfer the accounts had undone back into `done` (simulator, the hot shape).
     pub(super) async fn read_terminal(&self, txns: &[String]) -> Result<HashSet<String>> {
         let mut out = HashSet::new();
         for chunk in txns.chunks(READ_BATCH_KEYS_MAX) {
             let keys: Vec<String> = chunk.iter().map(|t| format!("txn:{t}")).collect();
-            let rows = self.client.all_docs(&keys, true).await?;
+            let rows = self.client.all_docs_with_conflicts(&keys).await?;
             for (txn, row) in chunk.iter().zip(rows) {
                 let end = match &row.doc {
-                    Some(doc) => matches!(
-                        doc.get("state").and_then(Value::as_str),
-                        Some("done" | "cancelled")
-                    ),
+                    Some(doc) => {
+                        doc.get("_conflicts").is_none()
+                            && matches!(
+                                doc.get("state").and_then(Value::as_str),
+                                Some("done" | "cancelled")
+                            )
+                    }
                     // `error: not_found`: never written. A deleted one (`doc: null` with a
                     // value) cannot happen (validation forbids it) and is kept, to be safe.
                     None => row.error.as_deref() == Some("not_found"),
