@@ -788,4 +788,58 @@ mod tests {
         assert_eq!(written.len(), 1, "{written:?}");
         assert_eq!(written[0]["balance"], 30, "only the rival's debit stands");
     }
+
+    /// A conflict pass reads its account from every copy. A quorum read of a cluster keys the
+    /// copies' answers on the winning revision alone, so where a lagging copy agrees on the
+    /// winner and answers first, `_all_docs?conflicts=true` shows no conflict that the other
+    /// copies hold; the pass then merged nothing and counted the conflict resolved, a credit
+    /// left on the losing leaf (a real 3-node cluster). Here the quorum read shows account `a`
+    /// alone while `open_revs=all` with `r` = 3 shows its losing leaf too: the pass merges and
+    /// deletes it.
+    #[tokio::test]
+    async fn a_conflict_pass_reads_its_account_from_every_copy() {
+        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::{Mock, ResponseTemplate};
+        let server = three_copies().await;
+        Mock::given(method("POST"))
+            .and(path("/db/_all_docs"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+                "total_rows": 1, "offset": 0,
+                "rows": [{"id": "account:a", "key": "account:a", "value": {"rev": "2-w"},
+                          "doc": leaf("2-w")}]
+            })))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db/account(:|%3A)a$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!([{"ok": leaf("2-w")}, {"ok": leaf("2-l")}])),
+            )
+            .mount(&server)
+            .await;
+        let engine = engine_on(&server.uri());
+        let resolve = AccountOp {
+            account: "a".into(),
+            txn: String::new(),
+            kind: OpKind::Resolve,
+            link: None,
+        };
+        let results = engine.run(vec![resolve]).await;
+        assert!(results[0].is_ok(), "{results:?}");
+        let deleted: Vec<String> = bulk_docs_sent(&server)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|d| d["_deleted"] == true)
+            .map(|d| d["_rev"].as_str().unwrap_or("").to_owned())
+            .collect();
+        assert_eq!(
+            deleted,
+            ["2-l"],
+            "the leaf only every copy's read shows is merged away"
+        );
+    }
 }

@@ -223,10 +223,21 @@ impl AccountEngine {
                 }
             }
         }
+        // A conflict pass's accounts are read from every copy, never from the cache: a quorum
+        // read's `_conflicts` are those of the copy that answered first among copies that agree
+        // on the winner, so a conflict most copies hold can read as none, and the pass would
+        // count it resolved with nothing merged (a real cluster: a planted leaf winning on a
+        // copy the other leaf had not reached yet).
+        let wide: HashSet<String> = ops
+            .iter()
+            .filter(|o| o.op.kind == OpKind::Resolve)
+            .map(|o| o.op.account.clone())
+            .collect();
         let slots: HashMap<String, Slot> = {
             let cache = self.cache();
             accounts
                 .iter()
+                .filter(|a| !wide.contains(*a))
                 .filter_map(|a| {
                     cache.get(a).map(|doc| {
                         (
@@ -261,7 +272,7 @@ impl AccountEngine {
             failed_links: HashSet::new(),
             checked: HashSet::new(),
             terminal: HashSet::new(),
-            wide: HashSet::new(),
+            wide,
             widened: HashSet::new(),
         }
     }
