@@ -121,12 +121,5 @@ fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
              copy\"); SIM_TRIO=1 draws it"
         );
     }
-    if !run::hot_drawn() {
-        println!(
-            "SIMULATION NOT DRAWN: the hot shape (busy accounts near their minimum, five processes, \
-             a loaded cluster answering 202s before a slow copy took a write), where an open hole \
-             remains (docs/CLUSTER.md, \"Open: a loaded cluster's 202s\"); SIM_HOT=1 draws it"
-        );
-    }
     violations
 }
