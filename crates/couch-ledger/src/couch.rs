@@ -1714,8 +1714,34 @@ impl Client {
     ///
     /// The server failed, or the reply is not a list of revisions.
     pub async fn live_leaves(&self, id: &str, copies: Option<u32>) -> Result<Vec<Value>> {
+        self.live_leaves_with(id, copies, false).await
+    }
+
+    /// [`Client::live_leaves`], each leaf with its `_revisions` (its revision's ancestors, as
+    /// far as the copies keep them).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::live_leaves`].
+    pub async fn live_leaves_with_history(
+        &self,
+        id: &str,
+        copies: Option<u32>,
+    ) -> Result<Vec<Value>> {
+        self.live_leaves_with(id, copies, true).await
+    }
+
+    async fn live_leaves_with(
+        &self,
+        id: &str,
+        copies: Option<u32>,
+        history: bool,
+    ) -> Result<Vec<Value>> {
         let path = self.doc_path(id)?;
         let mut query = vec![("open_revs", "all".to_owned())];
+        if history {
+            query.push(("revs", "true".to_owned()));
+        }
         if let Some(n) = copies {
             query.push(("r", n.to_string()));
         }

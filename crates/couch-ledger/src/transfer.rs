@@ -289,6 +289,32 @@ pub(crate) fn unconfirmed(id: &str) -> Error {
     )
 }
 
+/// Whether `leaf` (read with `revs=true`) holds `doc`'s state and descends from `doc`'s
+/// revision, or is it: the decision told is the very one every copy holds, not another leaf of
+/// the same state (another attempt's `done`, other terms' `cancelled`) that a resolution kept
+/// meanwhile.
+fn descends_with_state(leaf: &Value, doc: &TxnDoc) -> bool {
+    let state = leaf.get("state").and_then(Value::as_str);
+    let Some((pos, hash)) = doc.rev.as_deref().and_then(|r| r.split_once('-')) else {
+        return false;
+    };
+    let Ok(pos) = pos.parse::<u64>() else {
+        return false;
+    };
+    let history = leaf.get("_revisions");
+    let start = history.and_then(|h| h.get("start")).and_then(Value::as_u64);
+    let ids = history.and_then(|h| h.get("ids")).and_then(Value::as_array);
+    let holds = match (start, ids) {
+        (Some(start), Some(ids)) => start
+            .checked_sub(pos)
+            .and_then(|back| usize::try_from(back).ok())
+            .and_then(|back| ids.get(back))
+            .is_some_and(|id| id.as_str() == Some(hash)),
+        _ => false,
+    };
+    state == Some(doc.state.as_str()) && holds
+}
+
 pub(crate) fn txn_doc_id(txn_id: &str) -> String {
     format!("txn:{txn_id}")
 }
@@ -714,7 +740,10 @@ impl Ledger {
     /// 2. **No rival landed before.** A rival one copy took earlier (a create on a copy that
     ///    lacked the document, a rival of the parent that came first) is in that copy's tree:
     ///    a read of every copy (`open_revs=all`, `r` = n) after step 1 shows it as a second
-    ///    leaf.
+    ///    leaf. The one leaf must descend from the revision the call read or wrote
+    ///    ([`descends_with_state`]).
+    ///
+    /// A decision this process created with a 201 needs neither (a re-sent id it ended).
     ///
     /// Otherwise the call answers `unconfirmed`, and the sweeper resolves and finishes. A state
     /// that is no decision (the drive left it on the way), one server, or one copy of each
@@ -727,15 +756,19 @@ impl Ledger {
         let Some(copies) = self.inner.quorum.several_copies(hot).await? else {
             return Ok(());
         };
-        let sealed = match how {
-            Decided::WrittenHere => doc.clone(),
-            Decided::Read => self.seal_decision(doc).await?,
-        };
+        // A decision this process created with a 201 stands alone: every copy lacked the
+        // document, so no rival leaf exists or can come (`note_ended`). A re-sent id it ended
+        // is answered without a write.
+        if self.inner.accounts.has_ended(&doc.txn_id) {
+            return Ok(());
+        }
+        if how == Decided::Read {
+            self.seal_decision(doc).await?;
+        }
         let id = txn_doc_id(&doc.txn_id);
-        let leaves = hot.live_leaves(&id, Some(copies)).await?;
-        let state = |leaf: &Value| leaf.get("state").and_then(Value::as_str).map(str::to_owned);
+        let leaves = hot.live_leaves_with_history(&id, Some(copies)).await?;
         match leaves.as_slice() {
-            [only] if state(only).as_deref() == Some(sealed.state.as_str()) => Ok(()),
+            [only] if descends_with_state(only, doc) => Ok(()),
             _ => {
                 tracing::info!(
                     txn = %doc.txn_id,
@@ -748,19 +781,17 @@ impl Ledger {
         }
     }
 
-    /// Writes a child of the decision `doc`, its body unchanged, at `w` = n: the decision as it
-    /// stands once every copy took the child ([`Ledger::confirm_decision`], step 1). A child
-    /// someone wrote first (another call sealing the same decision: the same body over the same
-    /// parent is the same revision) is followed when it still holds the decision, a few times
-    /// at most; a 202, or a leaf that says otherwise, is `unconfirmed`.
-    async fn seal_decision(&self, doc: &TxnDoc) -> Result<TxnDoc> {
+    /// Writes a child of the decision `doc`, its body unchanged, at `w` = n; `Ok` once every
+    /// copy took one ([`Ledger::confirm_decision`], step 1). A child someone wrote first
+    /// (another call sealing the same decision: the same body over the same parent is the same
+    /// revision) is sealed again on top when it still holds the decision, a few times at most
+    /// (step 2 then checks the leaf descends from `doc`); a 202, or a leaf that says
+    /// otherwise, is `unconfirmed`.
+    async fn seal_decision(&self, doc: &TxnDoc) -> Result<()> {
         let mut current = doc.clone();
         for _ in 0..SEAL_ATTEMPTS {
             match self.write_txn_outcome(&current).await? {
-                TxnWritten::Written(rev) => {
-                    current.rev = Some(rev);
-                    return Ok(current);
-                }
+                TxnWritten::Written(_) => return Ok(()),
                 TxnWritten::Uncertain => break,
                 TxnWritten::Taken => {
                     let now = self.read_txn(&doc.txn_id).await?;
@@ -2027,6 +2058,7 @@ mod tests {
             .await;
         let mut sealed = cancelled.clone();
         sealed["_rev"] = json!("3-s");
+        sealed["_revisions"] = json!({"start": 3, "ids": ["s", "c", "a"]});
         Mock::given(method("GET"))
             .and(path_regex("/db/txn(:|%3A)t1$"))
             .and(query_param("open_revs", "all"))
@@ -2116,5 +2148,39 @@ mod tests {
         let told = l.cancel("t1").await.expect("every copy took the child");
         assert_eq!(told.state, State::Cancelled);
         assert_eq!(sent(&server).await.len(), 1);
+    }
+
+    /// The one leaf every copy shows must be the decision read, or descend from it: another
+    /// leaf of the same state (another attempt's `done`, kept by a resolution meanwhile) is not
+    /// the decision the caller is about to be told.
+    #[test]
+    fn the_leaf_confirmed_descends_from_the_decision_read() {
+        let mut read = TxnDoc::from_value(doc()).unwrap();
+        read.state = State::Done;
+        read.rev = Some("2-d1".into());
+        let leaf = |rev: &str, ids: Value, state: &str| {
+            json!({"_rev": rev, "state": state,
+                   "_revisions": {"start": rev[..1].parse::<u64>().unwrap(), "ids": ids}})
+        };
+        assert!(descends_with_state(
+            &leaf("2-d1", json!(["d1", "a"]), "done"),
+            &read
+        ));
+        assert!(descends_with_state(
+            &leaf("3-s", json!(["s", "d1", "a"]), "done"),
+            &read
+        ));
+        assert!(!descends_with_state(
+            &leaf("3-s", json!(["s", "d2", "a"]), "done"),
+            &read
+        ));
+        assert!(!descends_with_state(
+            &leaf("2-d1", json!(["d1", "a"]), "cancelled"),
+            &read
+        ));
+        assert!(!descends_with_state(
+            &json!({"_rev": "2-d1", "state": "done"}),
+            &read
+        ));
     }
 }

@@ -427,7 +427,7 @@ async fn document(
         _ => {
             let rq = quorum(r, cluster, "r");
             if r.param("open_revs") == Some("all") {
-                return open_revs_all(cluster, db, id, rq);
+                return open_revs_all(cluster, db, id, rq, flag(r, "revs"));
             }
             if let Some(revs) = json_param(r, "open_revs") {
                 return open_revs(cluster, db, id, &revs, rq);
@@ -447,9 +447,9 @@ async fn document(
 }
 
 /// `open_revs=all`: every leaf held by any of the `r` copies read (CouchDB merges the copies'
-/// revision trees), deleted ones too, as `{"ok": doc}` rows; a 404 when no copy read holds the
-/// document.
-fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize) -> WireReply {
+/// revision trees), deleted ones too, as `{"ok": doc}` rows, each with its `_revisions` when
+/// `history` (`revs=true`); a 404 when no copy read holds the document.
+fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize, history: bool) -> WireReply {
     let trees = match trees_read(cluster, db, id, r) {
         Ok(trees) => trees,
         Err(missing_db) => return missing_db,
@@ -464,7 +464,13 @@ fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize) -> WireRe
             // A leaf of one copy that another copy has built on is no leaf of the merged tree.
             let built_on = trees.iter().any(|o| o.contains(&leaf) && !o.is_leaf(&leaf));
             if !built_on && t.body(&leaf).is_some() && seen.insert(leaf.to_string()) {
-                rows.push(json!({"ok": doc_json(id, t, &leaf, false)}));
+                let mut doc = doc_json(id, t, &leaf, false);
+                if history {
+                    let ids: Vec<String> =
+                        t.history(&leaf).iter().map(|r| r.hash.clone()).collect();
+                    doc["_revisions"] = json!({"start": leaf.pos, "ids": ids});
+                }
+                rows.push(json!({"ok": doc}));
             }
         }
     }

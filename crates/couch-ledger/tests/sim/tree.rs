@@ -187,6 +187,21 @@ impl Tree {
         Ok(rev)
     }
 
+    /// `rev` and its ancestors as this copy keeps them, newest first (`revs=true`'s
+    /// `_revisions`).
+    pub fn history(&self, rev: &Rev) -> Vec<Rev> {
+        let mut out = Vec::new();
+        let mut at = Some(rev.clone());
+        while let Some(r) = at {
+            let Some(node) = self.nodes.get(&r) else {
+                break;
+            };
+            out.push(r);
+            at = node.parent.clone();
+        }
+        out
+    }
+
     /// What replication sends of every leaf: its path (as this copy keeps it) and its body.
     pub fn leaf_paths(&self) -> Vec<LeafPath> {
         self.leaves()

@@ -77,6 +77,14 @@ struct Round {
 }
 
 impl Round {
+    /// Whether a conflict pass's op ([`OpKind::Resolve`]) on `account` is still unanswered:
+    /// its account is read from every copy.
+    fn resolving(&self, account: &str) -> bool {
+        self.ops
+            .iter()
+            .any(|o| o.reply.is_some() && o.op.account == account && o.op.kind == OpKind::Resolve)
+    }
+
     /// The working copy of each open account, as this round holds it (none yet: it does not
     /// exist), marked changed when it is a merge still to write.
     fn working_copies(&self) -> Copies {
@@ -531,6 +539,10 @@ impl AccountEngine {
             } else if r.is_conflict() {
                 round.slots.remove(&a);
                 self.forget(&a);
+                if round.resolving(&a) {
+                    // Read again from every copy: a quorum read may hide the conflict again.
+                    round.wide.insert(a.clone());
+                }
             } else {
                 let e = bulk_error(&account_doc_id(&a), &r);
                 answer_account(&mut round.ops, &a, |_| Err(duplicate(&e)));
