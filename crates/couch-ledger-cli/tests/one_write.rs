@@ -114,7 +114,14 @@ fn rev_generation(doc: &Value) -> u64 {
 /// both markers named; returns `(source attempt, destination attempt)`.
 fn assert_done_once(doc: &Value, generation: u64) -> (String, String) {
     assert_eq!(doc["state"], "done", "{doc:#}");
-    assert_eq!(rev_generation(doc), generation, "{doc:#}");
+    // On a server of several copies, a later caller told the decision seals it first: a
+    // child of the same body (docs/CLUSTER.md, "Telling a decision on a cluster"). Only an
+    // external server (`COUCHDB_URL`) can be one; the harness's cannot.
+    let sealed = std::env::var("COUCHDB_URL").is_ok();
+    assert!(
+        rev_generation(doc) == generation || (sealed && rev_generation(doc) > generation),
+        "generation {generation} expected: {doc:#}"
+    );
     assert!(
         doc["claim"].is_null(),
         "a decided transfer holds no claim: {doc:#}"
