@@ -641,6 +641,17 @@ mod tests {
         assert_eq!(bulk_ids(&server).await, [vec!["account:a", "account:b"]]);
     }
 
+    /// The revisions `server` was sent deletes of, in order.
+    async fn deleted_revs(server: &wiremock::MockServer) -> Vec<String> {
+        bulk_docs_sent(server)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|d| d["_deleted"] == true)
+            .map(|d| d["_rev"].as_str().unwrap_or("").to_owned())
+            .collect()
+    }
+
     /// Account `a` as a leaf at revision `rev`, holding nothing of any transfer.
     fn leaf(rev: &str) -> serde_json::Value {
         json!({
@@ -703,13 +714,7 @@ mod tests {
         let engine = engine_on(&server.uri());
         let results = engine.run(vec![op("u", settle(5))]).await;
         assert!(results[0].is_ok(), "{results:?}");
-        let deleted: Vec<String> = bulk_docs_sent(&server)
-            .await
-            .into_iter()
-            .flatten()
-            .filter(|d| d["_deleted"] == true)
-            .map(|d| d["_rev"].as_str().unwrap_or("").to_owned())
-            .collect();
+        let deleted = deleted_revs(&server).await;
         assert_eq!(deleted, ["2-l1"], "only the leaf read is deleted");
     }
 
@@ -829,13 +834,7 @@ mod tests {
         };
         let results = engine.run(vec![resolve]).await;
         assert!(results[0].is_ok(), "{results:?}");
-        let deleted: Vec<String> = bulk_docs_sent(&server)
-            .await
-            .into_iter()
-            .flatten()
-            .filter(|d| d["_deleted"] == true)
-            .map(|d| d["_rev"].as_str().unwrap_or("").to_owned())
-            .collect();
+        let deleted = deleted_revs(&server).await;
         assert_eq!(
             deleted,
             ["2-l"],
