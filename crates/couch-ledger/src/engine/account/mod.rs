@@ -641,6 +641,19 @@ mod tests {
         assert_eq!(bulk_ids(&server).await, [vec!["account:a", "account:b"]]);
     }
 
+    /// `server` answers a read of every copy of account `a` (`open_revs=all`, `r` = 3) with
+    /// `rows`.
+    async fn every_copy_holds(server: &wiremock::MockServer, rows: serde_json::Value) {
+        use wiremock::matchers::{method, path_regex, query_param};
+        wiremock::Mock::given(method("GET"))
+            .and(path_regex("/db/account(:|%3A)a$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(rows))
+            .mount(server)
+            .await;
+    }
+
     /// The revisions `server` was sent deletes of, in order.
     async fn deleted_revs(server: &wiremock::MockServer) -> Vec<String> {
         bulk_docs_sent(server)
@@ -735,7 +748,7 @@ mod tests {
     /// back (`Withdrawn`): the transfer is cancelled.
     #[tokio::test]
     async fn an_apply_that_finds_its_marker_answers_from_a_read_of_every_copy() {
-        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::matchers::{method, path};
         use wiremock::{Mock, ResponseTemplate};
         let server = three_copies().await;
         let transfer = |txn: &str, value: i64| {
@@ -766,16 +779,14 @@ mod tests {
             })
             .mount(&server)
             .await;
-        Mock::given(method("GET"))
-            .and(path_regex("/db/account(:|%3A)a$"))
-            .and(query_param("open_revs", "all"))
-            .and(query_param("r", "3"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+        every_copy_holds(
+            &server,
+            json!([
                 {"ok": debited("2-mine", "t1", -80)},
                 {"ok": debited("2-rival", "t2", -70)}
-            ])))
-            .mount(&server)
-            .await;
+            ]),
+        )
+        .await;
         let engine = engine_on(&server.uri());
         let results = engine
             .run(vec![crate::engine::fixtures::apply("t1", -80, true, None)])
@@ -803,7 +814,7 @@ mod tests {
     /// deletes it.
     #[tokio::test]
     async fn a_conflict_pass_reads_its_account_from_every_copy() {
-        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::matchers::{method, path};
         use wiremock::{Mock, ResponseTemplate};
         let server = three_copies().await;
         Mock::given(method("POST"))
@@ -815,16 +826,7 @@ mod tests {
             })))
             .mount(&server)
             .await;
-        Mock::given(method("GET"))
-            .and(path_regex("/db/account(:|%3A)a$"))
-            .and(query_param("open_revs", "all"))
-            .and(query_param("r", "3"))
-            .respond_with(
-                ResponseTemplate::new(200)
-                    .set_body_json(json!([{"ok": leaf("2-w")}, {"ok": leaf("2-l")}])),
-            )
-            .mount(&server)
-            .await;
+        every_copy_holds(&server, json!([{"ok": leaf("2-w")}, {"ok": leaf("2-l")}])).await;
         let engine = engine_on(&server.uri());
         let resolve = AccountOp {
             account: "a".into(),
