@@ -608,7 +608,19 @@ async fn concurrent_submits_of_one_id_apply_it_once() {
         if unconfirmed > 0 {
             eprintln!("{id}: {unconfirmed} of 8 answered unconfirmed; sweeping, then asking again");
             support::sweep_until_none_open(&l, Duration::from_secs(120)).await;
-            let o = l.submit(request(&id, "A", "B", 100), true).await.unwrap();
+            // The re-send seals the decision on every copy before it is told; a seal another
+            // caller's write met on some copies is a 202, and a later send is told.
+            let o = support::wait_for(
+                "the re-sent id to be told",
+                Duration::from_secs(60),
+                || async {
+                    match l.submit(request(&id, "A", "B", 100), true).await {
+                        Err(e) if e.is_unconfirmed() => None,
+                        told => Some(told.unwrap()),
+                    }
+                },
+            )
+            .await;
             assert_eq!((o.state, o.reason.as_deref()), (State::Done, None), "{id}");
         } else {
             assert!(created >= 1, "{id}: nobody answered Created");
