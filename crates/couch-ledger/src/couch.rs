@@ -1717,6 +1717,72 @@ impl Client {
         self.live_leaves_with(id, copies, false).await
     }
 
+    /// Every leaf of many documents in one request (`_bulk_get` with no `rev`, which merges the
+    /// revision trees of the copies that answer, `r` = `copies`, as `open_revs=all` does): per
+    /// id, in the order given, its leaves, deleted ones too (`_deleted`); empty when it does
+    /// not exist.
+    ///
+    /// # Errors
+    ///
+    /// The server failed, an id is not valid, or the reply does not answer each id once, in
+    /// order.
+    pub async fn leaves_of(&self, ids: &[String], copies: Option<u32>) -> Result<Vec<Vec<Value>>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        for id in ids {
+            encode_doc_id(id)?;
+        }
+        let path = format!("{}/_bulk_get", self.db_path());
+        let query: Vec<(&str, String)> = copies.map(|n| ("r", n.to_string())).into_iter().collect();
+        let docs: Vec<Value> = ids.iter().map(|id| json!({ "id": id })).collect();
+        let body = serde_json::to_vec(&json!({ "docs": docs })).expect("serializable");
+        #[derive(Deserialize)]
+        struct Result_ {
+            id: String,
+            docs: Vec<Value>,
+        }
+        #[derive(Deserialize)]
+        struct Reply {
+            results: Vec<Result_>,
+        }
+        let reply: Reply = self
+            .send_json(Method::POST, &path, &query, Some(body), Retry::Safe)
+            .await?;
+        let answered_each = reply.results.len() == ids.len()
+            && reply.results.iter().zip(ids).all(|(r, id)| &r.id == id);
+        if !answered_each {
+            return Err(Error::decode(format!(
+                "_bulk_get answered {} results for {} ids, not one per id in order",
+                reply.results.len(),
+                ids.len()
+            ))
+            .with_request("POST", &path));
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for result in reply.results {
+            let mut leaves = Vec::new();
+            for row in result.docs {
+                if let Some(doc) = row.get("ok") {
+                    leaves.push(doc.clone());
+                } else if row
+                    .get("error")
+                    .and_then(|e| e.get("error"))
+                    .and_then(Value::as_str)
+                    != Some("not_found")
+                {
+                    return Err(Error::decode(format!(
+                        "_bulk_get could not read {}: {row}",
+                        result.id
+                    ))
+                    .with_request("POST", &path));
+                }
+            }
+            out.push(leaves);
+        }
+        Ok(out)
+    }
+
     /// [`Client::live_leaves`], each leaf with its `_revisions` (its revision's ancestors, as
     /// far as the copies keep them).
     ///
@@ -1792,6 +1858,28 @@ impl Client {
             losers,
         }))
     }
+}
+
+/// Live leaves as a read with conflicts shows a document: CouchDB's winner among them (the
+/// longer revision path, then the greater revision id), its `_conflicts` the others' revisions.
+/// `None` when there is none.
+pub fn winner_of(leaves: &[Value]) -> Option<Value> {
+    let rev = |leaf: &Value| {
+        let r = leaf.get("_rev").and_then(Value::as_str).unwrap_or("");
+        let (pos, hash) = r.split_once('-').unwrap_or(("0", r));
+        (pos.parse::<u64>().unwrap_or(0), hash.to_owned())
+    };
+    let mut leaves: Vec<&Value> = leaves.iter().collect();
+    leaves.sort_by_key(|leaf| std::cmp::Reverse(rev(leaf)));
+    let mut leaves = leaves.into_iter();
+    let mut winner = leaves.next()?.clone();
+    let conflicts: Vec<Value> = leaves.filter_map(|l| l.get("_rev").cloned()).collect();
+    if !conflicts.is_empty() {
+        if let Some(w) = winner.as_object_mut() {
+            w.insert("_conflicts".to_owned(), Value::Array(conflicts));
+        }
+    }
+    Some(winner)
 }
 
 /// Removes `_conflicts` from a document read with `conflicts=true`: the losing revisions.

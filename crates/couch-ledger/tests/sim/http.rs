@@ -175,6 +175,9 @@ async fn handle(cluster: &Arc<Cluster>, r: &WireRequest, admin: bool) -> WireRep
             bulk_docs(cluster, db, r, body, admin).await
         }
         [db, x] if x == "_all_docs" => all_docs(cluster, db, r, body),
+        [db, x] if x == "_bulk_get" && method == "POST" => {
+            bulk_get(cluster, db, quorum(r, cluster, "r"), body)
+        }
         [db, x] if x == "_changes" => changes(cluster, db, r, body).await,
         [db, x] if x == "_security" => {
             if method == "PUT" {
@@ -450,13 +453,57 @@ async fn document(
 /// revision trees), deleted ones too, as `{"ok": doc}` rows, each with its `_revisions` when
 /// `history` (`revs=true`); a 404 when no copy read holds the document.
 fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize, history: bool) -> WireReply {
-    let trees = match trees_read(cluster, db, id, r) {
-        Ok(trees) => trees,
-        Err(missing_db) => return missing_db,
-    };
-    if trees.is_empty() {
-        return not_found("missing");
+    match merged_leaves(cluster, db, id, r, history) {
+        Ok(rows) if rows.is_empty() => not_found("missing"),
+        Ok(rows) => reply(200, Value::Array(rows)),
+        Err(missing_db) => missing_db,
     }
+}
+
+/// `POST _bulk_get` with ids and no `rev`: per id, every leaf of the `r` copies read, as
+/// `open_revs=all` gives them (CouchDB's batched `fabric:open_revs`), or a `not_found` error.
+fn bulk_get(cluster: &Arc<Cluster>, db: &str, r: usize, body: Option<Value>) -> WireReply {
+    let Some(docs) = body
+        .as_ref()
+        .and_then(|b| b.get("docs"))
+        .and_then(Value::as_array)
+    else {
+        return bad("Missing JSON list of 'docs'.");
+    };
+    let mut results = Vec::new();
+    for d in docs {
+        let Some(id) = d.get("id").and_then(Value::as_str) else {
+            return bad("document id missed");
+        };
+        if d.get("rev").is_some() {
+            return bad("the simulator answers _bulk_get without `rev` only");
+        }
+        let rows = match merged_leaves(cluster, db, id, r, false) {
+            Ok(rows) => rows,
+            Err(missing_db) => return missing_db,
+        };
+        let rows = if rows.is_empty() {
+            vec![
+                json!({"error": {"id": id, "rev": "undefined", "error": "not_found", "reason": "missing"}}),
+            ]
+        } else {
+            rows
+        };
+        results.push(json!({"id": id, "docs": rows}));
+    }
+    reply(200, json!({ "results": results }))
+}
+
+/// The leaves of `id` merged over the `r` copies read, as `{"ok": doc}` rows (empty when no
+/// copy read holds it); `Err` with the reply when the database does not exist.
+fn merged_leaves(
+    cluster: &Arc<Cluster>,
+    db: &str,
+    id: &str,
+    r: usize,
+    history: bool,
+) -> Result<Vec<Value>, WireReply> {
+    let trees = trees_read(cluster, db, id, r)?;
     let mut seen = std::collections::HashSet::new();
     let mut rows = Vec::new();
     for t in &trees {
@@ -474,7 +521,7 @@ fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize, history: 
             }
         }
     }
-    reply(200, Value::Array(rows))
+    Ok(rows)
 }
 
 /// The revision trees of `id` on the `r` copies read (those that hold it); `Err` with the

@@ -843,4 +843,147 @@ mod tests {
             "the leaf only every copy's read shows is merged away"
         );
     }
+
+    /// Account `a` at revision `rev` holding `count` settled entries, `e0`…, ten minutes old.
+    fn with_settled(rev: &str, count: usize) -> serde_json::Value {
+        let at = crate::clock::now_ms() - 600_000;
+        let settled: Vec<serde_json::Value> = (0..count)
+            .map(|i| json!({"txn": format!("e{i}"), "at": at, "undone": false}))
+            .collect();
+        json!({
+            "_id": "account:a", "_rev": rev, "type": "account", "account_id": "a",
+            "currency": "EUR", "opening": 1000, "balance": 1000, "min_balance": 0,
+            "pending": [], "settled": settled
+        })
+    }
+
+    /// `_bulk_get` with `r` = 3 answered with these results.
+    async fn bulk_get_answers(server: &wiremock::MockServer, results: serde_json::Value) {
+        use wiremock::matchers::{method, path, query_param};
+        wiremock::Mock::given(method("POST"))
+            .and(path("/db/_bulk_get"))
+            .and(query_param("r", "3"))
+            .respond_with(
+                wiremock::ResponseTemplate::new(200).set_body_json(json!({ "results": results })),
+            )
+            .mount(server)
+            .await;
+    }
+
+    /// The settled entries account `a` is written with when a credit is applied to it while
+    /// its 40 old entries may be pruned as far as this engine knows (their transfers ended
+    /// here, every copy took them over a minute ago) and every copy's leaves of it are
+    /// `leaves`. Its quorum read shows no conflict.
+    async fn settled_written_beside(leaves: serde_json::Value) -> (usize, bool) {
+        use wiremock::matchers::{method, path};
+        let server = three_copies().await;
+        wiremock::Mock::given(method("POST"))
+            .and(path("/db/_all_docs"))
+            .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({
+                "total_rows": 1, "offset": 0,
+                "rows": [{"id": "account:a", "key": "account:a", "value": {"rev": "2-w"},
+                          "doc": with_settled("2-w", 40)}]
+            })))
+            .mount(&server)
+            .await;
+        bulk_get_answers(&server, json!([{"id": "account:a", "docs": leaves}])).await;
+        let engine = engine_on(&server.uri());
+        let long_ago = Instant::now() - Duration::from_millis(PRUNE_CONFIRMED_MS + 1_000);
+        for i in 0..40 {
+            engine.ended.lock().unwrap().note(&format!("e{i}"));
+            engine
+                .confirmed
+                .lock()
+                .unwrap()
+                .entry("a".into())
+                .or_default()
+                .insert(format!("e{i}"), long_ago);
+        }
+        let results = engine
+            .run(vec![crate::engine::fixtures::apply("n", 5, false, None)])
+            .await;
+        assert!(results[0].is_ok(), "{results:?}");
+        let written: Vec<serde_json::Value> = bulk_docs_sent(&server)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|d| d["_id"] == "account:a")
+            .collect();
+        assert_eq!(written.len(), 1, "{written:?}");
+        // Entries settled at one moment are written as one group (docs/DOCUMENTS.md).
+        let settled = written[0]["settled"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|group| group["txns"].as_array().map_or(1, Vec::len))
+            .sum();
+        (settled, !engine.prunable("a").is_empty())
+    }
+
+    /// A prune on several copies reads the account from every copy first, and prunes nothing
+    /// while a copy holds a leaf the quorum read did not show (a quorum read of a cluster keys
+    /// the copies' answers by their winner alone): pruning past entries only the hidden leaf
+    /// holds would make the merge that meets it take them as pruned here and drop their
+    /// deltas. With one live leaf (a deleted one beside it) the same round prunes them all.
+    #[tokio::test]
+    async fn a_prune_waits_while_a_copy_holds_a_conflict_the_read_hid() {
+        let (kept, still_prunable) = settled_written_beside(json!([
+            {"ok": with_settled("2-w", 40)},
+            {"ok": with_settled("2-hidden", 3)}
+        ]))
+        .await;
+        assert_eq!(kept, 40, "nothing pruned while a copy holds another leaf");
+        assert!(
+            !still_prunable,
+            "the account's entries are no longer known confirmed"
+        );
+        let (kept, _) = settled_written_beside(json!([
+            {"ok": with_settled("2-w", 40)},
+            {"ok": {"_id": "account:a", "_rev": "3-gone", "_deleted": true}}
+        ]))
+        .await;
+        assert_eq!(
+            kept, 0,
+            "one live leaf: every old entry of an ended transfer goes"
+        );
+    }
+
+    /// On several copies, a transfer reads as ended, for pruning, only when every copy's leaves
+    /// are one, `done` or `cancelled` (or it was never written): the quorum read here says
+    /// `t1` is `done` with no conflict, while a copy holds a `cancelled` leaf of it.
+    #[tokio::test]
+    async fn a_transfer_ends_for_pruning_only_as_one_leaf_on_every_copy() {
+        use wiremock::matchers::{method, path};
+        let server = three_copies().await;
+        let txn = |id: &str, rev: &str, state: &str| {
+            json!({"ok": {"_id": format!("txn:{id}"), "_rev": rev, "type": "transfer",
+                          "txn_id": id, "state": state}})
+        };
+        wiremock::Mock::given(method("POST"))
+            .and(path("/db/_all_docs"))
+            .respond_with(wiremock::ResponseTemplate::new(500))
+            .mount(&server)
+            .await;
+        bulk_get_answers(
+            &server,
+            json!([
+                {"id": "txn:t1", "docs": [txn("t1", "3-a", "done"), txn("t1", "3-b", "cancelled")]},
+                {"id": "txn:t2", "docs": [txn("t2", "3-a", "done")]},
+                {"id": "txn:t3", "docs": [{"error": {"id": "txn:t3", "rev": "undefined",
+                                                      "error": "not_found", "reason": "missing"}}]},
+                {"id": "txn:t4", "docs": [txn("t4", "2-a", "pending")]}
+            ]),
+        )
+        .await;
+        let engine = engine_on(&server.uri());
+        let ids: Vec<String> = ["t1", "t2", "t3", "t4"].map(String::from).to_vec();
+        let mut ended: Vec<String> = engine
+            .read_terminal(&ids)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
+        ended.sort();
+        assert_eq!(ended, ["t2", "t3"]);
+    }
 }

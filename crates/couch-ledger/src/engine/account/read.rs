@@ -12,7 +12,7 @@ use super::AccountEngine;
 use crate::account_doc::{account_doc_id, AccountDoc};
 use crate::clock::now_ms;
 use crate::conflict::{facts_needed, merge_account, TxnFacts};
-use crate::couch::{take_conflicts, BulkResult};
+use crate::couch::{take_conflicts, winner_of, BulkResult};
 use crate::error::{Condition, Error, Result};
 use crate::limits::READ_BATCH_KEYS_MAX;
 use crate::money::Amount;
@@ -26,23 +26,36 @@ impl AccountEngine {
     /// pruned from under a resolution that cannot delete its losers (a member's), they turned
     /// a transfer the accounts had undone back into `done` (simulator, the hot shape).
     pub(super) async fn read_terminal(&self, txns: &[String]) -> Result<HashSet<String>> {
+        let copies = self.quorum.several_copies(&self.client).await?;
         let mut out = HashSet::new();
         for chunk in txns.chunks(READ_BATCH_KEYS_MAX) {
             let keys: Vec<String> = chunk.iter().map(|t| format!("txn:{t}")).collect();
-            let rows = self.client.all_docs_with_conflicts(&keys).await?;
-            for (txn, row) in chunk.iter().zip(rows) {
-                let end = match &row.doc {
-                    Some(doc) => {
-                        doc.get("_conflicts").is_none()
-                            && matches!(
-                                doc.get("state").and_then(Value::as_str),
-                                Some("done" | "cancelled")
-                            )
-                    }
-                    // `error: not_found`: never written. A deleted one (`doc: null` with a
-                    // value) cannot happen (validation forbids it) and is kept, to be safe.
-                    None => row.error.as_deref() == Some("not_found"),
-                };
+            let ended: Vec<bool> = match copies {
+                // Several copies: every leaf of every copy. A quorum read of a cluster keys the
+                // copies' answers by their winner alone, so a copy that lacks a rival leaf can
+                // answer "no conflict" for the quorum (docs/CLUSTER.md, "Open: reads of one
+                // copy").
+                Some(n) => self
+                    .client
+                    .leaves_of(&keys, Some(n))
+                    .await?
+                    .iter()
+                    .map(|leaves| leaves_ended(leaves))
+                    .collect(),
+                None => self
+                    .client
+                    .all_docs_with_conflicts(&keys)
+                    .await?
+                    .iter()
+                    .map(|row| match &row.doc {
+                        Some(doc) => doc.get("_conflicts").is_none() && is_ended(doc),
+                        // `error: not_found`: never written. A deleted one (`doc: null` with a
+                        // value) cannot happen (validation forbids it) and is kept, to be safe.
+                        None => row.error.as_deref() == Some("not_found"),
+                    })
+                    .collect(),
+            };
+            for (txn, end) in chunk.iter().zip(ended) {
                 if end {
                     out.insert(txn.clone());
                 }
@@ -84,7 +97,7 @@ impl AccountEngine {
                 .client
                 .live_leaves(&account_doc_id(account), Some(copies))
                 .await?;
-            let winner = as_read(&leaves);
+            let winner = winner_of(&leaves);
             out.push((account.clone(), self.account_read(winner, &leaves).await?));
         }
         Ok(out)
@@ -413,28 +426,6 @@ fn holds_other_terms(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &
         .any(|m| m.txn == txn && m.attempt.is_some() && m.delta != f.delta)
 }
 
-/// Live leaves as a read with conflicts shows a document: CouchDB's winner among them (the
-/// longer revision path, then the greater revision id), its `_conflicts` the others' revisions.
-/// `None` when there is none.
-fn as_read(leaves: &[Value]) -> Option<Value> {
-    let rev = |leaf: &Value| {
-        let r = leaf.get("_rev").and_then(Value::as_str).unwrap_or("");
-        let (pos, hash) = r.split_once('-').unwrap_or(("0", r));
-        (pos.parse::<u64>().unwrap_or(0), hash.to_owned())
-    };
-    let mut leaves: Vec<&Value> = leaves.iter().collect();
-    leaves.sort_by_key(|leaf| std::cmp::Reverse(rev(leaf)));
-    let mut leaves = leaves.into_iter();
-    let mut winner = leaves.next()?.clone();
-    let conflicts: Vec<Value> = leaves.filter_map(|l| l.get("_rev").cloned()).collect();
-    if !conflicts.is_empty() {
-        if let Some(w) = winner.as_object_mut() {
-            w.insert("_conflicts".to_owned(), Value::Array(conflicts));
-        }
-    }
-    Some(winner)
-}
-
 /// What a transfer's document says to the merge of `account`: its state, its delta on the
 /// account, and the attempt a one-write decision names there. `None` when the document does
 /// not say, or names the account on neither side.
@@ -518,4 +509,23 @@ fn joined_losers(folded: &HashSet<String>, read: &[String], losers: &[String]) -
     joined.sort();
     joined.dedup();
     joined
+}
+
+/// A transfer document's state is `done` or `cancelled`.
+fn is_ended(doc: &Value) -> bool {
+    matches!(
+        doc.get("state").and_then(Value::as_str),
+        Some("done" | "cancelled")
+    )
+}
+
+/// A transfer whose leaves, read from every copy, say it has ended: one leaf, live and ended,
+/// or none at all (never written). A deleted leaf cannot happen (validation forbids it) and
+/// keeps it open, to be safe.
+fn leaves_ended(leaves: &[Value]) -> bool {
+    match leaves {
+        [] => true,
+        [doc] => doc.get("_deleted").and_then(Value::as_bool) != Some(true) && is_ended(doc),
+        _ => false,
+    }
 }

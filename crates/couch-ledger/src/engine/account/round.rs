@@ -412,18 +412,71 @@ impl AccountEngine {
                 }
             }
         }
-        if !round.terminal.is_empty() {
-            for (a, (doc, changed)) in work.iter_mut() {
-                if let Some(doc) = doc.as_mut() {
-                    let eligible = &prunable[a];
-                    if prune_settled(doc, now, |t| {
-                        round.terminal.contains(t) && eligible.contains(t)
-                    }) {
-                        *changed = true;
-                    }
+        if round.terminal.is_empty() {
+            return;
+        }
+        let mut pruned: Copies = HashMap::new();
+        for (a, (doc, _)) in work.iter() {
+            if let Some(doc) = doc {
+                let eligible = &prunable[a];
+                let mut after = doc.clone();
+                if prune_settled(&mut after, now, |t| {
+                    round.terminal.contains(t) && eligible.contains(t)
+                }) {
+                    pruned.insert(a.clone(), (Some(after), true));
                 }
             }
         }
+        for a in self
+            .hiding_conflicts(pruned.keys().cloned().collect())
+            .await
+        {
+            pruned.remove(&a);
+        }
+        work.extend(pruned);
+    }
+
+    /// Of these accounts about to be pruned, those that may hold a conflict the read of them did
+    /// not show: on several copies, each is read from every copy (one request for all), and one
+    /// with more than one live leaf is left unpruned and unconfirmed. A quorum read of a cluster
+    /// keys the copies' answers by their winner alone, so a copy that lacks a rival leaf can
+    /// answer for the quorum, `_conflicts` and all; pruning past entries that only the hidden
+    /// leaf holds would make the merge that finally meets it take them as pruned on the winner
+    /// and drop their deltas. Every account when the copies cannot be read now (pruning is best
+    /// effort).
+    async fn hiding_conflicts(&self, accounts: Vec<String>) -> Vec<String> {
+        if accounts.is_empty() {
+            return accounts;
+        }
+        let copies = match self.quorum.several_copies(&self.client).await {
+            Ok(Some(n)) => n,
+            Ok(None) => return Vec::new(),
+            Err(e) => {
+                tracing::warn!("could not read the database's copies to prune: {e}");
+                return accounts;
+            }
+        };
+        let ids: Vec<String> = accounts.iter().map(|a| account_doc_id(a)).collect();
+        let leaves = match self.client.leaves_of(&ids, Some(copies)).await {
+            Ok(leaves) => leaves,
+            Err(e) => {
+                tracing::warn!("could not read every copy of the accounts to prune: {e}");
+                return accounts;
+            }
+        };
+        let mut hiding = Vec::new();
+        for (account, leaves) in accounts.into_iter().zip(leaves) {
+            let live = leaves
+                .iter()
+                .filter(|l| l.get("_deleted").and_then(Value::as_bool) != Some(true))
+                .count();
+            if live > 1 {
+                tracing::info!(%account, live, "a copy holds a conflict the read did not show; not pruning");
+                self.unconfirm(&account);
+                hiding.push(account);
+            }
+        }
+        hiding
     }
 
     /// Step 3: answers the accounts that need no write — if their copy is fresh (read or written
