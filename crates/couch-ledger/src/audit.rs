@@ -21,11 +21,13 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::account_doc::{account_doc_id, AccountDoc, AccountView};
-use crate::couch::{ChangesQuery, Client, ViewQuery};
+use crate::couch::{take_conflicts, winner_of, ChangeRow, ChangesQuery, Client, ViewQuery};
 use crate::engine::now_ms;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
-use crate::limits::{OPEN_AGE_MAX_MS, PAGES_MAX, PAGE_ROWS_MAX, SETTLED_RETENTION_MIN_MS};
+use crate::limits::{
+    OPEN_AGE_MAX_MS, PAGES_MAX, PAGE_ROWS_MAX, READ_BATCH_KEYS_MAX, SETTLED_RETENTION_MIN_MS,
+};
 use crate::money::Amount;
 use crate::opening::{account_term, opening_doc_id, OpeningRecord, OPENING_PREFIX};
 use crate::state::State;
@@ -210,6 +212,29 @@ impl Ledger {
                 Ok(())
             })
             .await?;
+        if let Some(copies) = self.inner.hot.stated_copies().await?.filter(|n| *n > 1) {
+            // A view's documents come from a quorum read, which a copy lacking a leaf can
+            // answer for: the winner every copy's leaves give is the account as it stands.
+            let ids: Vec<String> = docs.iter().map(|d| d.id.clone()).collect();
+            let mut read = Vec::with_capacity(ids.len());
+            for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
+                for winner in winners(&self.inner.hot, copies, chunk).await? {
+                    read.push(winner);
+                }
+            }
+            let mut again = Vec::with_capacity(docs.len());
+            // One deleted since the view was read is no account any more.
+            for (old, winner) in docs.into_iter().zip(read) {
+                if let Some(mut doc) = winner {
+                    take_conflicts(&mut doc);
+                    match AccountDoc::from_value(doc) {
+                        Ok(d) => again.push(d),
+                        Err(e) => bad.push((old.id, e.to_string())),
+                    }
+                }
+            }
+            docs = again;
+        }
         Ok((docs, bad))
     }
 
@@ -262,6 +287,7 @@ impl Ledger {
         read: &mut u64,
     ) -> Result<()> {
         let mut since: Option<Value> = None;
+        let copies = client.stated_copies().await?.filter(|n| *n > 1);
         for _ in 0..PAGES_MAX {
             let q = ChangesQuery {
                 since: since.clone(),
@@ -270,8 +296,11 @@ impl Ledger {
                 conflicts: true,
                 ..ChangesQuery::default()
             };
-            let page = client.changes(&q).await?;
+            let mut page = client.changes(&q).await?;
             let n = page.results.len() as u64;
+            if let Some(copies) = copies {
+                read_every_copy(client, copies, &mut page.results).await?;
+            }
             for row in page.results {
                 if !records_here && row.id.starts_with(OPENING_PREFIX) {
                     if !row.deleted {
@@ -989,6 +1018,55 @@ impl Latest {
     }
 }
 
+/// Replaces the bodies of a `_changes` page with what every copy holds, on a database of
+/// several copies: `_changes` reads one copy of each shard range, which may lag (a document's
+/// older revision) or lack a leaf another copy holds, so a conflict or a balance may not show.
+/// Each live document is read again with all its leaves (`_bulk_get`, `r` = `copies`, which
+/// merges the copies' revision trees) and carries CouchDB's winner among them, its
+/// `_conflicts` the others. Deleted rows and design documents are left as they are.
+async fn read_every_copy(client: &Client, copies: u32, rows: &mut [ChangeRow]) -> Result<()> {
+    let at: Vec<usize> = (0..rows.len())
+        .filter(|i| !rows[*i].deleted && !rows[*i].id.starts_with("_design/"))
+        .collect();
+    for chunk in at.chunks(READ_BATCH_KEYS_MAX) {
+        let ids: Vec<String> = chunk.iter().map(|i| rows[*i].id.clone()).collect();
+        let read = winners(client, copies, &ids).await?;
+        for (i, winner) in chunk.iter().zip(read) {
+            let row = &mut rows[*i];
+            match winner {
+                Some(doc) => {
+                    row.changes = vec![serde_json::json!({ "rev": doc.get("_rev").cloned() })];
+                    row.doc = Some(doc);
+                }
+                // Deleted since the feed was read (or on every copy but the one it read).
+                None => {
+                    row.deleted = true;
+                    row.doc = None;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Each document of `ids` as every copy's leaves give it (`_bulk_get`, `r` = `copies`):
+/// CouchDB's winner among its live leaves, its `_conflicts` the others; `None` where none is
+/// live.
+async fn winners(client: &Client, copies: u32, ids: &[String]) -> Result<Vec<Option<Value>>> {
+    Ok(client
+        .leaves_of(ids, Some(copies))
+        .await?
+        .into_iter()
+        .map(|leaves| {
+            let live: Vec<Value> = leaves
+                .into_iter()
+                .filter(|l| l.get("_deleted").and_then(Value::as_bool) != Some(true))
+                .collect();
+            winner_of(&live)
+        })
+        .collect())
+}
+
 impl Scan {
     /// Counts one document of the feed (the latest row of its id) where it belongs.
     fn add(&mut self, row: crate::couch::ChangeRow) {
@@ -1504,5 +1582,52 @@ mod tests {
             vec!["a".into(), "a".into(), "b".into()],
         );
         assert_eq!(c.documents, vec!["a".to_owned(), "b".to_owned()]);
+    }
+
+    /// On several copies, a `_changes` page's documents are replaced by what every copy's leaves
+    /// give: the page read one copy, where account `B` was at an older revision with no
+    /// conflict, while the copies together hold two leaves of it (the planted `3-fff…` wins)
+    /// and transfer `c1` no longer lives. Verify then reports the conflict and the winner's
+    /// balance, and the deleted transfer as deleted.
+    #[tokio::test]
+    async fn a_scan_on_several_copies_judges_every_copys_leaves() {
+        use wiremock::matchers::{method, path, query_param};
+        let server = wiremock::MockServer::start().await;
+        let b = |rev: &str, balance: i64| json!({"_id": "account:B", "_rev": rev, "type": "account", "balance": balance});
+        wiremock::Mock::given(method("POST"))
+            .and(path("/db/_bulk_get"))
+            .and(query_param("r", "3"))
+            .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({
+                "results": [
+                    {"id": "account:B", "docs": [{"ok": b("3-aaa", 100)}, {"ok": b("3-fff", 5)}]},
+                    {"id": "txn:c1", "docs": [{"ok": {"_id": "txn:c1", "_rev": "2-x", "_deleted": true}}]}
+                ]
+            })))
+            .mount(&server)
+            .await;
+        let client = Client::builder()
+            .url(server.uri())
+            .database("db")
+            .build()
+            .unwrap();
+        let mut rows = vec![
+            row(b("2-old", 0)),
+            row(txn("c1", "A", "B", 100, "done")),
+            row(json!({"_id": "_design/x", "_rev": "1-d"})),
+        ];
+        read_every_copy(&client, 3, &mut rows).await.unwrap();
+        let doc = rows[0].doc.as_ref().unwrap();
+        assert_eq!(
+            (&doc["_rev"], &doc["balance"]),
+            (&json!("3-fff"), &json!(5))
+        );
+        assert_eq!(doc["_conflicts"], json!(["3-aaa"]));
+        assert_eq!(rows[0].changes, vec![json!({"rev": "3-fff"})]);
+        assert!(rows[1].deleted && rows[1].doc.is_none(), "{:?}", rows[1]);
+        assert_eq!(
+            rows[2].changes,
+            vec![json!({"rev": "1-d"})],
+            "design documents as read"
+        );
     }
 }
