@@ -215,13 +215,14 @@ async fn restrict_to_role_guards_both_databases() {
     let l = support::split_ledger("split_role").await;
     l.restrict_to_role("ledger-writer").await.unwrap();
     for client in [l.client(), l.hot_client()] {
-        let security: Value = client.security().await.unwrap();
-        assert_eq!(
-            security["members"]["roles"],
-            json!(["ledger-writer"]),
-            "{}: {security}",
-            client.database()
-        );
+        // A cluster stores the security object with each shard copy and reads it from one, so
+        // a read just after the write may meet a copy that has not taken it yet.
+        let what = format!("{}'s members to be ledger-writer", client.database());
+        support::wait_for(&what, Duration::from_secs(30), || async {
+            let security: Value = client.security().await.unwrap();
+            (security["members"]["roles"] == json!(["ledger-writer"])).then_some(())
+        })
+        .await;
     }
 }
 

@@ -800,25 +800,37 @@ async fn serve_200_concurrent_transfers_all_created() {
             (r.status, r.body)
         });
     }
+    let several = support::copies(&db).await > 1;
     let mut created = 0;
+    let mut unconfirmed = 0;
     while let Some(done) = tasks.join_next().await {
         let (status, body) = done.unwrap();
+        // A loaded cluster can answer a decision's write 202 (docs/CLUSTER.md, "A 202 on a
+        // healthy cluster"): the caller is not told, and the sweep below finishes it.
+        if several && status == StatusCode::SERVICE_UNAVAILABLE && body["error"] == "unconfirmed" {
+            unconfirmed += 1;
+            continue;
+        }
         assert_eq!(status, StatusCode::CREATED, "{body}");
         assert_eq!(body["state"], "done", "{body}");
         created += 1;
     }
-    assert_eq!(created, TRANSFERS);
+    assert_eq!(created + unconfirmed, TRANSFERS);
+    if unconfirmed > 0 {
+        eprintln!("{unconfirmed} of {TRANSFERS} answered unconfirmed; sweeping");
+        support::sweep_until_none_open(&l, Duration::from_secs(120)).await;
+    }
     let done_after = svc
         .metric("couch_ledger_transfers_total{outcome=\"done\"}")
         .await;
     assert!(
-        done_after - done_before >= TRANSFERS as f64,
+        done_after - done_before >= created as f64,
         "{done_before} → {done_after}"
     );
     let requests_after = svc
         .metric("couch_ledger_http_requests_total{method=\"POST\",route=\"/v1/transfers\",status=\"201\"}")
         .await;
-    assert!(requests_after - requests_before >= TRANSFERS as f64);
+    assert!(requests_after - requests_before >= created as f64);
     // One ledger per process: the callers shared the group commit, so CouchDB saw fewer
     // requests than transfers × the protocol's steps.
     let couch_posts = svc
@@ -833,11 +845,18 @@ async fn serve_200_concurrent_transfers_all_created() {
             .await
             > 0.0
     );
-    assert_eq!(
-        svc.metric("couch_ledger_transfers_by_state{state=\"done\"}")
-            .await,
-        TRANSFERS as f64
-    );
+    // Read from a view at each scrape, which may lag the last writes on a cluster.
+    support::wait_for(
+        "every transfer counted done",
+        Duration::from_secs(30),
+        || async {
+            let done = svc
+                .metric("couch_ledger_transfers_by_state{state=\"done\"}")
+                .await;
+            (done == TRANSFERS as f64).then_some(())
+        },
+    )
+    .await;
     let report = l.verify_with(VerifyOptions::at_rest()).await.unwrap();
     assert!(report.ok, "{report:?}");
 }
