@@ -1605,11 +1605,8 @@ mod tests {
             })))
             .mount(&server)
             .await;
-        let client = Client::builder()
-            .url(server.uri())
-            .database("db")
-            .build()
-            .unwrap();
+        let client = Client::builder().url(server.uri()).database("db").build();
+        let client = client.unwrap();
         let mut rows = vec![
             row(b("2-old", 0)),
             row(txn("c1", "A", "B", 100, "done")),

@@ -338,11 +338,7 @@ async fn bulk_docs(
     body: Option<Value>,
     admin: bool,
 ) -> WireReply {
-    let Some(docs) = body
-        .as_ref()
-        .and_then(|b| b.get("docs"))
-        .and_then(Value::as_array)
-    else {
+    let Some(docs) = docs_of(&body) else {
         return bad("POST body must include `docs` parameter.");
     };
     if body.as_ref().and_then(|b| b.get("new_edits")) == Some(&json!(false)) {
@@ -460,14 +456,15 @@ fn open_revs_all(cluster: &Arc<Cluster>, db: &str, id: &str, r: usize, history: 
     }
 }
 
+/// A request body's `docs` list (`_bulk_docs`, `_bulk_get`).
+fn docs_of(body: &Option<Value>) -> Option<&Vec<Value>> {
+    body.as_ref()?.get("docs")?.as_array()
+}
+
 /// `POST _bulk_get` with ids and no `rev`: per id, every leaf of the `r` copies read, as
 /// `open_revs=all` gives them (CouchDB's batched `fabric:open_revs`), or a `not_found` error.
 fn bulk_get(cluster: &Arc<Cluster>, db: &str, r: usize, body: Option<Value>) -> WireReply {
-    let Some(docs) = body
-        .as_ref()
-        .and_then(|b| b.get("docs"))
-        .and_then(Value::as_array)
-    else {
+    let Some(docs) = docs_of(&body) else {
         return bad("Missing JSON list of 'docs'.");
     };
     let mut results = Vec::new();
