@@ -872,9 +872,12 @@ mod tests {
 
     /// The settled entries account `a` is written with when a credit is applied to it while
     /// its 40 old entries may be pruned as far as this engine knows (their transfers ended
-    /// here, every copy took them over a minute ago) and every copy's leaves of it are
-    /// `leaves`. Its quorum read shows no conflict.
-    async fn settled_written_beside(leaves: serde_json::Value) -> (usize, bool) {
+    /// here, every copy took them over a minute ago), its quorum read shows `read` and every
+    /// copy's leaves of it are `leaves`.
+    async fn settled_written_beside(
+        read: serde_json::Value,
+        leaves: serde_json::Value,
+    ) -> (usize, bool) {
         use wiremock::matchers::{method, path};
         let server = three_copies().await;
         wiremock::Mock::given(method("POST"))
@@ -882,7 +885,7 @@ mod tests {
             .respond_with(wiremock::ResponseTemplate::new(200).set_body_json(json!({
                 "total_rows": 1, "offset": 0,
                 "rows": [{"id": "account:a", "key": "account:a", "value": {"rev": "2-w"},
-                          "doc": with_settled("2-w", 40)}]
+                          "doc": read}]
             })))
             .mount(&server)
             .await;
@@ -907,7 +910,7 @@ mod tests {
             .await
             .into_iter()
             .flatten()
-            .filter(|d| d["_id"] == "account:a")
+            .filter(|d| d["_id"] == "account:a" && d["_deleted"] != true)
             .collect();
         assert_eq!(written.len(), 1, "{written:?}");
         // Entries settled at one moment are written as one group (docs/DOCUMENTS.md).
@@ -924,27 +927,43 @@ mod tests {
     /// while a copy holds a leaf the quorum read did not show (a quorum read of a cluster keys
     /// the copies' answers by their winner alone): pruning past entries only the hidden leaf
     /// holds would make the merge that meets it take them as pruned here and drop their
-    /// deltas. With one live leaf (a deleted one beside it) the same round prunes them all.
+    /// deltas. With one live leaf (a deleted one beside it) the same round prunes them all, and
+    /// so it does beside a losing leaf this branch joined already (`merged`: a member may not
+    /// delete it, and it would otherwise keep the account from ever pruning).
     #[tokio::test]
     async fn a_prune_waits_while_a_copy_holds_a_conflict_the_read_hid() {
-        let (kept, still_prunable) = settled_written_beside(json!([
-            {"ok": with_settled("2-w", 40)},
-            {"ok": with_settled("2-hidden", 3)}
-        ]))
+        let w = with_settled("2-w", 40);
+        let (kept, still_prunable) = settled_written_beside(
+            w.clone(),
+            json!([{"ok": w}, {"ok": with_settled("2-hidden", 3)}]),
+        )
         .await;
         assert_eq!(kept, 40, "nothing pruned while a copy holds another leaf");
         assert!(
             !still_prunable,
             "the account's entries are no longer known confirmed"
         );
-        let (kept, _) = settled_written_beside(json!([
-            {"ok": with_settled("2-w", 40)},
-            {"ok": {"_id": "account:a", "_rev": "3-gone", "_deleted": true}}
-        ]))
+        let (kept, _) = settled_written_beside(
+            w.clone(),
+            json!([{"ok": w}, {"ok": {"_id": "account:a", "_rev": "3-gone", "_deleted": true}}]),
+        )
         .await;
         assert_eq!(
             kept, 0,
             "one live leaf: every old entry of an ended transfer goes"
+        );
+        let mut joined = w.clone();
+        joined["merged"] = json!(["2-joined"]);
+        let mut read = joined.clone();
+        read["_conflicts"] = json!(["2-joined"]);
+        let (kept, _) = settled_written_beside(
+            read,
+            json!([{"ok": joined}, {"ok": with_settled("2-joined", 3)}]),
+        )
+        .await;
+        assert_eq!(
+            kept, 0,
+            "a leaf this branch joined already keeps nothing from pruning"
         );
     }
 

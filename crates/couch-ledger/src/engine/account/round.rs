@@ -427,24 +427,26 @@ impl AccountEngine {
                 }
             }
         }
-        for a in self
-            .hiding_conflicts(pruned.keys().cloned().collect())
-            .await
-        {
+        let known: Vec<(String, HashSet<String>)> = pruned
+            .iter()
+            .filter_map(|(a, (doc, _))| doc.as_ref().map(|d| (a.clone(), known_leaves(d))))
+            .collect();
+        for a in self.hiding_conflicts(known).await {
             pruned.remove(&a);
         }
         work.extend(pruned);
     }
 
-    /// Of these accounts about to be pruned, those that may hold a conflict the read of them did
-    /// not show: on several copies, each is read from every copy (one request for all), and one
-    /// with more than one live leaf is left unpruned and unconfirmed. A quorum read of a cluster
-    /// keys the copies' answers by their winner alone, so a copy that lacks a rival leaf can
-    /// answer for the quorum, `_conflicts` and all; pruning past entries that only the hidden
-    /// leaf holds would make the merge that finally meets it take them as pruned on the winner
-    /// and drop their deltas. Every account when the copies cannot be read now (pruning is best
-    /// effort).
-    async fn hiding_conflicts(&self, accounts: Vec<String>) -> Vec<String> {
+    /// Of these accounts about to be pruned, each with the leaves its copy knows of, those that
+    /// may hold a leaf the read of them did not show: on several copies, each is read from
+    /// every copy (one request for all), and one with a live leaf it does not know is left
+    /// unpruned and unconfirmed. A quorum read of a cluster keys the copies' answers by their
+    /// winner alone, so a copy that lacks a rival leaf can answer for the quorum, `_conflicts`
+    /// and all; pruning past entries that only the hidden leaf holds would make the merge that
+    /// finally meets it take them as pruned on the winner and drop their deltas. Every account
+    /// when the copies cannot be read now (pruning is best effort).
+    async fn hiding_conflicts(&self, known: Vec<(String, HashSet<String>)>) -> Vec<String> {
+        let accounts: Vec<String> = known.iter().map(|(a, _)| a.clone()).collect();
         if accounts.is_empty() {
             return accounts;
         }
@@ -465,13 +467,16 @@ impl AccountEngine {
             }
         };
         let mut hiding = Vec::new();
-        for (account, leaves) in accounts.into_iter().zip(leaves) {
-            let live = leaves
-                .iter()
-                .filter(|l| l.get("_deleted").and_then(Value::as_bool) != Some(true))
-                .count();
-            if live > 1 {
-                tracing::info!(%account, live, "a copy holds a conflict the read did not show; not pruning");
+        for ((account, known), leaves) in known.into_iter().zip(leaves) {
+            let unknown = leaves.iter().any(|l| {
+                l.get("_deleted").and_then(Value::as_bool) != Some(true)
+                    && !l
+                        .get("_rev")
+                        .and_then(Value::as_str)
+                        .is_some_and(|r| known.contains(r))
+            });
+            if unknown {
+                tracing::info!(%account, "a copy holds a leaf the read did not show; not pruning");
                 self.unconfirm(&account);
                 hiding.push(account);
             }
@@ -785,4 +790,11 @@ fn answer_decided(
         }
         o.answer(result);
     }
+}
+
+/// The leaves a working copy of an account knows of: its own revision, and the losing leaves its
+/// branch joined already (`merged`, kept while they are still leaves: a member may not delete
+/// them).
+fn known_leaves(doc: &AccountDoc) -> HashSet<String> {
+    doc.rev.iter().chain(doc.merged.iter()).cloned().collect()
 }
