@@ -492,6 +492,9 @@ pub(crate) struct Drive {
     hold: bool,
     /// The revision this drive last wrote with a 201 (every copy took it, on a cluster).
     written: Option<String>,
+    /// The commit or cancel decision `doc` descends from stands alone on every copy
+    /// ([`Ledger::confirm_fork`]): settles and undos may go, and the end needs no confirming.
+    confirmed: bool,
 }
 
 impl Drive {
@@ -504,6 +507,7 @@ impl Drive {
             detach: false,
             hold: false,
             written: None,
+            confirmed: false,
         }
     }
 
@@ -539,6 +543,9 @@ pub(crate) enum Decided {
     WrittenHere,
     /// Read, or written with an answer that was not a 201.
     Read,
+    /// Reached from a commit or cancel decision this drive confirmed alone on every copy
+    /// ([`Ledger::confirm_fork`]): what follows it is linear, and no rival can land.
+    Confirmed,
 }
 
 impl DriveEnd {
@@ -551,6 +558,9 @@ impl DriveEnd {
 impl Drive {
     /// How this drive came by the document it ends on.
     fn decided(&self) -> Decided {
+        if self.confirmed {
+            return Decided::Confirmed;
+        }
         match (&self.written, &self.doc.rev) {
             (Some(w), Some(r)) if w == r => Decided::WrittenHere,
             _ => Decided::Read,
@@ -749,7 +759,7 @@ impl Ledger {
     /// that is no decision (the drive left it on the way), one server, or one copy of each
     /// document need nothing: there every write is a compare-and-swap of the only copy.
     pub(crate) async fn confirm_decision(&self, doc: &TxnDoc, how: Decided) -> Result<()> {
-        if !doc.state.is_terminal() {
+        if !doc.state.is_terminal() || how == Decided::Confirmed {
             return Ok(());
         }
         let hot = &self.inner.hot;
@@ -787,11 +797,14 @@ impl Ledger {
     /// revision) is sealed again on top when it still holds the decision, a few times at most
     /// (step 2 then checks the leaf descends from `doc`); a 202, or a leaf that says
     /// otherwise, is `unconfirmed`.
-    async fn seal_decision(&self, doc: &TxnDoc) -> Result<()> {
+    async fn seal_decision(&self, doc: &TxnDoc) -> Result<TxnDoc> {
         let mut current = doc.clone();
         for _ in 0..SEAL_ATTEMPTS {
             match self.write_txn_outcome(&current).await? {
-                TxnWritten::Written(_) => return Ok(()),
+                TxnWritten::Written(rev) => {
+                    current.rev = Some(rev);
+                    return Ok(current);
+                }
                 TxnWritten::Uncertain => break,
                 TxnWritten::Taken => {
                     let now = self.read_txn(&doc.txn_id).await?;
@@ -804,6 +817,50 @@ impl Ledger {
         }
         tracing::info!(txn = %doc.txn_id, decided = %doc.state, "a decision read could not be sealed on every copy; not told yet");
         Err(unconfirmed(&doc.txn_id))
+    }
+
+    /// Before a drive settles or undoes the markers of a `committed` or `canceling` transfer,
+    /// on several copies: the decision stands alone on every copy, as [`Ledger::confirm_decision`]
+    /// checks a decision told to a caller. Settles and undos are what the resolution of a
+    /// forked transfer reads its outcome from; two drives that each read the decision of their
+    /// own 202 (one copy held `committed`, another `canceling`) and acted on it leave accounts
+    /// showing both, and no leaf can be kept without a person (`SIM_TRIO=1` seed 0xca). A
+    /// decision this drive wrote with a 201 (its commit, or a take-over's claim: a child of the
+    /// decision every copy took) needs only the read of every copy; one read is sealed first.
+    /// Anything else is `unconfirmed`: nothing was acted on, and the sweeper (which confirms
+    /// the same way) resolves the fork by the accounts, which then show neither path.
+    async fn confirm_fork(&self, d: &mut Drive) -> Result<(), Stop> {
+        if d.confirmed {
+            return Ok(());
+        }
+        let hot = &self.inner.hot;
+        let Some(copies) = self.inner.quorum.several_copies(hot).await? else {
+            d.confirmed = true;
+            return Ok(());
+        };
+        if d.decided() == Decided::Read {
+            self.guard(d, "seal").await?;
+            let sealed = self.seal_decision(&d.doc).await?;
+            d.written.clone_from(&sealed.rev);
+            d.doc = sealed;
+        }
+        let id = txn_doc_id(&d.doc.txn_id);
+        let leaves = hot.live_leaves_with_history(&id, Some(copies)).await?;
+        match leaves.as_slice() {
+            [only] if descends_with_state(only, &d.doc) => {
+                d.confirmed = true;
+                Ok(())
+            }
+            _ => {
+                tracing::info!(
+                    txn = %d.doc.txn_id,
+                    leaves = leaves.len(),
+                    decided = %d.doc.state,
+                    "a decision is not on every copy alone; its accounts are left as they are"
+                );
+                Err(Stop::Fail(unconfirmed(&d.doc.txn_id)))
+            }
+        }
     }
 
     /// Resolves a conflicted transfer document (docs/CLUSTER.md). Between leaves of other terms
@@ -1220,8 +1277,14 @@ impl Ledger {
                 State::Initial => self.begin(d).await?,
                 State::Pending => self.apply_and_decide(d).await?,
                 State::Committed if d.detach => self.finish_detached(d),
-                State::Committed => self.settle_and_complete(d).await?,
-                State::Canceling => self.undo_and_cancel(d).await?,
+                State::Committed => {
+                    self.confirm_fork(d).await?;
+                    self.settle_and_complete(d).await?
+                }
+                State::Canceling => {
+                    self.confirm_fork(d).await?;
+                    self.undo_and_cancel(d).await?
+                }
                 State::Done | State::Cancelled => {
                     self.clean_up_orphans(d).await;
                     Next::End
@@ -1336,6 +1399,7 @@ impl Ledger {
             detach: false,
             hold: true,
             written: d.written.clone(),
+            confirmed: d.confirmed,
         };
         self.inner.finishing.count.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(self.clone().finish_in_background(rest));
@@ -1506,11 +1570,14 @@ impl Ledger {
         new.last_modified = now_ms();
         match self.write_txn(&new).await? {
             Some(rev) => {
-                new.rev = Some(rev);
+                new.rev = Some(rev.clone());
                 if begin {
                     fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
                 }
-                Ok(Some(Drive::new(new, deadline)))
+                let mut drive = Drive::new(new, deadline);
+                // Answered 201: every copy took this child of what was read.
+                drive.written = Some(rev);
+                Ok(Some(drive))
             }
             None => Ok(None),
         }
@@ -2148,6 +2215,99 @@ mod tests {
         let told = l.cancel("t1").await.expect("every copy took the child");
         assert_eq!(told.state, State::Cancelled);
         assert_eq!(sent(&server).await.len(), 1);
+    }
+
+    /// A server whose database `db` states three copies, holding `txn:t1` `committed` at `3-c`
+    /// (its claim run out) as a read of one copy shows it; a take-over's claim write is
+    /// answered 201 at `4-k`; a read of every copy shows `4-k` and, when `rival`, a `canceling`
+    /// leaf `3-x` of the same `pending` that another copy took.
+    async fn committed_on_three_copies(rival: bool) -> wiremock::MockServer {
+        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/db"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
+            )
+            .mount(&server)
+            .await;
+        let mut committed = doc();
+        committed["_rev"] = json!("3-c");
+        committed["state"] = json!("committed");
+        let mut taken = committed.clone();
+        taken["_rev"] = json!("4-k");
+        taken["_revisions"] = json!({"start": 4, "ids": ["k", "c", "p", "a"]});
+        let mut canceling = committed.clone();
+        canceling["_rev"] = json!("3-x");
+        canceling["state"] = json!("canceling");
+        canceling["_revisions"] = json!({"start": 3, "ids": ["x", "p", "a"]});
+        let every_copy: Vec<Value> = std::iter::once(taken)
+            .chain(rival.then_some(canceling))
+            .map(|leaf| json!({ "ok": leaf }))
+            .collect();
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(every_copy))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(committed))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/db/_bulk_docs"))
+            .respond_with(|r: &wiremock::Request| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                let results: Vec<Value> = body["docs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| json!({"ok": true, "id": d["_id"], "rev": "4-k"}))
+                    .collect();
+                ResponseTemplate::new(201).set_body_json(results)
+            })
+            .mount(&server)
+            .await;
+        server
+    }
+
+    /// Whether any request the server received names an account (a read or a write of one).
+    async fn touched_an_account(server: &wiremock::MockServer) -> bool {
+        let requests = server.received_requests().await.unwrap_or_default();
+        requests.iter().any(|r| {
+            let url = r.url.as_str().replace("%3A", ":");
+            url.contains("account:") || String::from_utf8_lossy(&r.body).contains("account:")
+        })
+    }
+
+    /// A drive acts on a `committed` (or `canceling`) decision's markers only once the
+    /// decision stands alone on every copy. Two drives that each read the decision of their own
+    /// 202 from one copy (one `committed`, the other `canceling`) settled one account branch and
+    /// undid another, and the fork could then be resolved by no rule (`SIM_TRIO=1` seed 0xca:
+    /// conflicts left for good, −474).
+    #[tokio::test]
+    async fn a_drive_acts_on_a_decision_only_once_it_stands_alone_on_every_copy() {
+        let server = committed_on_three_copies(true).await;
+        let l = ledger_of(&server);
+        let e = l
+            .step("t1")
+            .await
+            .expect_err("a rival leaf beside the decision");
+        assert!(e.is_unconfirmed(), "{e}");
+        assert!(
+            !touched_an_account(&server).await,
+            "settled beside a rival `canceling` leaf"
+        );
+
+        // Alone on every copy: the settles go out.
+        let server = committed_on_three_copies(false).await;
+        let l = ledger_of(&server);
+        let _ = l.step("t1").await;
+        assert!(touched_an_account(&server).await, "no settle was sent");
     }
 
     /// The one leaf every copy shows must be the decision read, or descend from it: another
