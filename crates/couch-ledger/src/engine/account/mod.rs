@@ -844,6 +844,77 @@ mod tests {
         );
     }
 
+    /// A merge leaves out a marker the winner lacks only against a decision every copy holds
+    /// alone. Here a losing leaf of account `a` holds t1's debit pending, and the copy `_all_docs`
+    /// reads holds t1 `cancelled`, while every copy's read shows a rival `committed` leaf
+    /// beside it (each decision written with a 202). Left out against `cancelled`, the debit
+    /// was gone for good once the resolution kept the commit path (`SIM_TRIO=1 SIM_BASE=1000`
+    /// seed 0x428: +156 on h0). The merge waits: nothing is written.
+    #[tokio::test]
+    async fn a_merge_leaves_out_a_marker_only_against_a_decision_on_every_copy() {
+        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::{Mock, ResponseTemplate};
+        let server = three_copies().await;
+        let t1 = |rev: &str, state: &str| {
+            json!({"_id": "txn:t1", "_rev": rev, "type": "transfer", "txn_id": "t1",
+                   "state": state, "source": "a", "destination": "b", "value": 50,
+                   "currency": "EUR"})
+        };
+        let cancelled = t1("3-c", "cancelled");
+        Mock::given(method("POST"))
+            .and(path("/db/_all_docs"))
+            .respond_with(move |r: &wiremock::Request| {
+                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                let rows: Vec<serde_json::Value> = body["keys"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| match k.as_str().unwrap() {
+                        "txn:t1" => json!({"id": "txn:t1", "key": "txn:t1",
+                                           "value": {"rev": "3-c"}, "doc": cancelled}),
+                        id => json!({"id": id, "key": id, "value": {"rev": "2-w"},
+                                     "doc": leaf("2-w")}),
+                    })
+                    .collect();
+                ResponseTemplate::new(200).set_body_json(json!({
+                    "total_rows": rows.len(), "offset": 0, "rows": rows
+                }))
+            })
+            .mount(&server)
+            .await;
+        every_copy_holds(
+            &server,
+            json!([{"ok": leaf("2-w")}, {"ok": debited("2-l", "t1", -50)}]),
+        )
+        .await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([
+                {"ok": t1("3-c", "cancelled")},
+                {"ok": t1("3-k", "committed")}
+            ])))
+            .expect(1..)
+            .mount(&server)
+            .await;
+        let engine = engine_on(&server.uri());
+        let resolve = AccountOp {
+            account: "a".into(),
+            txn: String::new(),
+            kind: OpKind::Resolve,
+            link: None,
+        };
+        let results = engine.run(vec![resolve]).await;
+        assert!(results[0].is_err(), "{results:?}");
+        assert_eq!(
+            bulk_docs_sent(&server).await,
+            Vec::<Vec<serde_json::Value>>::new(),
+            "a merge that left the debit out"
+        );
+        server.verify().await;
+    }
+
     /// Account `a` at revision `rev` holding `count` settled entries, `e0`…, ten minutes old.
     fn with_settled(rev: &str, count: usize) -> serde_json::Value {
         let at = crate::clock::now_ms() - 600_000;
