@@ -883,6 +883,7 @@ impl Ledger {
             .chain(losers)
             .map(TxnDoc::from_value)
             .collect::<Result<_>>()?;
+        let all_winner = all[0].rev.clone();
         // One id sent with other terms at once, both written on a cluster (each on some copies
         // only, so neither writer was told its decision was final): the terms that stand are
         // those furthest toward an outcome, CouchDB's winner among equals. Markers of the other
@@ -914,7 +915,11 @@ impl Ledger {
             kept = %states[keep],
             "resolving a conflicted transfer"
         );
-        let kept = leaves[keep].rev.clone();
+        let mut kept_doc = leaves[keep].clone();
+        if kept_doc.rev != all_winner {
+            kept_doc = self.extend_kept_leaf(id, kept_doc).await?;
+        }
+        let kept = kept_doc.rev.clone();
         let stubs: Vec<Value> = leaves
             .iter()
             .enumerate()
@@ -944,7 +949,35 @@ impl Ledger {
         if results.iter().all(|r| r.is_ok()) {
             self.inner.conflicts.resolved.fetch_add(1, Relaxed);
         }
-        Ok(leaves.into_iter().nth(keep).expect("kept leaf"))
+        Ok(kept_doc)
+    }
+
+    /// Before a resolution deletes CouchDB's winning leaf to keep another, it writes the kept
+    /// leaf again as its own child (its body unchanged, `w` = n). Resolvers may choose
+    /// differently between leaves equally far along (`prefer_held_markers` reads the accounts,
+    /// each at its own moment, from its own copy): one kept the winner and deleted the other
+    /// leaf, another kept that leaf and deleted the winner, and the transfer ended deleted
+    /// with its money moved (`SIM_TRIO=1 SIM_BASE=2000` seed 0x86a: ±146). A resolver keeping
+    /// the winner deletes only revisions it read, and a child written first makes the kept leaf
+    /// no longer one of them on the copies that took it; where a copy took the delete first,
+    /// the child joins it there as a live sibling and wins. So some leaf stays live whatever
+    /// the interleaving. A child refused (the leaf moved or was deleted everywhere) or taken
+    /// by some copies only leaves the conflict as it is, for a later resolution (the child,
+    /// one revision longer, is then the winner).
+    async fn extend_kept_leaf(&self, id: &str, kept: TxnDoc) -> Result<TxnDoc> {
+        match self.write_txn_outcome(&kept).await? {
+            TxnWritten::Written(rev) => Ok(TxnDoc {
+                rev: Some(rev),
+                ..kept
+            }),
+            TxnWritten::Taken | TxnWritten::Uncertain => Err(Error::ledger(
+                Condition::Conflicted,
+                format!(
+                    "{id} holds a conflict that changed while it was being resolved; it is \
+                     resolved again on a later read"
+                ),
+            )),
+        }
     }
 
     /// Whether the terms of leaf `standing` (of a transfer holding other terms' leaves too) are
@@ -2308,6 +2341,99 @@ mod tests {
         let l = ledger_of(&server);
         let _ = l.step("t1").await;
         assert!(touched_an_account(&server).await, "no settle was sent");
+    }
+
+    /// A server whose database `db` states three copies, holding `txn:t1` in conflict: CouchDB's
+    /// winner `pending` at `3-z`, and `committed` at `3-a` (further along, so the one a
+    /// resolution keeps). `_bulk_docs` answers a write of a live document with `child`
+    /// (201, or a 409 conflict) and takes every delete.
+    async fn pending_beside_committed(child: u16) -> wiremock::MockServer {
+        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        Mock::given(method("GET"))
+            .and(path("/db"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
+            )
+            .mount(&server)
+            .await;
+        let mut winner = doc();
+        winner["_rev"] = json!("3-z");
+        winner["_conflicts"] = json!(["3-a"]);
+        let mut committed = doc();
+        committed["_rev"] = json!("3-a");
+        committed["state"] = json!("committed");
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .and(query_param("open_revs", r#"["3-a"]"#))
+            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"ok": committed}])))
+            .mount(&server)
+            .await;
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(winner))
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/db/_bulk_docs"))
+            .respond_with(move |r: &wiremock::Request| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                let results: Vec<Value> = body["docs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| match (d["_deleted"] == true, child) {
+                        (true, _) | (false, 201) => json!({"ok": true, "id": d["_id"], "rev": "4-k"}),
+                        _ => json!({"id": d["_id"], "error": "conflict", "reason": "Document update conflict."}),
+                    })
+                    .collect();
+                ResponseTemplate::new(if child == 201 { 201 } else { 200 }).set_body_json(results)
+            })
+            .mount(&server)
+            .await;
+        server
+    }
+
+    /// A resolution that keeps a leaf other than CouchDB's winner writes it again as its own
+    /// child before it deletes the winner. Two resolvers that chose differently (one kept the
+    /// winner and deleted the other leaf, the other the reverse) left the transfer deleted
+    /// with its money moved (`SIM_TRIO=1 SIM_BASE=2000` seed 0x86a); with the child first, the
+    /// leaf kept is no longer the revision the other deletes. A child refused deletes nothing.
+    #[tokio::test]
+    async fn a_resolution_keeping_another_leaf_than_the_winner_extends_it_before_deleting() {
+        let server = pending_beside_committed(201).await;
+        let l = ledger_of(&server);
+        let kept = l.read_txn("t1").await.expect("resolved");
+        assert_eq!(
+            (kept.state, kept.rev.as_deref()),
+            (State::Committed, Some("4-k"))
+        );
+        let writes = sent(&server).await;
+        let order: Vec<(Option<&str>, bool, Option<&str>)> = writes
+            .iter()
+            .map(|(d, w)| (d["_rev"].as_str(), d["_deleted"] == true, w.as_deref()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (Some("3-a"), false, Some("3")),
+                (Some("3-z"), true, Some("3"))
+            ],
+            "the kept leaf's child first, then the winner's delete"
+        );
+
+        let server = pending_beside_committed(409).await;
+        let l = ledger_of(&server);
+        let e = l.read_txn("t1").await.expect_err("the kept leaf moved");
+        assert!(e.to_string().contains("resolved again"), "{e}");
+        assert!(
+            sent(&server)
+                .await
+                .iter()
+                .all(|(d, _)| d["_deleted"] != true),
+            "deleted the winner without a child of the leaf kept"
+        );
     }
 
     /// The one leaf every copy shows must be the decision read, or descend from it: another
