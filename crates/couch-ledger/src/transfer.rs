@@ -2398,8 +2398,13 @@ mod tests {
                     .unwrap()
                     .iter()
                     .map(|d| match (d["_deleted"] == true, child) {
-                        (true, _) | (false, 201) => json!({"ok": true, "id": d["_id"], "rev": "4-k"}),
-                        _ => json!({"id": d["_id"], "error": "conflict", "reason": "Document update conflict."}),
+                        (true, _) | (false, 201) => {
+                            json!({"ok": true, "id": d["_id"], "rev": "4-k"})
+                        }
+                        (false, 403) => json!({"id": d["_id"], "error": "forbidden",
+                                               "reason": "not a step from pending"}),
+                        _ => json!({"id": d["_id"], "error": "conflict",
+                                    "reason": "Document update conflict."}),
                     })
                     .collect();
                 ResponseTemplate::new(if child == 201 { 201 } else { 200 }).set_body_json(results)
@@ -2447,6 +2452,23 @@ mod tests {
                 .iter()
                 .all(|(d, _)| d["_deleted"] != true),
             "deleted the winner without a child of the leaf kept"
+        );
+
+        // A server that validates the child against the winner (pouchdb-server) refuses it:
+        // the leaves are deleted without it.
+        let server = pending_beside_committed(403).await;
+        let l = ledger_of(&server);
+        let kept = l.read_txn("t1").await.expect("resolved without the child");
+        assert_eq!(
+            (kept.state, kept.rev.as_deref()),
+            (State::Committed, Some("3-a"))
+        );
+        assert!(
+            sent(&server)
+                .await
+                .iter()
+                .any(|(d, _)| d["_deleted"] == true),
+            "the winner was not deleted"
         );
     }
 
