@@ -492,8 +492,8 @@ pub(crate) struct Drive {
     hold: bool,
     /// The revision this drive last wrote with a 201 (every copy took it, on a cluster).
     written: Option<String>,
-    /// The commit or cancel decision `doc` descends from stands alone on every copy
-    /// ([`Ledger::confirm_fork`]): settles and undos may go, and the end needs no confirming.
+    /// The commit `doc` descends from stands alone on every copy ([`Ledger::confirm_fork`]):
+    /// the settles may go, and the end needs no confirming.
     confirmed: bool,
 }
 
@@ -543,7 +543,7 @@ pub(crate) enum Decided {
     WrittenHere,
     /// Read, or written with an answer that was not a 201.
     Read,
-    /// Reached from a commit or cancel decision this drive confirmed alone on every copy
+    /// Reached from a commit this drive confirmed alone on every copy
     /// ([`Ledger::confirm_fork`]): what follows it is linear, and no rival can land.
     Confirmed,
 }
@@ -819,16 +819,23 @@ impl Ledger {
         Err(unconfirmed(&doc.txn_id))
     }
 
-    /// Before a drive settles or undoes the markers of a `committed` or `canceling` transfer,
-    /// on several copies: the decision stands alone on every copy, as [`Ledger::confirm_decision`]
-    /// checks a decision told to a caller. Settles and undos are what the resolution of a
-    /// forked transfer reads its outcome from; two drives that each read the decision of their
-    /// own 202 (one copy held `committed`, another `canceling`) and acted on it leave accounts
-    /// showing both, and no leaf can be kept without a person (`SIM_TRIO=1` seed 0xca). A
-    /// decision this drive wrote with a 201 (its commit, or a take-over's claim: a child of the
-    /// decision every copy took) needs only the read of every copy; one read is sealed first.
-    /// Anything else is `unconfirmed`: nothing was acted on, and the sweeper (which confirms
-    /// the same way) resolves the fork by the accounts, which then show neither path.
+    /// Before a drive settles the markers of a `committed` transfer, on several copies: the
+    /// decision stands alone on every copy, as [`Ledger::confirm_decision`] checks a decision
+    /// told to a caller. Settles and undos are what the resolution of a forked transfer reads
+    /// its outcome from; two drives that each read the decision of their own 202 (one copy held
+    /// `committed`, another `canceling`) and acted on it left accounts showing both, and no
+    /// leaf could be kept without a person (`SIM_TRIO=1` seed 0xca). A decision this drive
+    /// wrote with a 201 (its commit, or a take-over's claim: a child of the decision every copy
+    /// took) needs only the read of every copy; one read is sealed first. Anything else is
+    /// `unconfirmed`: nothing was settled, and the sweeper (which confirms the same way)
+    /// resolves the fork by what the accounts show.
+    ///
+    /// The cancel path's undos need no such wait: an undo follows a `canceling` leaf that some
+    /// copy took already, and a commit confirmed later reads that leaf beside its own (or, sealed
+    /// first, refuses it everywhere), so no settle can join an undo. Waiting there instead left
+    /// a stepwise marker of other terms in place for good once the resolution dropped its
+    /// `canceling` leaf: only that drive's undo takes such a marker back (`SIM_TWO_TERMS=1
+    /// SIM_BASE=5000` 0x13f8 and 0x145d: an account in conflict to the end).
     async fn confirm_fork(&self, d: &mut Drive) -> Result<(), Stop> {
         if d.confirmed {
             return Ok(());
@@ -1328,10 +1335,7 @@ impl Ledger {
                     self.confirm_fork(d).await?;
                     self.settle_and_complete(d).await?
                 }
-                State::Canceling => {
-                    self.confirm_fork(d).await?;
-                    self.undo_and_cancel(d).await?
-                }
+                State::Canceling => self.undo_and_cancel(d).await?,
                 State::Done | State::Cancelled => {
                     self.clean_up_orphans(d).await;
                     Next::End
