@@ -235,6 +235,7 @@ pub(crate) fn merge_account(
             winner,
             losers,
             fact: facts.get(&t),
+            strays: strays.iter().any(|m| m.txn == t),
         };
         let mine = Status::of(winner, &t);
         let theirs: Vec<Status> = losers.iter().map(|d| Status::of(d, &t)).collect();
@@ -269,6 +270,8 @@ struct OnLeaves<'a> {
     losers: &'a [AccountDoc],
     /// Its document, where the merge read it.
     fact: Option<&'a TxnFacts>,
+    /// A marker of other terms under its id was dropped from some leaf (`without_strays`).
+    strays: bool,
 }
 
 impl OnLeaves<'_> {
@@ -428,22 +431,34 @@ impl OnLeaves<'_> {
         // A marker the winner lacks, of a transfer that ended without counting it (cancelled;
         // a one-write `done` naming another attempt; a stepwise `done`, written only after its
         // markers were settled, so a pending one is a late repeat or a stale copy of one
-        // settled elsewhere): its contribution is nothing, whichever branch it came from — the
-        // winner never had it, or had it and took it back (settled and pruned, undone and
-        // pruned). Only the marker a one-write `done` names is joined as pending; that the
-        // winner cannot have pruned it is the prune rule's to ensure (docs/CLUSTER.md).
+        // settled elsewhere), is joined as pending: the decision's convergence then undoes it
+        // (the orphan repair), the way it converges any marker of that decision. Its delta
+        // counts meanwhile as any pending marker does (a debit held, a credit not available).
+        // Left out here on the strength of the document read, it was gone for good where a
+        // rival decision the read did not show was the one kept: two attempts of one id decided
+        // `cancelled` and `done`, each created with a 202, the `done` attempt's debit left out
+        // against `cancelled` (`SIM_TRIO=1` 0x69: +28 on h0; a read of every copy cannot see a
+        // create that lands after it on a copy that lacked the document). Where the winner had
+        // it and took it back (settled or undone, then pruned), the convergence takes it back
+        // again; that a `done` never names a marker the winner pruned is the prune rule's to
+        // ensure (docs/CLUSTER.md).
+        //
+        // Left out only beside a dropped marker of other terms: the merge then holds nothing of
+        // the transfer and records the drop as undone (`record_strays`), the evidence a
+        // resolution between the two terms reads; a marker kept pending there would suppress
+        // that record.
         if let (Status::Pending(delta, ..), Some(f)) = (joined, self.fact) {
             let counted = f.state == State::Done
                 && f.delta == delta
                 && f.named.is_some_and(|n| self.carried(n));
-            if f.state.is_terminal() && !counted {
+            if f.state.is_terminal() && !counted && self.strays {
                 tracing::debug!(
                     account = %self.winner.account_id,
                     txn = %self.txn,
                     joined = ?joined,
                     state = ?f.state,
                     named = ?f.named,
-                    "a merge left out a marker the winner lacks, as its transfer does not count it"
+                    "a merge left out a marker the winner lacks beside a dropped one of other terms, as its transfer does not count it"
                 );
                 return true;
             }

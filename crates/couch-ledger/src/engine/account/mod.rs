@@ -844,15 +844,15 @@ mod tests {
         );
     }
 
-    /// A merge leaves out a marker the winner lacks only against a decision every copy holds
-    /// alone. Here a losing leaf of account `a` holds t1's debit pending, and the copy `_all_docs`
-    /// reads holds t1 `cancelled`, while every copy's read shows a rival `committed` leaf
-    /// beside it (each decision written with a 202). Left out against `cancelled`, the debit
-    /// was gone for good once the resolution kept the commit path (`SIM_TRIO=1 SIM_BASE=1000`
-    /// seed 0x428: +156 on h0). The merge waits: nothing is written.
+    /// A merge keeps a losing leaf's marker pending though its transfer's document reads
+    /// `cancelled`; the decision's convergence undoes it later. A read, of one copy or of
+    /// every copy, cannot exclude a rival decision: another attempt's `done` may stand on the
+    /// other copies, or still be created on a copy that lacked the document (each create
+    /// answered 202). Left out against `cancelled`, the debit was gone for good once the
+    /// resolution kept `done` (`SIM_TRIO=1` seed 0x69: +28 on h0; `SIM_BASE=1000` 0x428: +156).
     #[tokio::test]
-    async fn a_merge_leaves_out_a_marker_only_against_a_decision_on_every_copy() {
-        use wiremock::matchers::{method, path, path_regex, query_param};
+    async fn a_merge_keeps_a_marker_pending_whatever_its_transfer_reads() {
+        use wiremock::matchers::{method, path};
         use wiremock::{Mock, ResponseTemplate};
         let server = three_copies().await;
         let t1 = |rev: &str, state: &str| {
@@ -887,17 +887,6 @@ mod tests {
             json!([{"ok": leaf("2-w")}, {"ok": debited("2-l", "t1", -50)}]),
         )
         .await;
-        Mock::given(method("GET"))
-            .and(path_regex("/db/txn(:|%3A)t1$"))
-            .and(query_param("open_revs", "all"))
-            .and(query_param("r", "3"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!([
-                {"ok": t1("3-c", "cancelled")},
-                {"ok": t1("3-k", "committed")}
-            ])))
-            .expect(1..)
-            .mount(&server)
-            .await;
         let engine = engine_on(&server.uri());
         let resolve = AccountOp {
             account: "a".into(),
@@ -906,13 +895,16 @@ mod tests {
             link: None,
         };
         let results = engine.run(vec![resolve]).await;
-        assert!(results[0].is_err(), "{results:?}");
-        assert_eq!(
-            bulk_docs_sent(&server).await,
-            Vec::<Vec<serde_json::Value>>::new(),
-            "a merge that left the debit out"
-        );
-        server.verify().await;
+        assert!(results[0].is_ok(), "{results:?}");
+        let written: Vec<serde_json::Value> = bulk_docs_sent(&server)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|d| d["_deleted"] != true)
+            .collect();
+        assert_eq!(written.len(), 1, "{written:?}");
+        assert_eq!(written[0]["pending"][0]["txn"], "t1", "{written:?}");
+        assert_eq!(written[0]["balance"], 950, "the debit still counts");
     }
 
     /// Account `a` at revision `rev` holding `count` settled entries, `e0`…, ten minutes old.

@@ -292,15 +292,12 @@ impl AccountEngine {
     /// to be resolved first.
     ///
     /// Where the merge would drop a one-write marker as holding other terms than the document
-    /// read ([`holds_other_terms`]), or leave out a marker the winner lacks as one its
-    /// transfer's decision does not count ([`leaves_out`]), the document is read again from
-    /// every copy first: the read above (one copy) may show one leaf of a document whose rival
-    /// leaf, with the marker's terms or the other decision, reached only the other copies and
-    /// may be the one kept. Dropped against that one leaf, the marker left no trace, and the
-    /// resolution kept its `done` with the account's side of it gone (a real 3-node cluster,
-    /// one id sent with other terms at once: B's credit of 100 lost; `SIM_TRIO=1
-    /// SIM_BASE=1000` seed 0x428, two attempts of one id decided `cancelled` and `done`, each
-    /// created with a 202: the debit of 156 left out against `cancelled`, `done` kept).
+    /// read ([`holds_other_terms`]), the document is read again from every copy first: the
+    /// read above (one copy) may show one leaf of a document whose rival leaf, with the
+    /// marker's terms, reached only the other copies and may be the one kept. Dropped against
+    /// that one leaf, the marker left no trace, and the resolution kept its `done` with the
+    /// account's side of it gone (a real 3-node cluster, one id sent with other terms at once:
+    /// B's credit of 100 lost).
     async fn read_facts(
         &self,
         winner: &AccountDoc,
@@ -328,9 +325,7 @@ impl AccountEngine {
         }
         let strays: Vec<String> = facts
             .iter()
-            .filter(|(txn, f)| {
-                holds_other_terms(winner, losers, txn, f) || leaves_out(winner, losers, txn, f)
-            })
+            .filter(|(txn, f)| holds_other_terms(winner, losers, txn, f))
             .map(|(txn, _)| txn.clone())
             .collect();
         if strays.is_empty() {
@@ -429,26 +424,6 @@ fn holds_other_terms(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &
         .chain(losers.iter())
         .flat_map(|leaf| leaf.pending.iter())
         .any(|m| m.txn == txn && m.attempt.is_some() && m.delta != f.delta)
-}
-
-/// Whether the merge would leave out a marker of `txn` that a losing leaf holds pending and
-/// the winner holds nothing of, because the decision `f` does not count it (`cancelled`, a
-/// `done` naming another attempt or with another delta, a stepwise `done`): the merge's rule
-/// `counts_nothing` in crates/couch-ledger/src/conflict.rs.
-fn leaves_out(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &TxnFacts) -> bool {
-    let winner_lacks = !winner.pending.iter().any(|m| m.txn == txn)
-        && !winner.settled.iter().any(|s| s.txn == txn);
-    let counted = |m: &crate::account_doc::Marker| {
-        f.state == crate::state::State::Done
-            && f.delta == m.delta
-            && f.named.is_some_and(|n| m.carries(n))
-    };
-    winner_lacks
-        && f.state.is_terminal()
-        && losers
-            .iter()
-            .flat_map(|leaf| leaf.pending.iter())
-            .any(|m| m.txn == txn && !counted(m))
 }
 
 /// What a transfer's document says to the merge of `account`: its state, its delta on the
