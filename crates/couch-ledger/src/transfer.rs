@@ -2153,13 +2153,50 @@ mod tests {
         assert_eq!(names.len(), FAIL_POINTS.len());
     }
 
+    /// `server`'s database `db` states three copies of each document.
+    async fn states_three_copies(server: &wiremock::MockServer) {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, ResponseTemplate};
+        Mock::given(method("GET"))
+            .and(path("/db"))
+            .respond_with(
+                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
+            )
+            .mount(server)
+            .await;
+    }
+
+    /// `server` answers `_bulk_docs` with `status` and, per document sent, `result(document)`.
+    async fn answers_bulk_docs(
+        server: &wiremock::MockServer,
+        status: u16,
+        result: impl Fn(&Value) -> Value + Send + Sync + 'static,
+    ) {
+        use wiremock::matchers::{method, path};
+        use wiremock::{Mock, ResponseTemplate};
+        Mock::given(method("POST"))
+            .and(path("/db/_bulk_docs"))
+            .respond_with(move |r: &wiremock::Request| {
+                let body: Value = serde_json::from_slice(&r.body).unwrap();
+                let results: Vec<Value> = body["docs"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(&result)
+                    .collect();
+                ResponseTemplate::new(status).set_body_json(results)
+            })
+            .mount(server)
+            .await;
+    }
+
     /// A server whose database `db` states three copies of each document, holding `txn:t1`
     /// `cancelled` at `2-c` alone: the copy a read reaches, and every copy `open_revs` asks
     /// (a copy still at `1-a` does not show there: its leaf is an ancestor in the merged tree).
     /// `_bulk_docs` answers `status` with the sealing child at `3-s`, which `open_revs` then
     /// shows as the one leaf.
     async fn cancelled_on_three_copies(status: u16) -> wiremock::MockServer {
-        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::matchers::{method, path_regex, query_param};
         use wiremock::{Mock, MockServer, ResponseTemplate};
         let server = MockServer::start().await;
         let mut cancelled = doc();
@@ -2167,13 +2204,7 @@ mod tests {
         cancelled["state"] = json!("cancelled");
         cancelled["reason"] = json!("insufficient_funds");
         cancelled["claim"] = Value::Null;
-        Mock::given(method("GET"))
-            .and(path("/db"))
-            .respond_with(
-                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
-            )
-            .mount(&server)
-            .await;
+        states_three_copies(&server).await;
         let mut sealed = cancelled.clone();
         sealed["_rev"] = json!("3-s");
         sealed["_revisions"] = json!({"start": 3, "ids": ["s", "c", "a"]});
@@ -2189,20 +2220,12 @@ mod tests {
             .respond_with(ResponseTemplate::new(200).set_body_json(cancelled))
             .mount(&server)
             .await;
-        Mock::given(method("POST"))
-            .and(path("/db/_bulk_docs"))
-            .respond_with(move |r: &wiremock::Request| {
-                let body: Value = serde_json::from_slice(&r.body).unwrap();
-                let results: Vec<Value> = body["docs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|d| json!({"ok": true, "id": d["_id"], "rev": "3-s"}))
-                    .collect();
-                ResponseTemplate::new(status).set_body_json(results)
-            })
-            .mount(&server)
-            .await;
+        answers_bulk_docs(
+            &server,
+            status,
+            |d| json!({"ok": true, "id": d["_id"], "rev": "3-s"}),
+        )
+        .await;
         server
     }
 
@@ -2273,16 +2296,10 @@ mod tests {
     /// answered 201 at `4-k`; a read of every copy shows `4-k` and, when `rival`, a `canceling`
     /// leaf `3-x` of the same `pending` that another copy took.
     async fn committed_on_three_copies(rival: bool) -> wiremock::MockServer {
-        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::matchers::{method, path_regex, query_param};
         use wiremock::{Mock, MockServer, ResponseTemplate};
         let server = MockServer::start().await;
-        Mock::given(method("GET"))
-            .and(path("/db"))
-            .respond_with(
-                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
-            )
-            .mount(&server)
-            .await;
+        states_three_copies(&server).await;
         let mut committed = doc();
         committed["_rev"] = json!("3-c");
         committed["state"] = json!("committed");
@@ -2309,20 +2326,12 @@ mod tests {
             .respond_with(ResponseTemplate::new(200).set_body_json(committed))
             .mount(&server)
             .await;
-        Mock::given(method("POST"))
-            .and(path("/db/_bulk_docs"))
-            .respond_with(|r: &wiremock::Request| {
-                let body: Value = serde_json::from_slice(&r.body).unwrap();
-                let results: Vec<Value> = body["docs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|d| json!({"ok": true, "id": d["_id"], "rev": "4-k"}))
-                    .collect();
-                ResponseTemplate::new(201).set_body_json(results)
-            })
-            .mount(&server)
-            .await;
+        answers_bulk_docs(
+            &server,
+            201,
+            |d| json!({"ok": true, "id": d["_id"], "rev": "4-k"}),
+        )
+        .await;
         server
     }
 
@@ -2366,16 +2375,10 @@ mod tests {
     /// resolution keeps). `_bulk_docs` answers a write of a live document with `child`
     /// (201, or a 409 conflict) and takes every delete.
     async fn pending_beside_committed(child: u16) -> wiremock::MockServer {
-        use wiremock::matchers::{method, path, path_regex, query_param};
+        use wiremock::matchers::{method, path_regex, query_param};
         use wiremock::{Mock, MockServer, ResponseTemplate};
         let server = MockServer::start().await;
-        Mock::given(method("GET"))
-            .and(path("/db"))
-            .respond_with(
-                ResponseTemplate::new(200).set_body_json(json!({"cluster": {"n": 3, "q": 1}})),
-            )
-            .mount(&server)
-            .await;
+        states_three_copies(&server).await;
         let mut winner = doc();
         winner["_rev"] = json!("3-z");
         winner["_conflicts"] = json!(["3-a"]);
@@ -2393,28 +2396,17 @@ mod tests {
             .respond_with(ResponseTemplate::new(200).set_body_json(winner))
             .mount(&server)
             .await;
-        Mock::given(method("POST"))
-            .and(path("/db/_bulk_docs"))
-            .respond_with(move |r: &wiremock::Request| {
-                let body: Value = serde_json::from_slice(&r.body).unwrap();
-                let results: Vec<Value> = body["docs"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|d| match (d["_deleted"] == true, child) {
-                        (true, _) | (false, 201) => {
-                            json!({"ok": true, "id": d["_id"], "rev": "4-k"})
-                        }
-                        (false, 403) => json!({"id": d["_id"], "error": "forbidden",
-                                               "reason": "not a step from pending"}),
-                        _ => json!({"id": d["_id"], "error": "conflict",
-                                    "reason": "Document update conflict."}),
-                    })
-                    .collect();
-                ResponseTemplate::new(if child == 201 { 201 } else { 200 }).set_body_json(results)
-            })
-            .mount(&server)
-            .await;
+        let status = if child == 201 { 201 } else { 200 };
+        answers_bulk_docs(&server, status, move |d| {
+            match (d["_deleted"] == true, child) {
+                (true, _) | (false, 201) => json!({"ok": true, "id": d["_id"], "rev": "4-k"}),
+                (false, 403) => json!({"id": d["_id"], "error": "forbidden",
+                                   "reason": "not a step from pending"}),
+                _ => json!({"id": d["_id"], "error": "conflict",
+                        "reason": "Document update conflict."}),
+            }
+        })
+        .await;
         server
     }
 

@@ -674,6 +674,53 @@ mod tests {
         })
     }
 
+    /// The documents `server` was sent to write, deletes left out, in order.
+    async fn written_docs(server: &wiremock::MockServer) -> Vec<serde_json::Value> {
+        bulk_docs_sent(server)
+            .await
+            .into_iter()
+            .flatten()
+            .filter(|d| d["_deleted"] != true)
+            .collect()
+    }
+
+    /// A conflict pass over account `a` on `server`, which must succeed.
+    async fn resolve_a(server: &wiremock::MockServer) {
+        let engine = engine_on(&server.uri());
+        let resolve = AccountOp {
+            account: "a".into(),
+            txn: String::new(),
+            kind: OpKind::Resolve,
+            link: None,
+        };
+        let results = engine.run(vec![resolve]).await;
+        assert!(results[0].is_ok(), "{results:?}");
+    }
+
+    /// `server` answers `_all_docs` with, per key asked, the row `row(key)`.
+    async fn all_docs_answers(
+        server: &wiremock::MockServer,
+        row: impl Fn(&str) -> serde_json::Value + Send + Sync + 'static,
+    ) {
+        use wiremock::matchers::{method, path};
+        wiremock::Mock::given(method("POST"))
+            .and(path("/db/_all_docs"))
+            .respond_with(move |r: &wiremock::Request| {
+                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+                let rows: Vec<serde_json::Value> = body["keys"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|k| row(k.as_str().unwrap()))
+                    .collect();
+                wiremock::ResponseTemplate::new(200).set_body_json(json!({
+                    "total_rows": rows.len(), "offset": 0, "rows": rows
+                }))
+            })
+            .mount(server)
+            .await;
+    }
+
     /// A server whose database `db` states three copies of each document, and takes every
     /// document of a `_bulk_docs` at revision `3-y`.
     async fn three_copies() -> wiremock::MockServer {
@@ -748,8 +795,6 @@ mod tests {
     /// back (`Withdrawn`): the transfer is cancelled.
     #[tokio::test]
     async fn an_apply_that_finds_its_marker_answers_from_a_read_of_every_copy() {
-        use wiremock::matchers::{method, path};
-        use wiremock::{Mock, ResponseTemplate};
         let server = three_copies().await;
         let transfer = |txn: &str, value: i64| {
             json!({"id": format!("txn:{txn}"), "key": format!("txn:{txn}"),
@@ -758,27 +803,13 @@ mod tests {
                            "txn_id": txn, "state": "pending", "source": "a",
                            "destination": "b", "value": value, "currency": "EUR"}})
         };
-        Mock::given(method("POST"))
-            .and(path("/db/_all_docs"))
-            .respond_with(move |r: &wiremock::Request| {
-                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-                let rows: Vec<serde_json::Value> = body["keys"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|k| match k.as_str().unwrap() {
-                        "txn:t1" => transfer("t1", 80),
-                        "txn:t2" => transfer("t2", 70),
-                        id => json!({"id": id, "key": id, "value": {"rev": "2-mine"},
-                                     "doc": debited("2-mine", "t1", -80)}),
-                    })
-                    .collect();
-                ResponseTemplate::new(200).set_body_json(json!({
-                    "total_rows": rows.len(), "offset": 0, "rows": rows
-                }))
-            })
-            .mount(&server)
-            .await;
+        all_docs_answers(&server, move |id| match id {
+            "txn:t1" => transfer("t1", 80),
+            "txn:t2" => transfer("t2", 70),
+            id => json!({"id": id, "key": id, "value": {"rev": "2-mine"},
+                         "doc": debited("2-mine", "t1", -80)}),
+        })
+        .await;
         every_copy_holds(
             &server,
             json!([
@@ -795,12 +826,7 @@ mod tests {
             matches!(results[0], Ok(OpResult::Withdrawn)),
             "the debit found on one branch is answered from the merge of every copy: {results:?}"
         );
-        let written: Vec<serde_json::Value> = bulk_docs_sent(&server)
-            .await
-            .into_iter()
-            .flatten()
-            .filter(|d| d["_deleted"] != true)
-            .collect();
+        let written = written_docs(&server).await;
         assert_eq!(written.len(), 1, "{written:?}");
         assert_eq!(written[0]["balance"], 30, "only the rival's debit stands");
     }
@@ -827,15 +853,7 @@ mod tests {
             .mount(&server)
             .await;
         every_copy_holds(&server, json!([{"ok": leaf("2-w")}, {"ok": leaf("2-l")}])).await;
-        let engine = engine_on(&server.uri());
-        let resolve = AccountOp {
-            account: "a".into(),
-            txn: String::new(),
-            kind: OpKind::Resolve,
-            link: None,
-        };
-        let results = engine.run(vec![resolve]).await;
-        assert!(results[0].is_ok(), "{results:?}");
+        resolve_a(&server).await;
         let deleted = deleted_revs(&server).await;
         assert_eq!(
             deleted,
@@ -852,8 +870,6 @@ mod tests {
     /// resolution kept `done` (`SIM_TRIO=1` seed 0x69: +28 on h0; `SIM_BASE=1000` 0x428: +156).
     #[tokio::test]
     async fn a_merge_keeps_a_marker_pending_whatever_its_transfer_reads() {
-        use wiremock::matchers::{method, path};
-        use wiremock::{Mock, ResponseTemplate};
         let server = three_copies().await;
         let t1 = |rev: &str, state: &str| {
             json!({"_id": "txn:t1", "_rev": rev, "type": "transfer", "txn_id": "t1",
@@ -861,47 +877,19 @@ mod tests {
                    "currency": "EUR"})
         };
         let cancelled = t1("3-c", "cancelled");
-        Mock::given(method("POST"))
-            .and(path("/db/_all_docs"))
-            .respond_with(move |r: &wiremock::Request| {
-                let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
-                let rows: Vec<serde_json::Value> = body["keys"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|k| match k.as_str().unwrap() {
-                        "txn:t1" => json!({"id": "txn:t1", "key": "txn:t1",
-                                           "value": {"rev": "3-c"}, "doc": cancelled}),
-                        id => json!({"id": id, "key": id, "value": {"rev": "2-w"},
-                                     "doc": leaf("2-w")}),
-                    })
-                    .collect();
-                ResponseTemplate::new(200).set_body_json(json!({
-                    "total_rows": rows.len(), "offset": 0, "rows": rows
-                }))
-            })
-            .mount(&server)
-            .await;
+        all_docs_answers(&server, move |id| match id {
+            "txn:t1" => json!({"id": "txn:t1", "key": "txn:t1",
+                               "value": {"rev": "3-c"}, "doc": cancelled}),
+            id => json!({"id": id, "key": id, "value": {"rev": "2-w"}, "doc": leaf("2-w")}),
+        })
+        .await;
         every_copy_holds(
             &server,
             json!([{"ok": leaf("2-w")}, {"ok": debited("2-l", "t1", -50)}]),
         )
         .await;
-        let engine = engine_on(&server.uri());
-        let resolve = AccountOp {
-            account: "a".into(),
-            txn: String::new(),
-            kind: OpKind::Resolve,
-            link: None,
-        };
-        let results = engine.run(vec![resolve]).await;
-        assert!(results[0].is_ok(), "{results:?}");
-        let written: Vec<serde_json::Value> = bulk_docs_sent(&server)
-            .await
-            .into_iter()
-            .flatten()
-            .filter(|d| d["_deleted"] != true)
-            .collect();
+        resolve_a(&server).await;
+        let written = written_docs(&server).await;
         assert_eq!(written.len(), 1, "{written:?}");
         assert_eq!(written[0]["pending"][0]["txn"], "t1", "{written:?}");
         assert_eq!(written[0]["balance"], 950, "the debit still counts");
