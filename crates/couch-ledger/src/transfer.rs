@@ -651,11 +651,17 @@ impl Ledger {
     /// Writes a transfer document through the batching writer and says how it went: a
     /// decision must tell a write every copy took from one that reached some of them.
     pub(crate) async fn write_txn_outcome(&self, doc: &TxnDoc) -> Result<TxnWritten> {
+        let written = self.write_txn_raw(doc).await;
+        self.txn_written(doc, written).await
+    }
+
+    /// A transfer document checked and written through the batching writer, the server's
+    /// answer as it came.
+    async fn write_txn_raw(&self, doc: &TxnDoc) -> Result<crate::engine::TxnWrite> {
         doc.check()
             .map_err(|m| Error::invariant(format!("refusing to write {}: {m}", doc.id)))?;
         let raw = crate::couch::RawDoc::new(&doc.id, doc)?;
-        let written = self.inner.txns.write(doc.id.clone(), raw).await;
-        self.txn_written(doc, written).await
+        self.inner.txns.write(doc.id.clone(), raw).await
     }
 
     /// What a transfer document's write came to ([`Ledger::write_txn_outcome`]).
@@ -775,8 +781,18 @@ impl Ledger {
         if how == Decided::Read {
             self.seal_decision(doc).await?;
         }
+        self.alone_on_every_copy(doc, copies).await
+    }
+
+    /// `Ok` when a read of every copy (`open_revs=all`, `r` = `copies`) shows one live leaf,
+    /// `doc` or one descending from it with its state; `unconfirmed` otherwise.
+    async fn alone_on_every_copy(&self, doc: &TxnDoc, copies: u32) -> Result<()> {
         let id = txn_doc_id(&doc.txn_id);
-        let leaves = hot.live_leaves_with_history(&id, Some(copies)).await?;
+        let leaves = self
+            .inner
+            .hot
+            .live_leaves_with_history(&id, Some(copies))
+            .await?;
         match leaves.as_slice() {
             [only] if descends_with_state(only, doc) => Ok(()),
             _ => {
@@ -784,7 +800,7 @@ impl Ledger {
                     txn = %doc.txn_id,
                     leaves = leaves.len(),
                     decided = %doc.state,
-                    "a decision is not on every copy alone; not told yet"
+                    "a decision is not on every copy alone; not told or acted on yet"
                 );
                 Err(unconfirmed(&doc.txn_id))
             }
@@ -851,23 +867,9 @@ impl Ledger {
             d.written.clone_from(&sealed.rev);
             d.doc = sealed;
         }
-        let id = txn_doc_id(&d.doc.txn_id);
-        let leaves = hot.live_leaves_with_history(&id, Some(copies)).await?;
-        match leaves.as_slice() {
-            [only] if descends_with_state(only, &d.doc) => {
-                d.confirmed = true;
-                Ok(())
-            }
-            _ => {
-                tracing::info!(
-                    txn = %d.doc.txn_id,
-                    leaves = leaves.len(),
-                    decided = %d.doc.state,
-                    "a decision is not on every copy alone; its accounts are left as they are"
-                );
-                Err(Stop::Fail(unconfirmed(&d.doc.txn_id)))
-            }
-        }
+        self.alone_on_every_copy(&d.doc, copies).await?;
+        d.confirmed = true;
+        Ok(())
     }
 
     /// Resolves a conflicted transfer document (docs/CLUSTER.md). Between leaves of other terms
@@ -972,10 +974,7 @@ impl Ledger {
     /// by some copies only leaves the conflict as it is, for a later resolution (the child,
     /// one revision longer, is then the winner).
     async fn extend_kept_leaf(&self, id: &str, kept: TxnDoc) -> Result<TxnDoc> {
-        kept.check()
-            .map_err(|m| Error::invariant(format!("refusing to write {id}: {m}")))?;
-        let raw = crate::couch::RawDoc::new(&kept.id, &kept)?;
-        match self.inner.txns.write(kept.id.clone(), raw).await {
+        match self.write_txn_raw(&kept).await {
             Ok(crate::engine::TxnWrite::Written(rev)) => Ok(TxnDoc {
                 rev: Some(rev),
                 ..kept
