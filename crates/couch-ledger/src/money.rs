@@ -174,6 +174,11 @@ impl Amount {
     pub fn is_positive(self) -> bool {
         self.0 > 0
     }
+
+    /// Below zero.
+    pub fn is_negative(self) -> bool {
+        self.0 < 0
+    }
 }
 
 impl<'de> Deserialize<'de> for Amount {

@@ -64,10 +64,15 @@ pub(super) fn client_on(uri: &str) -> Client {
 }
 
 pub(super) fn engine_on(uri: &str) -> Arc<AccountEngine> {
+    engine_writing(uri, WriteQuorum::default())
+}
+
+/// An engine whose account writes go at `quorum`.
+pub(super) fn engine_writing(uri: &str, quorum: WriteQuorum) -> Arc<AccountEngine> {
     let bulk = Arc::new(BulkWriter::new(client_on(uri)));
     Arc::new(AccountEngine::new(
         bulk,
-        Arc::new(Quorum::new(WriteQuorum::default(), Entries::default())),
+        Arc::new(Quorum::new(quorum, Entries::default())),
         Arc::new(ConflictTally::default()),
     ))
 }

@@ -21,18 +21,18 @@ pub enum WriteQuorum {
     /// answers 202 and is re-read before the protocol moves on.
     #[default]
     All,
-    /// The server's default (`w` = 2 of 3 on CouchDB and Cloudant) for account writes: faster
-    /// with a slow copy; a rival write through another node may then land too, and the
-    /// conflict is merged (each transfer counted once). An overdraft such a merge causes is
-    /// taken back from the debit whose worker has not committed yet, and reported by `verify`
-    /// and `status` while it lasts. Where both debits were decided before the merge (each
-    /// passed its funds check on its own branch), none can be taken back: a limited account
-    /// can then stay below its minimum until credits come (no money is made or lost;
-    /// docs/CLUSTER.md, "Open: reads of one copy").
+    /// The server's default (`w` = 2 of 3 on CouchDB and Cloudant) for account writes that
+    /// cannot overdraw: credits, settles, undos, merges, and debits of an account without a
+    /// minimum. Faster with a slow copy; a rival write through another node may then land too,
+    /// and the conflict is merged (each transfer counted once). A write that takes a new debit
+    /// on an account with a minimum still goes with `w` = every copy: its funds check must be
+    /// exclusive, or two debits could each pass on a branch of its own, both be decided before
+    /// a merge met them, and leave the account below its minimum at rest (docs/CLUSTER.md,
+    /// "Write quorum and read quorum").
     ///
     /// Exercised in every CI run by `r1_trio` (three replicating servers, conflicts merged),
     /// where it once showed two defects, both fixed and tested (docs/CLUSTER.md, "What the
-    /// tests show"); never tried on a real cluster here. Prefer [`WriteQuorum::All`] unless a
+    /// tests show") and by the simulator. Prefer [`WriteQuorum::All`] unless a
     /// slow copy makes it too slow.
     ServerDefault,
 }
@@ -170,10 +170,11 @@ impl Quorum {
     }
 
     /// `w` = the database's copies when there are several and the write must be exclusive (a
-    /// transfer document always, an account under [`WriteQuorum::All`]); nothing otherwise, or
-    /// while the database cannot be read (the server's default applies).
-    pub(crate) async fn write_options(&self, client: &Client, transfer: bool) -> WriteOptions {
-        if !transfer && self.mode == WriteQuorum::ServerDefault {
+    /// transfer document, a write-once document, or an account write that takes a new debit on
+    /// a limited account, always; any account write under [`WriteQuorum::All`]); nothing
+    /// otherwise, or while the database cannot be read (the server's default applies).
+    pub(crate) async fn write_options(&self, client: &Client, exclusive: bool) -> WriteOptions {
+        if !exclusive && self.mode == WriteQuorum::ServerDefault {
             return WriteOptions::default();
         }
         match self.stated(client).await {

@@ -1056,4 +1056,52 @@ mod tests {
         ended.sort();
         assert_eq!(ended, ["t2", "t3"]);
     }
+
+    /// At the server's default quorum, an account write goes with `w` = every copy only when
+    /// it takes a new debit on an account with a minimum: that debit's funds check must be
+    /// exclusive, or two debits could each pass on a branch of its own and, both decided
+    /// before a merge met them, leave the account below its minimum for good (the simulator's
+    /// `SIM_TRIO=1 SIM_LONG=1 SIM_SEED=0x81f`, s3 at −1,141). Credits and debits of an account
+    /// without a minimum go at the server's default.
+    #[tokio::test]
+    async fn at_the_servers_default_quorum_only_a_limited_debit_waits_for_every_copy() {
+        use crate::engine::fixtures::{apply, engine_writing};
+        for (account, delta, w) in [
+            ("limited", -10, Some("3")),
+            ("limited", 10, None),
+            ("open", -10, None),
+        ] {
+            let server = three_copies().await;
+            all_docs_answers(&server, |key| {
+                let id = key.trim_start_matches("account:");
+                let mut doc = json!({
+                    "_id": key, "_rev": "2-r", "type": "account", "account_id": id,
+                    "currency": "EUR", "opening": 100, "balance": 100, "pending": [],
+                    "settled": []
+                });
+                if id == "limited" {
+                    doc["min_balance"] = json!(0);
+                }
+                json!({"id": key, "key": key, "value": {"rev": "2-r"}, "doc": doc})
+            })
+            .await;
+            let engine = engine_writing(&server.uri(), crate::WriteQuorum::ServerDefault);
+            let op = AccountOp {
+                account: account.into(),
+                ..apply("t", delta, delta < 0, None)
+            };
+            let results = engine.run(vec![op]).await;
+            assert!(results[0].is_ok(), "{account} {delta}: {results:?}");
+            let requests = server.received_requests().await.unwrap_or_default();
+            let w_sent: Vec<Option<String>> = requests
+                .iter()
+                .filter(|r| r.url.path() == "/db/_bulk_docs")
+                .map(|r| {
+                    let w = r.url.query_pairs().find(|(k, _)| k == "w");
+                    w.map(|(_, v)| v.into_owned())
+                })
+                .collect();
+            assert_eq!(w_sent, [w.map(String::from)], "{account} {delta}");
+        }
+    }
 }

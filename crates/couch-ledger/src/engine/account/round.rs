@@ -199,12 +199,16 @@ impl AccountEngine {
             if writes.is_empty() {
                 continue;
             }
+            let debits = writes.iter().any(|doc| {
+                let read = round.slots.get(&doc.account_id).and_then(|s| s.doc.as_ref());
+                takes_a_limited_debit(read, doc)
+            });
             // 4. `_bulk_docs` for every changed account (one request unless they pass
             //    [`BULK_BYTES_MAX`]), each a CAS on its `_rev` — with the queued transfer
             //    documents, handed to the bulk writer at the same moment so they share it.
             let results = match txns.take() {
-                Some(t) => self.write_accounts_with(&writes, t).await,
-                None => self.write_accounts(&writes).await,
+                Some(t) => self.write_accounts_with(&writes, debits, t).await,
+                None => self.write_accounts(&writes, debits).await,
             };
             self.answer_written(&mut round, writes, results, &mut decided)
                 .await;
@@ -612,8 +616,13 @@ impl AccountEngine {
     /// Writes accounts with `_bulk_docs`, in requests of at most [`BULK_BYTES_MAX`] bytes; a
     /// request the server refuses as too large (413) is split in two and sent again, down to
     /// one document, whose 413 is its answer. One answer per document, in order: its result,
-    /// or the error of the request that carried it (unknown whether it landed).
-    pub(super) async fn write_accounts(&self, writes: &[AccountDoc]) -> Vec<Result<BulkResult>> {
+    /// or the error of the request that carried it (unknown whether it landed). `debits`: some
+    /// write takes a new debit on a limited account, so every request goes exclusive.
+    pub(super) async fn write_accounts(
+        &self,
+        writes: &[AccountDoc],
+        debits: bool,
+    ) -> Vec<Result<BulkResult>> {
         let mut answers: Vec<Option<Result<BulkResult>>> = writes.iter().map(|_| None).collect();
         let (raw, mut chunks) = serialized_in_chunks(writes, &mut answers);
         while let Some(chunk) = chunks.pop_front() {
@@ -626,7 +635,7 @@ impl AccountEngine {
                     })
                 })
                 .collect();
-            let options = self.quorum.write_options(&self.client, false).await;
+            let options = self.quorum.write_options(&self.client, debits).await;
             match self.bulk.write(docs, options).await {
                 Ok(results) => {
                     let mut by_id = results_by_id(results);
@@ -659,6 +668,17 @@ impl AccountEngine {
             .map(|a| a.unwrap_or_else(|| Err(Error::invariant("an account write was not sent"))))
             .collect()
     }
+}
+
+/// Whether `written` holds a debit marker that `read` (the account as this attempt read it, or
+/// `None` for an account created now) lacks, on an account with a minimum: its funds check
+/// passed on this branch alone unless the write reaches every copy (`WriteQuorum`).
+fn takes_a_limited_debit(read: Option<&AccountDoc>, written: &AccountDoc) -> bool {
+    written.min_balance.is_some()
+        && written.pending.iter().any(|m| {
+            m.delta.is_negative()
+                && !read.is_some_and(|r| r.pending.iter().any(|p| p.txn == m.txn))
+        })
 }
 
 /// The accounts `writes` serialized, each once (the same bytes size the chunks and go on the

@@ -47,14 +47,15 @@ impl AccountEngine {
     /// A round's account writes and its transfer documents in one `_bulk_docs` (the
     /// transfers' decisions go out with the next transfers' applies), when both ask for the same
     /// `w` and fit in [`BULK_BYTES_MAX`]; else (and after a 413) one after the other. The
-    /// accounts' answers as [`AccountEngine::write_accounts`] gives them; each transfer document
-    /// answered to its writer.
+    /// accounts' answers as [`AccountEngine::write_accounts`] gives them (`debits` as it takes
+    /// it); each transfer document answered to its writer.
     pub(super) async fn write_accounts_with(
         &self,
         writes: &[AccountDoc],
+        debits: bool,
         txns: Vec<QueuedTxn>,
     ) -> Vec<Result<BulkResult>> {
-        let accounts_w = self.quorum.write_options(&self.client, false).await;
+        let accounts_w = self.quorum.write_options(&self.client, debits).await;
         let txns_w = self.quorum.write_options(&self.client, true).await;
         let raw: Option<Vec<RawDoc>> = writes
             .iter()
@@ -67,7 +68,7 @@ impl AccountEngine {
                 .sum()
         });
         let (Some(raw), true) = (raw, accounts_w == txns_w && bytes <= BULK_BYTES_MAX) else {
-            let (results, ()) = tokio::join!(self.write_accounts(writes), self.write_txns(txns));
+            let (results, ()) = tokio::join!(self.write_accounts(writes, debits), self.write_txns(txns));
             return results;
         };
         self.txn_rounds.fetch_add(1, Ordering::Relaxed);
@@ -98,7 +99,7 @@ impl AccountEngine {
                     .map(|((id, reply), doc)| QueuedTxn { id, doc, reply })
                     .collect();
                 let (results, ()) =
-                    tokio::join!(self.write_accounts(writes), self.write_txns(txns));
+                    tokio::join!(self.write_accounts(writes, debits), self.write_txns(txns));
                 results
             }
             Err(e) => {
