@@ -134,13 +134,63 @@ fn difference(path: &str, a: &Value, b: &Value) -> Option<String> {
     }
 }
 
-/// The first field in which some leaf of a document differs from `doc`, if any.
-fn differing(leaves: &Leaves, doc: &Value) -> Option<String> {
-    leaves
-        .winner
+/// What the live leaves of a write-once id say of `doc`, whose own revision is `ours` when it
+/// is known to be stored (`None`: found among the leaves, or not stored).
+///
+/// Write-once bodies are never edited nor deleted but by a conflict's resolution, which keeps
+/// CouchDB's winner (the greatest revision: every body is a first revision) and deletes the
+/// others (docs/CLUSTER.md, "Write-once documents"). So a body beaten by another live one never
+/// counts, whatever comes later, and the greatest one counts until a greater appears.
+fn judge(leaves: &Leaves, doc: &Value, ours: Option<&str>) -> Judged {
+    let all: Vec<&Value> = leaves.winner.iter().chain(&leaves.losers).collect();
+    let ours = ours.map(rev_order).or_else(|| {
+        all.iter()
+            .find(|leaf| first_difference(doc, leaf).is_none())
+            .and_then(|leaf| rev_of(leaf))
+    });
+    let others: Vec<(&Value, String)> = all
         .iter()
-        .chain(&leaves.losers)
-        .find_map(|stored| first_difference(doc, stored))
+        .filter_map(|leaf| first_difference(doc, leaf).map(|field| (*leaf, field)))
+        .collect();
+    let Some(ours) = ours else {
+        return match others.first() {
+            Some((_, field)) => Judged::Beaten(field.clone()),
+            None => Judged::Alone,
+        };
+    };
+    if let Some((_, field)) = others.iter().find(|(leaf, _)| rev_of(leaf) > Some(ours)) {
+        return Judged::Beaten(field.clone());
+    }
+    if others.is_empty() {
+        Judged::Alone
+    } else {
+        Judged::Ahead
+    }
+}
+
+/// A write-once body among the leaves of its id.
+#[derive(Debug, PartialEq)]
+enum Judged {
+    /// The only body there (or nothing else is).
+    Alone,
+    /// Stored, and the greatest body there: it counts, unless a greater one appears before the
+    /// conflict is resolved.
+    Ahead,
+    /// Another body (this field differs) is greater, or ours is not stored: ours never counts.
+    Beaten(String),
+}
+
+/// A leaf's revision in CouchDB's order.
+fn rev_of(leaf: &Value) -> Option<(u64, &str)> {
+    leaf.get("_rev").and_then(Value::as_str).map(rev_order)
+}
+
+/// A revision `N-hash` in CouchDB's order: its generation, then its hash.
+fn rev_order(rev: &str) -> (u64, &str) {
+    match rev.split_once('-') {
+        Some((n, hash)) => (n.parse().unwrap_or(0), hash),
+        None => (0, rev),
+    }
 }
 
 impl Ledger {
@@ -380,30 +430,32 @@ impl Ledger {
     /// Creates a write-once document: PUT without `_rev`, with `w` = every copy of a cluster's
     /// database. Taken by every copy (201), it is the only body there can ever be under its id
     /// (each copy took it as a new document, and refuses another now): `Created`. When it
-    /// exists the stored document is compared with ours — the same is `Exists`, different is a
-    /// mismatch naming the field; every leaf is compared (docs/CLUSTER.md): on a cluster two
-    /// bodies under one id can both be stored, and one of them differing from ours is a
-    /// mismatch even when ours won. Taken by some copies only (202), it is `Uncertain` unless
-    /// the read back shows another body (a mismatch).
+    /// exists, every leaf is compared with ours (docs/CLUSTER.md): on a cluster two bodies
+    /// under one id can both be stored. Ours alone is `Exists`; ours beaten by a greater body,
+    /// or not stored beside another, is a mismatch naming the field (ours never counts); ours
+    /// the greatest of several is `Uncertain` (it counts unless a greater one appears before the
+    /// sweeper resolves the conflict). Taken by some copies only (202), it is `Uncertain` unless
+    /// the read back shows a greater body (a mismatch).
     async fn write_once(&self, id: &str, doc: Value) -> Result<Recorded> {
         let client = &self.inner.client;
         let options = self.inner.quorum.write_options(client, true).await;
+        let recorded = |status| Recorded {
+            id: id.to_owned(),
+            status,
+        };
         for _ in 0..WRITE_ATTEMPTS_MAX {
             match client.put_with(id, &doc, &options).await {
+                Ok(written) if written.accepted => {
+                    tracing::info!(id, "write accepted (202), not on every copy yet");
+                    let leaves = client.leaves(id).await?;
+                    return match leaves.map(|l| judge(&l, &doc, Some(&written.rev))) {
+                        Some(Judged::Beaten(field)) => Err(Error::mismatch(id, &field)),
+                        _ => Ok(recorded(RecordStatus::Uncertain)),
+                    };
+                }
                 Ok(written) => {
                     debug_assert_eq!(written.id, id);
-                    let mut status = RecordStatus::Created;
-                    if written.accepted {
-                        tracing::info!(id, "write accepted (202), not on every copy yet");
-                        if let Some(field) = self.differing_leaf(id, &doc).await? {
-                            return Err(Error::mismatch(id, &field));
-                        }
-                        status = RecordStatus::Uncertain;
-                    }
-                    return Ok(Recorded {
-                        id: id.to_owned(),
-                        status,
-                    });
+                    return Ok(recorded(RecordStatus::Created));
                 }
                 // CouchDB answers 409 for a create over an existing document. pouchdb-server
                 // runs validate_doc_update first, whose write-once rule answers 403; a 403 for
@@ -411,12 +463,10 @@ impl Ledger {
                 Err(e) if e.is_conflict() || e.is_forbidden() => {
                     match client.leaves(id).await? {
                         Some(leaves) => {
-                            return match differing(&leaves, &doc) {
-                                None => Ok(Recorded {
-                                    id: id.to_owned(),
-                                    status: RecordStatus::Exists,
-                                }),
-                                Some(field) => Err(Error::mismatch(id, &field)),
+                            return match judge(&leaves, &doc, None) {
+                                Judged::Alone => Ok(recorded(RecordStatus::Exists)),
+                                Judged::Ahead => Ok(recorded(RecordStatus::Uncertain)),
+                                Judged::Beaten(field) => Err(Error::mismatch(id, &field)),
                             };
                         }
                         None if e.is_forbidden() => return Err(e),
@@ -431,21 +481,42 @@ impl Ledger {
             "{id}: kept conflicting with a document that then disappeared"
         )))
     }
-
-    /// The first field in which some leaf of `id` differs from `doc`, if any.
-    async fn differing_leaf(&self, id: &str, doc: &Value) -> Result<Option<String>> {
-        Ok(self
-            .inner
-            .client
-            .leaves(id)
-            .await?
-            .and_then(|leaves| differing(&leaves, doc)))
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two bodies under one write-once id: the greater revision counts (CouchDB's winner,
+    /// which the resolution keeps), so its caller is told `uncertain` until the conflict is
+    /// resolved, and the other's caller a mismatch, whichever answer (202, or 409 and a read)
+    /// each met. One body alone is `exists`; a body not stored beside another is a mismatch.
+    #[test]
+    fn a_body_counts_only_when_no_greater_body_stands_beside_it() {
+        let body = |rev: &str, value: i64| json!({"_id": "p", "_rev": rev, "value": value});
+        let ours = json!({"_id": "p", "value": 100});
+        let leaves = |winner: Value, losers: Vec<Value>| Leaves {
+            winner: Some(winner),
+            losers,
+        };
+        let two = leaves(body("1-b", 200), vec![body("1-a", 100)]);
+        assert_eq!(judge(&two, &ours, None), Judged::Beaten("value".into()));
+        assert_eq!(
+            judge(&two, &ours, Some("1-a")),
+            Judged::Beaten("value".into())
+        );
+        let two = leaves(body("1-b", 100), vec![body("1-a", 200)]);
+        assert_eq!(judge(&two, &ours, None), Judged::Ahead);
+        assert_eq!(judge(&two, &ours, Some("1-b")), Judged::Ahead);
+        let alone = leaves(body("1-a", 100), vec![]);
+        assert_eq!(judge(&alone, &ours, None), Judged::Alone);
+        assert_eq!(judge(&alone, &ours, Some("1-a")), Judged::Alone);
+        let other = leaves(body("1-a", 200), vec![]);
+        assert_eq!(judge(&other, &ours, None), Judged::Beaten("value".into()));
+        // A 202 of ours the read did not see yet, beside a lesser body: ours counts.
+        assert_eq!(judge(&other, &ours, Some("1-b")), Judged::Ahead);
+        assert!(rev_order("10-a") > rev_order("9-b"));
+    }
 
     #[test]
     fn first_difference_names_the_path() {

@@ -200,7 +200,10 @@ impl AccountEngine {
                 continue;
             }
             let debits = writes.iter().any(|doc| {
-                let read = round.slots.get(&doc.account_id).and_then(|s| s.doc.as_ref());
+                let read = round
+                    .slots
+                    .get(&doc.account_id)
+                    .and_then(|s| s.doc.as_ref());
                 takes_a_limited_debit(read, doc)
             });
             // 4. `_bulk_docs` for every changed account (one request unless they pass
@@ -676,8 +679,7 @@ impl AccountEngine {
 fn takes_a_limited_debit(read: Option<&AccountDoc>, written: &AccountDoc) -> bool {
     written.min_balance.is_some()
         && written.pending.iter().any(|m| {
-            m.delta.is_negative()
-                && !read.is_some_and(|r| r.pending.iter().any(|p| p.txn == m.txn))
+            m.delta.is_negative() && !read.is_some_and(|r| r.pending.iter().any(|p| p.txn == m.txn))
         })
 }
 

@@ -68,7 +68,8 @@ impl AccountEngine {
                 .sum()
         });
         let (Some(raw), true) = (raw, accounts_w == txns_w && bytes <= BULK_BYTES_MAX) else {
-            let (results, ()) = tokio::join!(self.write_accounts(writes, debits), self.write_txns(txns));
+            let (results, ()) =
+                tokio::join!(self.write_accounts(writes, debits), self.write_txns(txns));
             return results;
         };
         self.txn_rounds.fetch_add(1, Ordering::Relaxed);
