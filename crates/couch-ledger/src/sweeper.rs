@@ -691,25 +691,33 @@ impl Ledger {
 
     /// Resolves a write-once document holding several bodies: keeps CouchDB's winner, the
     /// greatest revision and the body every view counts already, and deletes the other bodies
-    /// read, naming it (`merged_into`: an admin's deletion; the validation refuses anyone
+    /// read from every copy, naming it (`merged_into`: an admin's deletion; the validation refuses anyone
     /// else's). Only a body beaten by a live one is deleted, so the body that stays is the
     /// greatest of all, even where a copy not read holds one more; each caller learns which by
     /// sending its body again (`exists`, or a mismatch; docs/CLUSTER.md, "Write-once
     /// documents").
     async fn resolve_write_once(&self, id: &str) -> Result<()> {
         let client = &self.inner.client;
-        let Some(leaves) = client.leaves(id).await? else {
-            return Ok(());
-        };
-        let rev = |doc: &Value| doc.get("_rev").and_then(Value::as_str).map(str::to_owned);
-        let Some(kept) = leaves.winner.as_ref().and_then(rev) else {
-            return Ok(());
-        };
-        let stubs: Vec<Value> = leaves
-            .losers
+        // Every copy's bodies: a quorum read can hide one most copies hold.
+        let copies = self.inner.quorum.several_copies(client).await?;
+        let mut revs: Vec<(u64, String)> = client
+            .live_leaves(id, copies)
+            .await?
             .iter()
-            .filter_map(rev)
-            .map(|loser| json!({"_id": id, "_rev": loser, "_deleted": true, "merged_into": kept}))
+            .filter_map(|doc| doc.get("_rev").and_then(Value::as_str))
+            .filter_map(|rev| {
+                let (n, _) = rev.split_once('-')?;
+                Some((n.parse().ok()?, rev.to_owned()))
+            })
+            .collect();
+        // CouchDB's order: the generation, then the hash (the same for every first revision).
+        revs.sort_by(|a, b| (a.0, rev_hash(&a.1)).cmp(&(b.0, rev_hash(&b.1))));
+        let Some((_, kept)) = revs.pop() else {
+            return Ok(());
+        };
+        let stubs: Vec<Value> = revs
+            .iter()
+            .map(|(_, loser)| json!({"_id": id, "_rev": loser, "_deleted": true, "merged_into": kept}))
             .collect();
         if stubs.is_empty() {
             return Ok(());
@@ -1294,6 +1302,11 @@ fn oldest_first(mut queue: Vec<(i64, String)>, limit: usize) -> (Vec<String>, Ha
         }
     }
     (candidates, seen)
+}
+
+/// The hash of a revision `N-hash`.
+fn rev_hash(rev: &str) -> &str {
+    rev.split_once('-').map_or(rev, |(_, hash)| hash)
 }
 
 /// Whether a document read with its conflicts still holds one.

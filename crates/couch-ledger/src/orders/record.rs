@@ -7,7 +7,6 @@ use super::model::{
     purchase_id, unknown_order, Adjustment, Delivered, EntryKind, Payment, Purchase, RecordStatus,
     Recorded, Refund, Shipment,
 };
-use crate::couch::Leaves;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::meta::{self, Metadata};
@@ -141,8 +140,7 @@ fn difference(path: &str, a: &Value, b: &Value) -> Option<String> {
 /// CouchDB's winner (the greatest revision: every body is a first revision) and deletes the
 /// others (docs/CLUSTER.md, "Write-once documents"). So a body beaten by another live one never
 /// counts, whatever comes later, and the greatest one counts until a greater appears.
-fn judge(leaves: &Leaves, doc: &Value, ours: Option<&str>) -> Judged {
-    let all: Vec<&Value> = leaves.winner.iter().chain(&leaves.losers).collect();
+fn judge(all: &[Value], doc: &Value, ours: Option<&str>) -> Judged {
     let ours = ours.map(rev_order).or_else(|| {
         all.iter()
             .find(|leaf| first_difference(doc, leaf).is_none())
@@ -150,7 +148,7 @@ fn judge(leaves: &Leaves, doc: &Value, ours: Option<&str>) -> Judged {
     });
     let others: Vec<(&Value, String)> = all
         .iter()
-        .filter_map(|leaf| first_difference(doc, leaf).map(|field| (*leaf, field)))
+        .filter_map(|leaf| first_difference(doc, leaf).map(|field| (leaf, field)))
         .collect();
     let Some(ours) = ours else {
         return match others.first() {
@@ -447,9 +445,9 @@ impl Ledger {
             match client.put_with(id, &doc, &options).await {
                 Ok(written) if written.accepted => {
                     tracing::info!(id, "write accepted (202), not on every copy yet");
-                    let leaves = client.leaves(id).await?;
-                    return match leaves.map(|l| judge(&l, &doc, Some(&written.rev))) {
-                        Some(Judged::Beaten(field)) => Err(Error::mismatch(id, &field)),
+                    let bodies = self.bodies(id).await?;
+                    return match judge(&bodies, &doc, Some(&written.rev)) {
+                        Judged::Beaten(field) => Err(Error::mismatch(id, &field)),
                         _ => Ok(recorded(RecordStatus::Uncertain)),
                     };
                 }
@@ -461,18 +459,19 @@ impl Ledger {
                 // runs validate_doc_update first, whose write-once rule answers 403; a 403 for
                 // a document that does not exist is a real refusal.
                 Err(e) if e.is_conflict() || e.is_forbidden() => {
-                    match client.leaves(id).await? {
-                        Some(leaves) => {
-                            return match judge(&leaves, &doc, None) {
-                                Judged::Alone => Ok(recorded(RecordStatus::Exists)),
-                                Judged::Ahead => Ok(recorded(RecordStatus::Uncertain)),
-                                Judged::Beaten(field) => Err(Error::mismatch(id, &field)),
-                            };
+                    let bodies = self.bodies(id).await?;
+                    if bodies.is_empty() {
+                        if e.is_forbidden() {
+                            return Err(e);
                         }
-                        None if e.is_forbidden() => return Err(e),
                         // Deleted between our write and our read: write again.
-                        None => continue,
+                        continue;
                     }
+                    return match judge(&bodies, &doc, None) {
+                        Judged::Alone => Ok(recorded(RecordStatus::Exists)),
+                        Judged::Ahead => Ok(recorded(RecordStatus::Uncertain)),
+                        Judged::Beaten(field) => Err(Error::mismatch(id, &field)),
+                    };
                 }
                 Err(e) => return Err(e),
             }
@@ -480,6 +479,15 @@ impl Ledger {
         Err(Error::invariant(format!(
             "{id}: kept conflicting with a document that then disappeared"
         )))
+    }
+
+    /// Every live body of the write-once `id`, from every copy that answers (`open_revs=all`,
+    /// `r` = the copies): a quorum read can hide a body most copies hold (docs/CLUSTER.md).
+    /// Empty when it does not exist.
+    async fn bodies(&self, id: &str) -> Result<Vec<Value>> {
+        let client = &self.inner.client;
+        let copies = self.inner.quorum.several_copies(client).await?;
+        client.live_leaves(id, copies).await
     }
 }
 
@@ -495,23 +503,16 @@ mod tests {
     fn a_body_counts_only_when_no_greater_body_stands_beside_it() {
         let body = |rev: &str, value: i64| json!({"_id": "p", "_rev": rev, "value": value});
         let ours = json!({"_id": "p", "value": 100});
-        let leaves = |winner: Value, losers: Vec<Value>| Leaves {
-            winner: Some(winner),
-            losers,
-        };
-        let two = leaves(body("1-b", 200), vec![body("1-a", 100)]);
+        let two = [body("1-b", 200), body("1-a", 100)];
         assert_eq!(judge(&two, &ours, None), Judged::Beaten("value".into()));
-        assert_eq!(
-            judge(&two, &ours, Some("1-a")),
-            Judged::Beaten("value".into())
-        );
-        let two = leaves(body("1-b", 100), vec![body("1-a", 200)]);
+        assert_eq!(judge(&two, &ours, Some("1-a")), Judged::Beaten("value".into()));
+        let two = [body("1-a", 200), body("1-b", 100)];
         assert_eq!(judge(&two, &ours, None), Judged::Ahead);
         assert_eq!(judge(&two, &ours, Some("1-b")), Judged::Ahead);
-        let alone = leaves(body("1-a", 100), vec![]);
+        let alone = [body("1-a", 100)];
         assert_eq!(judge(&alone, &ours, None), Judged::Alone);
         assert_eq!(judge(&alone, &ours, Some("1-a")), Judged::Alone);
-        let other = leaves(body("1-a", 200), vec![]);
+        let other = [body("1-a", 200)];
         assert_eq!(judge(&other, &ours, None), Judged::Beaten("value".into()));
         // A 202 of ours the read did not see yet, beside a lesser body: ours counts.
         assert_eq!(judge(&other, &ours, Some("1-b")), Judged::Ahead);
