@@ -152,17 +152,17 @@ function (newDoc, oldDoc, userCtx, secObj) {
   }
 
   // ---- deletion -------------------------------------------------------------
-  // A conflict's losing leaf is deleted once the conflict is resolved (docs/CLUSTER.md): an
-  // account's or a transfer's once its content is merged into the winner, a write-once
-  // document's other body once the winner (the body every view counts) is kept; a deletion
-  // naming the revision kept (`merged_into`). This function cannot tell a losing leaf from the
-  // only one, so only a server admin may write one; a plain deletion is refused to everyone.
+  // A conflict's losing leaf of an account or a transfer is deleted once its content is merged
+  // into the winner (docs/CLUSTER.md): a deletion naming the revision it was merged into
+  // (`merged_into`). This function cannot tell a losing leaf from the only one, so only a
+  // server admin may write one; a plain deletion is refused to everyone, write-once documents
+  // are never deleted.
   if (newDoc._deleted) {
-    var ours = oldType === 'account' || oldType === 'transaction' || IMMUTABLE[oldType] === true;
-    var resolution = isAdmin && typeof newDoc.merged_into === 'string';
-    if (oldLive && ours && !resolution) {
-      deny(oldType, "documents of type '" + oldType + "' may never be deleted (field '_deleted'); " +
-        "only a server admin may delete the losing leaf of a conflict, naming the revision kept ('merged_into')");
+    var mutable = oldType === 'account' || oldType === 'transaction';
+    var merge = mutable && isAdmin && typeof newDoc.merged_into === 'string';
+    if (oldLive && (IMMUTABLE[oldType] === true || (mutable && !merge))) {
+      deny(oldType, "documents of type '" + oldType + "' may never be deleted (field '_deleted')" +
+        (mutable ? "; only a server admin may delete the losing leaf of a conflict, naming the revision it was merged into ('merged_into')" : ""));
     }
     return;
   }

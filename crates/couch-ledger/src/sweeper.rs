@@ -99,9 +99,9 @@ pub struct SweepOutcome {
     /// Ledger documents found holding a conflict (the `transactions/conflicts` view) and left
     /// with one leaf: accounts merged, transfers resolved (docs/CLUSTER.md).
     pub conflicts_resolved: u64,
-    /// Conflicted ledger documents left as they are, each named in `problems`: what could not
-    /// be resolved now (a later pass tries again), or not by this caller (a member may not
-    /// delete a losing leaf).
+    /// Conflicted ledger documents left as they are, each named in `problems`: write-once
+    /// documents with two different bodies (a person decides), or what could not be resolved
+    /// now (a later pass tries again).
     pub conflicts_unresolved: u64,
     /// What could not be handled, one line each (at most 1,000: the counts stay exact beyond).
     pub problems: Vec<String>,
@@ -626,8 +626,7 @@ impl Ledger {
 
     /// Resolves up to `limit` conflicted ledger documents the `transactions/conflicts` view
     /// lists: transfers first (an account's merge may depend on its transfer's outcome), then
-    /// accounts, merged by the engine; a write-once document with two bodies keeps CouchDB's
-    /// winner.
+    /// accounts, merged by the engine. A write-once document with two bodies is reported.
     async fn resolve_conflicts(&self, limit: u64, out: &mut SweepOutcome) -> Result<()> {
         let q = ViewQuery {
             reduce: Some(false),
@@ -659,19 +658,18 @@ impl Ledger {
                     kind: OpKind::Resolve,
                     link: None,
                 }),
-                // Two bodies under one write-once id (two callers of one reference with other
-                // content, each write a 202): CouchDB's winner stays.
-                _ => match self.resolve_write_once(&id).await {
-                    Ok(()) => out.conflicts_resolved += 1,
-                    Err(e) => {
-                        out.conflicts_unresolved += 1;
-                        out.problem(format!(
-                            "{id}: a write-once {kind} holding {} other bodies under its id could \
-                             not be resolved: {e}",
-                            row.value
-                        ));
-                    }
-                },
+                // Two bodies under one write-once id: both callers were told `uncertain` (or one
+                // `created` by an earlier version). Which payment happened is a business question,
+                // and the validation lets nobody delete a write-once document.
+                _ => {
+                    out.conflicts_unresolved += 1;
+                    out.problem(format!(
+                        "{id}: a write-once {kind} holds {} other bodies under its id; never \
+                         picked by the program — a person decides which is true and deletes \
+                         the others",
+                        row.value
+                    ));
+                }
             }
         }
         if !accounts.is_empty() {
@@ -687,67 +685,6 @@ impl Ledger {
             }
         }
         Ok(())
-    }
-
-    /// Resolves a write-once document holding several bodies: keeps CouchDB's winner, the
-    /// greatest revision and the body every view counts already, and deletes the other bodies
-    /// read from every copy, naming it (`merged_into`: an admin's deletion; the validation refuses anyone
-    /// else's). Only a body beaten by a live one is deleted, so the body that stays is the
-    /// greatest of all, even where a copy not read holds one more; each caller learns which by
-    /// sending its body again (`exists`, or a mismatch; docs/CLUSTER.md, "Write-once
-    /// documents").
-    async fn resolve_write_once(&self, id: &str) -> Result<()> {
-        let client = &self.inner.client;
-        // Every copy's bodies: a quorum read can hide one most copies hold.
-        let copies = self.inner.quorum.several_copies(client).await?;
-        let mut revs: Vec<(u64, String)> = client
-            .live_leaves(id, copies)
-            .await?
-            .iter()
-            .filter_map(|doc| doc.get("_rev").and_then(Value::as_str))
-            .filter_map(|rev| {
-                let (n, _) = rev.split_once('-')?;
-                Some((n.parse().ok()?, rev.to_owned()))
-            })
-            .collect();
-        // CouchDB's order: the generation, then the hash (the same for every first revision).
-        revs.sort_by(|a, b| (a.0, rev_hash(&a.1)).cmp(&(b.0, rev_hash(&b.1))));
-        let Some((_, kept)) = revs.pop() else {
-            return Ok(());
-        };
-        let stubs: Vec<Value> = revs
-            .iter()
-            .map(|(_, loser)| json!({"_id": id, "_rev": loser, "_deleted": true, "merged_into": kept}))
-            .collect();
-        if stubs.is_empty() {
-            return Ok(());
-        }
-        let options = self.inner.quorum.write_options(client, true).await;
-        let refused: Vec<String> = client
-            .bulk_docs_with(&stubs, &options)
-            .await?
-            .iter()
-            .filter(|r| !r.is_ok() && !r.is_conflict())
-            .map(|r| r.reason.clone().unwrap_or_default())
-            .collect();
-        if refused.is_empty() {
-            tracing::warn!(
-                id,
-                kept,
-                others = stubs.len(),
-                "resolved a write-once conflict: kept CouchDB's winner"
-            );
-            Ok(())
-        } else {
-            Err(Error::status(
-                403,
-                Some("forbidden".to_owned()),
-                Some(format!(
-                    "its other bodies could not be deleted (an admin's sweeper can): {}",
-                    refused.join("; ")
-                )),
-            ))
-        }
     }
 
     /// The one-write transfers whose markers (`marks`: account, transfer) are stale and whose
@@ -1302,11 +1239,6 @@ fn oldest_first(mut queue: Vec<(i64, String)>, limit: usize) -> (Vec<String>, Ha
         }
     }
     (candidates, seen)
-}
-
-/// The hash of a revision `N-hash`.
-fn rev_hash(rev: &str) -> &str {
-    rev.split_once('-').map_or(rev, |(_, hash)| hash)
 }
 
 /// Whether a document read with its conflicts still holds one.

@@ -136,10 +136,10 @@ fn difference(path: &str, a: &Value, b: &Value) -> Option<String> {
 /// What the live leaves of a write-once id say of `doc`, whose own revision is `ours` when it
 /// is known to be stored (`None`: found among the leaves, or not stored).
 ///
-/// Write-once bodies are never edited nor deleted but by a conflict's resolution, which keeps
-/// CouchDB's winner (the greatest revision: every body is a first revision) and deletes the
-/// others (docs/CLUSTER.md, "Write-once documents"). So a body beaten by another live one never
-/// counts, whatever comes later, and the greatest one counts until a greater appears.
+/// Write-once bodies are never edited nor deleted (the validation refuses both to everyone),
+/// and each is a first revision: the winner, the body every view counts, is the greatest
+/// revision id among them, and a body beaten by another live one never counts again
+/// (docs/CLUSTER.md, "Write-once documents").
 fn judge(all: &[Value], doc: &Value, ours: Option<&str>) -> Judged {
     let ours = ours.map(rev_order).or_else(|| {
         all.iter()
@@ -171,8 +171,8 @@ fn judge(all: &[Value], doc: &Value, ours: Option<&str>) -> Judged {
 enum Judged {
     /// The only body there (or nothing else is).
     Alone,
-    /// Stored, and the greatest body there: it counts, unless a greater one appears before the
-    /// conflict is resolved.
+    /// Stored, and the greatest body there: it counts, unless a greater one that had not
+    /// reached the copies read shows up.
     Ahead,
     /// Another body (this field differs) is greater, or ours is not stored: ours never counts.
     Beaten(String),
@@ -431,9 +431,9 @@ impl Ledger {
     /// exists, every leaf is compared with ours (docs/CLUSTER.md): on a cluster two bodies
     /// under one id can both be stored. Ours alone is `Exists`; ours beaten by a greater body,
     /// or not stored beside another, is a mismatch naming the field (ours never counts); ours
-    /// the greatest of several is `Uncertain` (it counts unless a greater one appears before the
-    /// sweeper resolves the conflict). Taken by some copies only (202), it is `Uncertain` unless
-    /// the read back shows a greater body (a mismatch).
+    /// the greatest of several is `Uncertain` (it counts, and the conflict stays for a person).
+    /// Taken by some copies only (202), it is `Uncertain` unless the read back shows a greater
+    /// body (a mismatch).
     async fn write_once(&self, id: &str, doc: Value) -> Result<Recorded> {
         let client = &self.inner.client;
         let options = self.inner.quorum.write_options(client, true).await;
@@ -495,17 +495,20 @@ impl Ledger {
 mod tests {
     use super::*;
 
-    /// Two bodies under one write-once id: the greater revision counts (CouchDB's winner,
-    /// which the resolution keeps), so its caller is told `uncertain` until the conflict is
-    /// resolved, and the other's caller a mismatch, whichever answer (202, or 409 and a read)
-    /// each met. One body alone is `exists`; a body not stored beside another is a mismatch.
+    /// Two bodies under one write-once id: the greater revision counts (CouchDB's winner), so
+    /// its caller is told `uncertain` (another body stands beside it), and the other's caller
+    /// a mismatch, whichever answer (202, or 409 and a read) each met. One body alone is
+    /// `exists`; a body not stored beside another is a mismatch.
     #[test]
     fn a_body_counts_only_when_no_greater_body_stands_beside_it() {
         let body = |rev: &str, value: i64| json!({"_id": "p", "_rev": rev, "value": value});
         let ours = json!({"_id": "p", "value": 100});
         let two = [body("1-b", 200), body("1-a", 100)];
         assert_eq!(judge(&two, &ours, None), Judged::Beaten("value".into()));
-        assert_eq!(judge(&two, &ours, Some("1-a")), Judged::Beaten("value".into()));
+        assert_eq!(
+            judge(&two, &ours, Some("1-a")),
+            Judged::Beaten("value".into())
+        );
         let two = [body("1-a", 200), body("1-b", 100)];
         assert_eq!(judge(&two, &ours, None), Judged::Ahead);
         assert_eq!(judge(&two, &ours, Some("1-b")), Judged::Ahead);

@@ -146,9 +146,8 @@ impl Ledger {
                 };
                 if let Some(losers) = doc.get("_conflicts") {
                     return Err(Error::invariant(format!(
-                        "order {order_id:?}: {id} holds a conflict (other bodies {losers}) the \
-                         sweeper has not resolved yet (it keeps the greater revision; an \
-                         admin's sweeper can delete the others): read again after a pass"
+                        "order {order_id:?}: {id} holds a conflict (other bodies {losers}); a \
+                         person must decide which is true"
                     )));
                 }
                 let field = if id.starts_with("purchase:") {
