@@ -7,6 +7,7 @@ use super::model::{
     purchase_id, unknown_order, Adjustment, Delivered, EntryKind, Payment, Purchase, RecordStatus,
     Recorded, Refund, Shipment,
 };
+use crate::couch::WriteOptions;
 use crate::error::{Error, Result};
 use crate::ledger::Ledger;
 use crate::meta::{self, Metadata};
@@ -436,7 +437,11 @@ impl Ledger {
     /// body (a mismatch).
     async fn write_once(&self, id: &str, doc: Value) -> Result<Recorded> {
         let client = &self.inner.client;
-        let options = self.inner.quorum.write_options(client, true).await;
+        // The copies must be known: a 201 at the server's default `w` is not every copy's, and
+        // would be told `created` while a rival body may still win on the others.
+        let options = WriteOptions {
+            w: self.inner.quorum.several_copies(client).await?,
+        };
         let recorded = |status| Recorded {
             id: id.to_owned(),
             status,
