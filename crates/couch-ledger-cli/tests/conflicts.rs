@@ -941,7 +941,11 @@ async fn payment_with_two_bodies(test: &str, planted: Planted) {
     .await;
     let w_rev = winner(&db, PAYMENT_ID).await;
     assert_eq!(w_rev == rev, planted == Planted::Wins);
-    let counted = if planted == Planted::Wins { 1_499 } else { 1_500 };
+    let counted = if planted == Planted::Wins {
+        1_499
+    } else {
+        1_500
+    };
     assert_eq!(l.order(ORDER).await.unwrap().paid.minor(), counted);
 
     let report = l.verify().await.unwrap();
