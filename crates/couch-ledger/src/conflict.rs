@@ -127,14 +127,23 @@ fn same_kind(a: Status, b: Status) -> bool {
     }
 }
 
-/// `leaf` without the one-write markers that hold other terms than their transfer's document
-/// (one id sent twice with other terms, each caller applying on its own branch — a cluster's
-/// two coordinators both took a write): once the document exists its terms are fixed, so no
-/// decision can ever name such a marker, and it never counts — its delta is taken back here,
-/// on every leaf alike, before the join (whichever leaf wins). A marker of the stepwise
-/// protocol (no attempt) is never dropped: its drive may still settle it, so two of those with
-/// different deltas still block the merge. Where the document was not read (the leaves agree
-/// on the delta), a stray marker is joined as any and converged later (undone: not named).
+/// `leaf` without the markers that hold other terms than their transfer's document (one id
+/// sent twice with other terms, each caller applying on its own branch — a cluster's two
+/// coordinators both took a write): the facts of such a transfer come from the one live leaf
+/// every copy holds (`read_facts`), whose terms are fixed for good, so no decision can ever
+/// name such a marker, and it never counts — its delta is taken back here, on every leaf
+/// alike, before the join (whichever leaf wins). A stepwise marker (no attempt) of other terms
+/// is dropped only against a `done` document: its drive can take it back only by writing this
+/// account, which waits for the merge, and kept, the two deltas would block the account for
+/// good (`SIM_TWO_TERMS=1`: `SIM_BASE=6000` seed 0x183d, `SIM_BASE=5000` seed 0x1496). Its
+/// own leaf can no longer win: `done` is as far as any leaf goes, and its drive settles only a
+/// commit it found alone on every copy (`confirm_fork` in crates/couch-ledger/src/transfer.rs).
+/// Against any other state it is kept: the read of every copy does not see a copy that is
+/// down, nor a copy still holding the stepwise leaf whose deletion the others took, and a
+/// stepwise `committed` there outranks a `cancelled`, then finds this account's side of it
+/// gone (a review found the interleaving: 332 lost, the transfer `committed` for good). Where
+/// the document was not read (the leaves agree on the delta), a stray marker is joined as any
+/// and converged later (undone: not named).
 ///
 /// The markers dropped are added to `strays`.
 fn without_strays(
@@ -145,7 +154,9 @@ fn without_strays(
     let mut doc = leaf.clone();
     let (dropped, kept): (Vec<Marker>, Vec<Marker>) =
         std::mem::take(&mut doc.pending).into_iter().partition(|m| {
-            m.attempt.is_some() && facts.get(&m.txn).is_some_and(|f| f.delta != m.delta)
+            facts.get(&m.txn).is_some_and(|f| {
+                f.delta != m.delta && (m.attempt.is_some() || f.state == State::Done)
+            })
         });
     doc.pending = kept;
     for m in dropped {
@@ -176,10 +187,13 @@ fn without_strays(
 /// cluster, the other terms' marker on a losing leaf left out beside the stray, as its document
 /// was `cancelled`: B's credit of 100 lost). A late apply of the dropped terms then skips too.
 /// Where the merge keeps a marker or a settle of the transfer, nothing is recorded: an undone
-/// entry would end that marker too.
+/// entry would end that marker too. A stepwise stray is never recorded: its terms' leaf is
+/// gone from every copy, so no resolution can keep it, and an entry naming no attempt would
+/// read as a cancel of every attempt, ending a marker of the terms that stand that this
+/// copy's leaves do not show yet.
 fn record_strays(merged: &mut AccountDoc, strays: &[Marker], now: i64) {
     let mut by_txn: BTreeMap<&str, Vec<Attempt>> = BTreeMap::new();
-    for m in strays {
+    for m in strays.iter().filter(|m| m.attempt.is_some()) {
         by_txn.entry(&m.txn).or_default().extend(m.attempts());
     }
     for (txn, attempts) in by_txn {

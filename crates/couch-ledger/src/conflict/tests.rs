@@ -146,12 +146,59 @@ fn three_leaves_with_other_terms_merge_alike_whichever_wins() {
 }
 
 #[test]
-fn stepwise_markers_with_different_deltas_still_block() {
-    // No attempt: the stepwise protocol's drive may still settle either; not dropped.
+fn a_stepwise_marker_of_other_terms_than_the_standing_document_is_dropped_unrecorded() {
+    // Two stepwise markers with different deltas, no document read: blocked, never guessed.
     let w = account(900, &[("t", -100)], &[]);
     let l = account(930, &[("t", -70)], &[]);
-    let f = decided(State::Pending, -70, None);
-    assert!(merge_account(&w, &[l], &f, NOW).is_err());
+    let b = merge_account(&w, std::slice::from_ref(&l), &HashMap::new(), NOW).unwrap_err();
+    assert!(b.why.contains("different deltas"), "{b:?}");
+    // The document (the one leaf every copy holds) has the −70 terms and is `done`: the −100
+    // marker's leaf is gone and cannot win over `done`, so it is dropped, whichever wins. (A
+    // stepwise `done` is written after its settles: its own −70 marker is a late repeat, kept
+    // pending where the winner holds it, for the convergence to undo, and left out otherwise.)
+    let f = decided(State::Done, -70, None);
+    for (winner, loser, kept) in [(&w, &l, 0), (&l, &w, 1)] {
+        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
+        assert!(m.pending.iter().all(|p| p.delta.minor() == -70), "{m:?}");
+        assert_eq!(m.pending.len(), kept, "{m:?}");
+        assert_eq!(m.balance.minor(), 1000 - 70 * i64::try_from(kept).unwrap());
+        assert!(m.settled.is_empty(), "{:?}", m.settled);
+    }
+    // Not `done`: a copy the read did not see may hold the stepwise terms' leaf, `committed`,
+    // which would outrank a `cancelled`: kept, so the merge waits.
+    for state in [
+        State::Pending,
+        State::Committed,
+        State::Canceling,
+        State::Cancelled,
+    ] {
+        let f = decided(state, -70, None);
+        assert!(
+            merge_account(&w, std::slice::from_ref(&l), &f, NOW).is_err(),
+            "{state:?}"
+        );
+    }
+    // A real cluster's shape (`SIM_TWO_TERMS=1 SIM_BASE=6000` seed 0x183d): one leaf holds the
+    // one-write `done` terms' marker (+333, attempt 5, named), the other the stepwise terms'
+    // (+332, no attempt), whose document leaf the resolution deleted. The named marker
+    // stays, for its settle; the stepwise one goes.
+    let (mut w, l) = (account(0, &[], &[]), account(332, &[("t", 332)], &[]));
+    once(&mut w, "t", 333, 5);
+    let f = decided(State::Done, 333, Some(5));
+    for (winner, loser) in [(&w, &l), (&l, &w)] {
+        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (333, 1), "{m:?}");
+        assert_eq!(m.pending[0].attempt, Some(Attempt::from_bits(5)));
+        assert!(m.settled.is_empty(), "{:?}", m.settled);
+    }
+    // Only the stepwise stray on any leaf: dropped, and no undone entry recorded (one naming
+    // no attempt would end the standing terms' marker that a copy not read yet holds).
+    let (w, l) = (account(0, &[], &[]), account(332, &[("t", 332)], &[]));
+    for (winner, loser) in [(&w, &l), (&l, &w)] {
+        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (0, 0), "{m:?}");
+        assert!(m.settled.is_empty(), "{:?}", m.settled);
+    }
 }
 
 #[test]

@@ -291,7 +291,7 @@ impl AccountEngine {
     /// or not about this account, is left out). `Break`: a transfer holds a conflict itself,
     /// to be resolved first.
     ///
-    /// Where the merge would drop a one-write marker as holding other terms than the document
+    /// Where the merge would drop a marker as holding other terms than the document
     /// read ([`holds_other_terms`]), the document is read again from every copy first: the
     /// read above (one copy) may show one leaf of a document whose rival leaf, with the
     /// marker's terms, reached only the other copies and may be the one kept. Dropped against
@@ -417,13 +417,13 @@ impl AccountEngine {
     }
 }
 
-/// Whether some leaf of the account holds a one-write marker of `txn` whose delta is not the
-/// one its document `f` says: a marker the merge drops as of other terms.
+/// Whether some leaf of the account holds a marker of `txn` whose delta is not the one its
+/// document `f` says: a marker the merge drops as of other terms.
 fn holds_other_terms(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &TxnFacts) -> bool {
     std::iter::once(winner)
         .chain(losers.iter())
         .flat_map(|leaf| leaf.pending.iter())
-        .any(|m| m.txn == txn && m.attempt.is_some() && m.delta != f.delta)
+        .any(|m| m.txn == txn && m.delta != f.delta)
 }
 
 /// What a transfer's document says to the merge of `account`: its state, its delta on the
