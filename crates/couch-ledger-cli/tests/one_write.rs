@@ -1026,6 +1026,52 @@ async fn an_initial_transfer_is_finished_by_one_cas() {
     assert_at_rest(&l).await;
 }
 
+// On a cluster, a merge that dropped another terms' one-write marker from one account records it
+// there undone, naming its attempt; the id's document is `initial` with its own terms, and the
+// other account still holds the other terms' marker. The one-write apply reads the entry as a
+// decision and would follow a document nothing decides, pass after pass; the pass hands it to
+// the stepwise drive, which cancels it (`conflicting_terms`), and the marker is taken back.
+#[tokio::test]
+async fn an_initial_transfer_beside_a_dropped_marker_of_other_terms_is_cancelled() {
+    let l = support::ledger("ow_initial_stray").await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let left = l.submit(request("is", "A", "B", 100), false).await.unwrap();
+    assert_eq!(left.state, State::Initial);
+    let at = now_ms();
+    let mut a = raw_account(&l, "A").await;
+    a["pending"] =
+        json!([{"txn": "is", "delta": -34, "at": at, "attempt": "0a0a0a0a0a0a", "peer": "B"}]);
+    a["balance"] = json!(966);
+    let mut b = raw_account(&l, "B").await;
+    b["settled"] =
+        json!([{"at": at, "undone": ["is"], "undone_attempts": {"is": ["0a0a0a0a0a0a"]}}]);
+    for (id, doc) in [("A", &a), ("B", &b)] {
+        l.hot_client()
+            .put(&format!("account:{id}"), doc)
+            .await
+            .unwrap();
+    }
+    let sweeper = l.another_worker();
+    let mut passes = Vec::new();
+    for _ in 0..3 {
+        let swept = sweeper.sweep_once(now_sweep()).await.unwrap();
+        assert_eq!(swept.failed, 0, "{swept:?}");
+        passes.push(swept);
+        if raw_txn(&l, "is").await["state"] == "cancelled"
+            && l.account("A").await.unwrap().pending.is_empty()
+        {
+            break;
+        }
+    }
+    let doc = raw_txn(&l, "is").await;
+    assert_eq!(doc["state"], "cancelled", "{doc:#} after {passes:?}");
+    assert_eq!(doc["reason"], "conflicting_terms", "{doc:#}");
+    assert_no_marker(&l, &["A", "B"]).await;
+    assert_eq!(balances(&l, &["A", "B"]).await, [1_000, 0]);
+    assert_at_rest(&l).await;
+}
+
 // Many transfers left `initial` on a few accounts: one pass decides them all, its drives not
 // waiting for their settles (held for the accounts' next writes), and sends what is still held
 // before it returns: no marker is left when the pass answers.
