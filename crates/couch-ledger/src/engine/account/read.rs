@@ -418,7 +418,8 @@ impl AccountEngine {
 }
 
 /// Whether some leaf of the account holds a marker of `txn` whose delta is not the one its
-/// document `f` says: a marker the merge drops as of other terms.
+/// document `f` says: a marker the merge may drop as of other terms (a one-write one always, a
+/// stepwise one against a `done` document), once the read of every copy confirms the terms.
 fn holds_other_terms(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &TxnFacts) -> bool {
     std::iter::once(winner)
         .chain(losers.iter())
