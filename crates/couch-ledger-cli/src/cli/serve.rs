@@ -47,10 +47,10 @@ pub(crate) struct ServeArgs {
     #[arg(long)]
     pub(crate) answer_at_commit: bool,
 
-    /// After SIGINT or SIGTERM: how long the requests in flight, the transfers still settling
-    /// and the sweeper get to finish, whatever CouchDB does (it may not answer at all). Past it
-    /// the process exits 1, and what was left unfinished is a sweeper's to finish: 500ms, 10s,
-    /// 1m.
+    /// After SIGINT or SIGTERM: how long the requests in flight, the transfers still settling,
+    /// the sweeper and the webhook's cursor get to finish, whatever CouchDB does (it may not
+    /// answer at all). Past it the process exits 1, and what was left unfinished is a sweeper's
+    /// to finish (a webhook redelivers since its last kept cursor): 500ms, 10s, 1m.
     #[arg(long, value_name = "DUR", default_value = "10s")]
     pub(crate) shutdown_timeout: String,
 

@@ -200,9 +200,9 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
         Arc::new(settings.keys),
         stop_rx.clone(),
     );
-    if let Some(hook) = settings.webhook {
-        tokio::spawn(webhook::run(ledger.clone(), hook, stop_rx.clone()));
-    }
+    let webhook = settings
+        .webhook
+        .map(|hook| tokio::spawn(webhook::run(ledger.clone(), hook, stop_rx.clone())));
     let sweeper = settings.sweep.map(|options| {
         let (ledger, metrics, stop) = (ledger.clone(), metrics.clone(), stopped(stop_rx.clone()));
         tokio::spawn(async move {
@@ -219,7 +219,20 @@ async fn serve(global: HiArgs, settings: Settings) -> anyhow::Result<Exit> {
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(stopped(stop_rx.clone()))
         .into_future();
-    serve_until_stopped(server, &ledger, sweeper, &deadline_rx, shutdown_timeout).await
+    let stopping = Stopping {
+        ledger: &ledger,
+        sweeper,
+        webhook,
+    };
+    serve_until_stopped(server, stopping, &deadline_rx, shutdown_timeout).await
+}
+
+/// What the service finishes after the stop signal, besides the requests in flight.
+struct Stopping<'a> {
+    ledger: &'a Ledger,
+    sweeper: Option<tokio::task::JoinHandle<couch_ledger::Result<couch_ledger::SweepOutcome>>>,
+    /// The webhook's task: it keeps its cursor before it ends.
+    webhook: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// The stop to come: a task that waits for `signals`, then sets the moment by which the
@@ -259,15 +272,19 @@ fn announce(global: &HiArgs, url: &str) -> std::io::Result<()> {
 }
 
 /// Serves until the stop signal, then stops in what is left of `shutdown_timeout` after it:
-/// the requests in flight, the transfers still finishing, the sweeper's step, in that order.
-/// Out of time at any of them: stops without it (exit 1).
+/// the requests in flight, the transfers still finishing, the sweeper's step, the webhook's
+/// cursor, in that order. Out of time at any of them: stops without it (exit 1).
 async fn serve_until_stopped(
     server: impl Future<Output = std::io::Result<()>>,
-    ledger: &Ledger,
-    sweeper: Option<tokio::task::JoinHandle<couch_ledger::Result<couch_ledger::SweepOutcome>>>,
+    stopping: Stopping<'_>,
     deadline_rx: &watch::Receiver<Option<tokio::time::Instant>>,
     shutdown_timeout: Duration,
 ) -> anyhow::Result<Exit> {
+    let Stopping {
+        ledger,
+        sweeper,
+        webhook,
+    } = stopping;
     let out_of_time = || out_of_time(deadline_rx.clone());
     let limit = couch_ledger::plain_seconds(shutdown_timeout);
     tokio::select! {
@@ -308,6 +325,22 @@ async fn serve_until_stopped(
                 tracing::error!(
                     "the sweeper was still on a step {limit} after the stop signal \
                      (--shutdown-timeout); stopping without it"
+                );
+                return Ok(Exit::Operational);
+            }
+        }
+    }
+    if let Some(webhook) = webhook {
+        // It ends the delivery in flight and keeps where it is.
+        tokio::select! {
+            joined = webhook => if let Err(e) = joined {
+                tracing::error!("the webhook task failed: {e}");
+            },
+            () = out_of_time() => {
+                tracing::error!(
+                    "the webhook was still delivering {limit} after the stop signal \
+                     (--shutdown-timeout); stopping without keeping its cursor: a restart \
+                     delivers again what came since it was last kept"
                 );
                 return Ok(Exit::Operational);
             }

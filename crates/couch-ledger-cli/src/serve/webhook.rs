@@ -176,6 +176,11 @@ pub(crate) async fn run(ledger: Ledger, hook: Webhook, mut stop: watch::Receiver
                 return;
             }
             after = event.cursor.clone();
+            if *stop.borrow() {
+                // Stopped between two deliveries: keep where it is and end.
+                save(&ledger, &hook, &mut saved, &after).await;
+                return;
+            }
             if kept_at.elapsed() >= CURSOR_KEEP_EVERY {
                 save(&ledger, &hook, &mut saved, &after).await;
                 kept_at = std::time::Instant::now();
