@@ -326,9 +326,11 @@ impl Cluster {
                 Ok(rev) => {
                     copy.seq += 1;
                     entry.seq = copy.seq;
+                    tracing::debug!(target: "sim", node, id = %w.id, leaves = %leaves_text(&entry.tree), "copy wrote");
                     out.push(CopyWrite::Ok(rev));
                 }
                 Err(_) => {
+                    tracing::debug!(target: "sim", node, id = %w.id, parent = ?w.parent.as_ref().map(|r| r.pos), "copy refused");
                     if entry.tree.is_empty() {
                         copy.docs.remove(&w.id);
                     }
@@ -485,6 +487,7 @@ impl Cluster {
             if changed {
                 copy.seq += 1;
                 entry.seq = copy.seq;
+                tracing::debug!(target: "sim", from, to, %id, leaves = %leaves_text(&entry.tree), "copy synced");
             }
             s.stats.stemmed_branches += planted;
             changed
@@ -565,6 +568,9 @@ impl Cluster {
                 })
                 .map(|(c, t, _)| (t.clone(), c));
             let disagree = found.len() > 1 && !found.windows(2).all(|p| p[0].1.same_as(p[1].1));
+            for (c, t) in &found {
+                tracing::debug!(target: "sim", node = c, %id, leaves = %leaves_text(t), "copy read");
+            }
             let read: Vec<usize> = found.iter().map(|(c, _)| *c).collect();
             (best, disagree.then_some(read))
         };
@@ -667,6 +673,53 @@ impl Cluster {
 }
 
 /// A leaf's body as a client gets it: `_id`, `_rev`, and `_conflicts` when asked and any.
+/// One copy's leaves of a document, for the copy-level log (`SIM_LOG=sim=debug`): each leaf's
+/// revision, whether deleted, and the fields that tell a ledger document's state (a transfer's
+/// `state` and `markers`, an account's `pending` and its entries of the transfers it holds).
+pub fn leaves_text(tree: &Tree) -> String {
+    tree.leaves()
+        .iter()
+        .map(|rev| {
+            let body = tree.body(rev).unwrap_or_default();
+            let pick = |k: &str| body.get(k).map(|v| format!(" {k}={v}")).unwrap_or_default();
+            let txns: Vec<&str> = body
+                .get("pending")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m.get("txn").and_then(Value::as_str))
+                .collect();
+            let entries: Vec<String> = body
+                .get("settled")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|e| {
+                    e.get("txn").and_then(Value::as_str).is_some_and(|t| {
+                        txns.contains(&t) || e.get("undone").is_some_and(|u| u == true)
+                    })
+                })
+                .map(Value::to_string)
+                .collect();
+            format!(
+                "[{}.{}{}{}{}{}{}]",
+                rev.pos,
+                &rev.hash[..rev.hash.len().min(6)],
+                if tree.is_deleted(rev) { " deleted" } else { "" },
+                pick("state"),
+                pick("markers"),
+                pick("pending"),
+                if entries.is_empty() {
+                    String::new()
+                } else {
+                    format!(" entries={}", entries.join(","))
+                },
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 pub fn doc_json(id: &str, tree: &Tree, rev: &Rev, conflicts: bool) -> Value {
     let mut body: Map<String, Value> = tree
         .body(rev)
