@@ -1147,6 +1147,61 @@ async fn a_done_leaf_undone_by_its_own_terms_cancel_keeps_its_terms() {
     assert_at_rest(&l).await;
 }
 
+/// One id sent at once with other terms: the one-write terms (A → B, 100) decided `done`, while
+/// a merge of B had dropped their marker as a stray against the other terms' document it read
+/// (stepwise, A → B, 101) and kept that terms' marker (+101), recording nothing (an undone entry
+/// would end that marker too). The `done` was created after, on a copy that lacked the document,
+/// and the conflict holds it beside the other terms' `canceling`. Keeping `done`, the furthest
+/// along, counted it on A only: B's 100 lost (simulator, `SIM_TWO_TERMS=1 SIM_BASE=8000` seed
+/// 0x1f7d). B shows the other terms' marker in place of the `done` one: those terms stand.
+#[tokio::test]
+async fn a_done_leaf_whose_marker_the_other_terms_displaced_loses_to_them() {
+    let l = support::ledger_with("displaced", |b| b.settled_entries()).await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    let done: Value = l.hot_client().get("txn:t").await.unwrap();
+    let named = done["markers"]["source"].clone();
+    let at = done["created_at"].clone();
+    // A holds the `done` terms' marker still; B only the other terms' (no attempt: stepwise).
+    for (account, balance, pending) in [
+        (
+            "A",
+            900,
+            json!([{"txn": "t", "delta": -100, "at": at, "attempt": named, "peer": "B"}]),
+        ),
+        ("B", 101, json!([{"txn": "t", "delta": 101, "at": at}])),
+    ] {
+        let id = format!("account:{account}");
+        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
+        doc["pending"] = pending;
+        doc["settled"] = json!([]);
+        doc["balance"] = json!(balance);
+        l.hot_client().put(&id, &doc).await.unwrap();
+    }
+    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
+        doc["state"] = json!("canceling");
+        doc["value"] = json!(101);
+        doc["reason"] = json!("conflicting_terms");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+
+    support::sweep_to_rest(&l, WAIT).await;
+    let t = l.transfer("t").await.unwrap();
+    assert_eq!(
+        (t.state, t.amount.minor()),
+        (State::Cancelled, 101),
+        "{t:?}"
+    );
+    let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
+    assert!(doc.get("_conflicts").is_none(), "{doc}");
+    assert_eq!(balance(&l, "A").await, 1_000);
+    assert_eq!(balance(&l, "B").await, 0);
+    assert_at_rest(&l).await;
+}
+
 /// The same other terms, but only B shows the `done` marker taken back while A holds `t`
 /// settled (a merge of B that read the other terms' leaf where the copy holding `done` did not
 /// answer; a sweeper that had read that copy settled A). Keeping `done` leaves B's credit out,

@@ -41,7 +41,9 @@ use serde_json::{Map, Value};
 
 use crate::account_doc::Attempt;
 use crate::accounts::validate_id;
-use crate::conflict::{choose_transfer_leaf, marker_taken_back, prefer_held_markers, Evidence};
+use crate::conflict::{
+    choose_transfer_leaf, marker_displaced, marker_taken_back, prefer_held_markers, Evidence,
+};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Condition, Error, Result};
 use crate::ledger::Ledger;
@@ -1003,7 +1005,7 @@ impl Ledger {
     /// Whether the terms of leaf `standing` (of a transfer holding other terms' leaves too) are
     /// a one-write `done` whose markers its accounts took back: every `done` leaf of those terms
     /// names attempts, and for each an account shows its marker undone and not held
-    /// ([`marker_taken_back`]). A sweeper that read only the other terms' `cancelled` leaf (one
+    /// ([`marker_taken_back`]) or the other terms' marker in its place ([`marker_displaced`]). A sweeper that read only the other terms' `cancelled` leaf (one
     /// copy, before the conflict reached it) converged the accounts to it; keeping `done` would
     /// leave the transfer counted on neither account (simulator, `SIM_TWO_TERMS=1
     /// SIM_BASE=5000` seed 0x145d; seen on a 3-node CouchDB 3.4.3 cluster too).
@@ -1041,8 +1043,12 @@ impl Ledger {
         let source = self.account_leaves(&reference.source).await?;
         let destination = self.account_leaves(&reference.destination).await?;
         let txn = &reference.txn_id;
+        let value = reference.value;
         let taken_back = named.iter().all(|&(s, d)| {
-            marker_taken_back(&source, txn, s) || marker_taken_back(&destination, txn, d)
+            marker_taken_back(&source, txn, s)
+                || marker_taken_back(&destination, txn, d)
+                || marker_displaced(&source, txn, s, value.neg())
+                || marker_displaced(&destination, txn, d, value)
         });
         // One account took the marker back while the other holds the transfer settled (a merge
         // that read the other terms' leaf where a copy holding the `done` leaf did not answer,

@@ -591,6 +591,33 @@ fn a_marker_is_taken_back_only_by_an_undo_of_every_attempt_or_of_its_own_with_no
 }
 
 #[test]
+fn a_marker_is_displaced_by_a_marker_of_other_terms_with_nothing_of_its_own_held() {
+    let x = Attempt::from_bits(5);
+    let delta = Amount::new(100).unwrap();
+    // The other terms' stepwise marker (+101) where x's (+100) was dropped: displaced.
+    let other = account(1101, &[("t", 101)], &[]);
+    assert!(marker_displaced(
+        std::slice::from_ref(&other),
+        "t",
+        x,
+        delta
+    ));
+    // x's own marker on another leaf: held.
+    let mut own = account(1000, &[], &[]);
+    once(&mut own, "t", 100, 5);
+    assert!(!marker_displaced(&[other.clone(), own], "t", x, delta));
+    // Settled on some leaf: the transfer counts there.
+    let settled = account(1100, &[], &[("t", false)]);
+    assert!(!marker_displaced(&[other.clone(), settled], "t", x, delta));
+    // A marker of the same delta (another attempt of the same terms) displaces nothing.
+    let same = account(1100, &[("t", 100)], &[]);
+    assert!(!marker_displaced(&[same], "t", x, delta));
+    // Nothing of the transfer, or another transfer's marker: no evidence.
+    assert!(!marker_displaced(&[account(1000, &[], &[])], "t", x, delta));
+    assert!(!marker_displaced(&[other], "u", x, delta));
+}
+
+#[test]
 fn a_dropped_stray_the_merge_leaves_nothing_of_is_recorded_undone_with_its_attempts() {
     // Only the other terms' marker (-100, attempt 3) on a branch; the document read holds -70.
     let (mut w, l) = (account(1000, &[], &[]), account(1000, &[], &[]));
