@@ -153,8 +153,15 @@ pub(crate) async fn run(ledger: Ledger, hook: Webhook, mut stop: watch::Receiver
             wait: Some(FEED_WAIT),
         };
         let page = tokio::select! {
-            page = ledger.events(&query) => page,
-            _ = stop.wait_for(|s| *s) => return,
+            page = ledger.events(&query) => Some(page),
+            _ = stop.wait_for(|s| *s) => None,
+        };
+        let Some(page) = page else {
+            // Stopped while waiting: a keep that failed at the page's end is tried once more.
+            if saved.cursor != after.to_string() {
+                save(&ledger, &hook, &mut saved, &after).await;
+            }
+            return;
         };
         let page = match page {
             Ok(p) => p,
