@@ -1043,23 +1043,28 @@ impl Ledger {
         let source = self.account_leaves(&reference.source).await?;
         let destination = self.account_leaves(&reference.destination).await?;
         let txn = &reference.txn_id;
+        let settled = |leaves: &[crate::account_doc::AccountDoc]| {
+            leaves
+                .iter()
+                .any(|l| l.settled.iter().any(|e| e.txn == *txn && !e.undone))
+        };
+        // A marker displaced by the other terms' is read from an absence: it counts only where
+        // neither account holds the transfer settled (a `done` settled on a copy, then a longer
+        // branch of the other terms winning the account there, would read displaced).
         let value = reference.value;
+        let undisputed = !settled(&source) && !settled(&destination);
         let taken_back = named.iter().all(|&(s, d)| {
             marker_taken_back(&source, txn, s)
                 || marker_taken_back(&destination, txn, d)
-                || marker_displaced(&source, txn, s, value.neg())
-                || marker_displaced(&destination, txn, d, value)
+                || (undisputed
+                    && (marker_displaced(&source, txn, s, value.neg())
+                        || marker_displaced(&destination, txn, d, value)))
         });
         // One account took the marker back while the other holds the transfer settled (a merge
         // that read the other terms' leaf where a copy holding the `done` leaf did not answer,
         // a sweeper that had read that copy settling the other side): neither terms leave the
         // accounts agreeing, and the other terms' decision cannot take that settle back (only
         // a stepwise commit of theirs would explain it).
-        let settled = |leaves: &[crate::account_doc::AccountDoc]| {
-            leaves
-                .iter()
-                .any(|l| l.settled.iter().any(|e| e.txn == *txn && !e.undone))
-        };
         let other_commits = matches!(all[other].state, State::Committed | State::Done);
         if taken_back && !other_commits && (settled(&source) || settled(&destination)) {
             return Err(Error::invariant(format!(
@@ -1150,16 +1155,22 @@ impl Ledger {
         }
     }
 
-    /// Every live leaf of `account`'s document that is a valid account.
+    /// Every live leaf of `account`'s document that is a valid account; on several copies,
+    /// from every copy that answers (`open_revs=all`, `r` = n): a read with `conflicts=true`
+    /// shows one copy's leaves, and the judgements made on these leaves read the absence of a
+    /// marker or a settle as evidence, which a leaf only the other copies hold would refute.
     async fn account_leaves(&self, account: &str) -> Result<Vec<crate::account_doc::AccountDoc>> {
         let aid = crate::account_doc::account_doc_id(account);
-        let Some(found) = self.inner.hot.leaves(&aid).await? else {
-            return Ok(Vec::new());
+        let hot = &self.inner.hot;
+        let leaves: Vec<Value> = match self.inner.quorum.several_copies(hot).await? {
+            Some(n) => hot.live_leaves(&aid, Some(n)).await?,
+            None => match hot.leaves(&aid).await? {
+                Some(found) => found.winner.into_iter().chain(found.losers).collect(),
+                None => Vec::new(),
+            },
         };
-        Ok(found
-            .winner
+        Ok(leaves
             .into_iter()
-            .chain(found.losers)
             .filter_map(|mut leaf| {
                 crate::couch::take_conflicts(&mut leaf);
                 crate::account_doc::AccountDoc::from_value(leaf).ok()
