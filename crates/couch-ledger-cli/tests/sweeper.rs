@@ -1156,38 +1156,7 @@ async fn a_done_leaf_undone_by_its_own_terms_cancel_keeps_its_terms() {
 /// 0x1f7d). B shows the other terms' marker in place of the `done` one: those terms stand.
 #[tokio::test]
 async fn a_done_leaf_whose_marker_the_other_terms_displaced_loses_to_them() {
-    let l = support::ledger_with("displaced", |b| b.settled_entries()).await;
-    open(&l, "A", 1_000, Some(0)).await;
-    open(&l, "B", 0, Some(0)).await;
-    l.submit(request("t", "A", "B", 100), true).await.unwrap();
-    let db = l.client().database().to_owned();
-    let done: Value = l.hot_client().get("txn:t").await.unwrap();
-    let named = done["markers"]["source"].clone();
-    let at = done["created_at"].clone();
-    // A holds the `done` terms' marker still; B only the other terms' (no attempt: stepwise).
-    for (account, balance, pending) in [
-        (
-            "A",
-            900,
-            json!([{"txn": "t", "delta": -100, "at": at, "attempt": named, "peer": "B"}]),
-        ),
-        ("B", 101, json!([{"txn": "t", "delta": 101, "at": at}])),
-    ] {
-        let id = format!("account:{account}");
-        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
-        doc["pending"] = pending;
-        doc["settled"] = json!([]);
-        doc["balance"] = json!(balance);
-        l.hot_client().put(&id, &doc).await.unwrap();
-    }
-    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
-        doc["state"] = json!("canceling");
-        doc["value"] = json!(101);
-        doc["reason"] = json!("conflicting_terms");
-        doc.as_object_mut().unwrap().remove("markers");
-    })
-    .await;
-
+    let (l, db) = done_then_displaced("displaced", "canceling", true).await;
     support::sweep_to_rest(&l, WAIT).await;
     let t = l.transfer("t").await.unwrap();
     assert_eq!(
@@ -1200,6 +1169,69 @@ async fn a_done_leaf_whose_marker_the_other_terms_displaced_loses_to_them() {
     assert_eq!(balance(&l, "A").await, 1_000);
     assert_eq!(balance(&l, "B").await, 0);
     assert_at_rest(&l).await;
+}
+
+/// The same, but the other terms `committed` and A holds nothing of them (a merge dropped their
+/// stepwise marker against the `done` leaf it read): kept, they could settle B and never A, and
+/// kept, `done` moves nothing on B. Neither terms agree with the accounts: a person decides.
+#[tokio::test]
+async fn committed_other_terms_an_account_holds_nothing_of_are_left_to_a_person() {
+    let (l, db) = done_then_displaced("displaced_committed", "committed", false).await;
+    let refused = l.transfer("t").await.expect_err("resolved anyway");
+    assert!(
+        refused.to_string().contains("a person must decide"),
+        "{refused}"
+    );
+    let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
+    assert_eq!(doc["_conflicts"].as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(
+        (balance(&l, "A").await, balance(&l, "B").await),
+        (1_000, 101)
+    );
+}
+
+/// A ledger where `t` (A → B, 100, one-write) is `done`, and B holds the other terms' stepwise
+/// marker (+101) in place of its own; A holds the `done` terms' marker (`a_holds_done`) or
+/// nothing of `t`. Beside `done`, the other terms' leaf in `state`, losing to it by CouchDB's
+/// rule. Returns the ledger and its database.
+async fn done_then_displaced(name: &str, state: &str, a_holds_done: bool) -> (Ledger, String) {
+    let l = support::ledger_with(name, |b| b.settled_entries()).await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    let done: Value = l.hot_client().get("txn:t").await.unwrap();
+    let named = done["markers"]["source"].clone();
+    let at = done["created_at"].clone();
+    let a = if a_holds_done {
+        (
+            900,
+            json!([{"txn": "t", "delta": -100, "at": at, "attempt": named, "peer": "B"}]),
+        )
+    } else {
+        (1_000, json!([]))
+    };
+    for (account, (balance, pending)) in [
+        ("A", a),
+        ("B", (101, json!([{"txn": "t", "delta": 101, "at": at}]))),
+    ] {
+        let id = format!("account:{account}");
+        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
+        doc["pending"] = pending;
+        doc["settled"] = json!([]);
+        doc["balance"] = json!(balance);
+        l.hot_client().put(&id, &doc).await.unwrap();
+    }
+    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
+        doc["state"] = json!(state);
+        doc["value"] = json!(101);
+        if state == "canceling" {
+            doc["reason"] = json!("conflicting_terms");
+        }
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+    (l, db)
 }
 
 /// The same other terms, but only B shows the `done` marker taken back while A holds `t`

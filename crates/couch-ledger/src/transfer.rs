@@ -1073,6 +1073,28 @@ impl Ledger {
                  must decide"
             )));
         }
+        // Other terms that committed settle their own markers, and a settle that finds nothing
+        // of the transfer on an account leaves them `committed` for good while the other side
+        // moves (a merge dropped their stepwise marker against the `done` it read, an account
+        // that then holds nothing of them). Kept, they must show their side on each account: a
+        // marker of their delta, or an entry of the transfer.
+        let theirs = &all[other];
+        let shows = |leaves: &[crate::account_doc::AccountDoc], delta: Amount| {
+            leaves.iter().any(|l| {
+                l.pending.iter().any(|m| m.txn == *txn && m.delta == delta)
+                    || l.settled.iter().any(|e| e.txn == *txn)
+            })
+        };
+        if taken_back
+            && other_commits
+            && !(shows(&source, theirs.value.neg()) && shows(&destination, theirs.value))
+        {
+            return Err(Error::invariant(format!(
+                "txn:{txn} holds other terms, committed, beside a `done` whose marker its \
+                 accounts took back, and an account holds nothing of the committed terms; the \
+                 accounts agree with neither: a person must decide"
+            )));
+        }
         Ok(taken_back)
     }
 
