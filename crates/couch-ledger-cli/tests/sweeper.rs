@@ -1177,17 +1177,20 @@ async fn a_done_leaf_whose_marker_the_other_terms_displaced_loses_to_them() {
 #[tokio::test]
 async fn committed_other_terms_an_account_holds_nothing_of_are_left_to_a_person() {
     let (l, db) = done_then_displaced("displaced_committed", "committed", false).await;
+    assert_left_to_a_person(&l, &db, (1_000, 101)).await;
+}
+
+/// `t` is not resolved: reading it says a person must decide, its conflict stays, and A and B
+/// hold `balances` still.
+async fn assert_left_to_a_person(l: &Ledger, db: &str, balances: (i64, i64)) {
     let refused = l.transfer("t").await.expect_err("resolved anyway");
     assert!(
         refused.to_string().contains("a person must decide"),
         "{refused}"
     );
-    let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
+    let doc: Value = get_raw(db, "txn:t?conflicts=true").await;
     assert_eq!(doc["_conflicts"].as_array().map(Vec::len), Some(1), "{doc}");
-    assert_eq!(
-        (balance(&l, "A").await, balance(&l, "B").await),
-        (1_000, 101)
-    );
+    assert_eq!((balance(l, "A").await, balance(l, "B").await), balances);
 }
 
 /// A ledger where `t` (A → B, 100, one-write) is `done`, and B holds the other terms' stepwise
@@ -1248,15 +1251,7 @@ async fn a_done_leaf_settled_on_one_account_and_taken_back_on_the_other_is_left_
     a["balance"] = json!(900);
     l.hot_client().put("account:A", &a).await.unwrap();
     plant_other_terms_cancelled(&db, "0").await;
-
-    let refused = l.transfer("t").await.expect_err("resolved anyway");
-    assert!(
-        refused.to_string().contains("a person must decide"),
-        "{refused}"
-    );
-    let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
-    assert_eq!(doc["_conflicts"].as_array().map(Vec::len), Some(1), "{doc}");
-    assert_eq!((balance(&l, "A").await, balance(&l, "B").await), (900, 0));
+    assert_left_to_a_person(&l, &db, (900, 0)).await;
 }
 
 /// Plants the other terms' leaf of `t` beside its current one: A → C, `cancelled` with

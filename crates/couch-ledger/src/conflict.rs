@@ -686,6 +686,17 @@ pub(crate) fn prefer_held_markers(
         .map_or(keep, |(_, i)| i)
 }
 
+/// Whether some leaf holds a pending marker carrying `attempt` (transfer `txn`), or a settle
+/// of the transfer.
+fn attempt_held(leaves: &[AccountDoc], txn: &str, attempt: Attempt) -> bool {
+    leaves.iter().any(|leaf| {
+        leaf.pending
+            .iter()
+            .any(|m| m.txn == txn && m.carries(attempt))
+            || leaf.settled.iter().any(|s| s.txn == txn && !s.undone)
+    })
+}
+
 /// Whether an account's leaves show the one-write marker of `attempt` (transfer `txn`) taken
 /// back: the transfer recorded undone there by an undo that ended every attempt's marker (a
 /// cancel's, the convergence to a `cancelled` document) or named this one, and no leaf holding
@@ -693,12 +704,7 @@ pub(crate) fn prefer_held_markers(
 /// `cancelled` leaf under the same id, that undo came from a convergence to it that read no
 /// conflict yet (one copy): keeping the `done` leaf would leave it counted on neither account.
 pub(crate) fn marker_taken_back(leaves: &[AccountDoc], txn: &str, attempt: Attempt) -> bool {
-    let held = leaves.iter().any(|leaf| {
-        leaf.pending
-            .iter()
-            .any(|m| m.txn == txn && m.carries(attempt))
-            || leaf.settled.iter().any(|s| s.txn == txn && !s.undone)
-    });
+    let held = attempt_held(leaves, txn, attempt);
     let undone = leaves.iter().any(|leaf| {
         leaf.settled.iter().any(|s| {
             s.txn == txn && s.undone && (s.attempts.is_empty() || s.attempts.contains(&attempt))
@@ -721,12 +727,7 @@ pub(crate) fn marker_displaced(
     attempt: Attempt,
     delta: Amount,
 ) -> bool {
-    let held = leaves.iter().any(|leaf| {
-        leaf.pending
-            .iter()
-            .any(|m| m.txn == txn && m.carries(attempt))
-            || leaf.settled.iter().any(|s| s.txn == txn && !s.undone)
-    });
+    let held = attempt_held(leaves, txn, attempt);
     let other_terms = leaves.iter().any(|leaf| {
         leaf.pending
             .iter()
