@@ -1005,9 +1005,10 @@ impl Ledger {
     /// Whether the terms of leaf `standing` (of a transfer holding other terms' leaves too) are
     /// a one-write `done` whose markers its accounts took back: every `done` leaf of those terms
     /// names attempts, and for each an account shows its marker undone and not held
-    /// ([`marker_taken_back`]) or the other terms' marker in its place ([`marker_displaced`]). A sweeper that read only the other terms' `cancelled` leaf (one
-    /// copy, before the conflict reached it) converged the accounts to it; keeping `done` would
-    /// leave the transfer counted on neither account (simulator, `SIM_TWO_TERMS=1
+    /// ([`marker_taken_back`]) or the other terms' marker in its place ([`marker_displaced`]).
+    /// A sweeper that read only the other terms' `cancelled` leaf (one copy, before the conflict
+    /// reached it) converged the accounts to it; keeping `done` would leave the transfer
+    /// counted on neither account (simulator, `SIM_TWO_TERMS=1
     /// SIM_BASE=5000` seed 0x145d; seen on a 3-node CouchDB 3.4.3 cluster too).
     async fn done_taken_back(&self, all: &[TxnDoc], standing: usize) -> Result<bool> {
         let reference = &all[standing];
