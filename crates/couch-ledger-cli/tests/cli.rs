@@ -1696,6 +1696,14 @@ async fn a_split_ledger_through_the_command_line() {
     assert_eq!(r.json()["ok"], true);
     let r = env_run(&["status", "--json"]).await;
     assert_eq!(r.json()["states"]["done"], 1, "{}", r.describe());
+    // What is missing is said missing from the database that would hold it.
+    let r = env_run(&["transfer", "show", "nope", "--json"]).await;
+    assert_eq!(r.code, 2, "{}", r.describe());
+    let said = r.json()["message"].as_str().unwrap_or_default().to_owned();
+    assert!(said.ends_with(&format!("in database {hot}")), "{said}");
+    let r = env_run(&["account", "history", "nope", "--json"]).await;
+    let said = r.json()["message"].as_str().unwrap_or_default().to_owned();
+    assert!(said.ends_with(&format!("in database {hot}")), "{said}");
 
     // The accounts are in the hot database, not in the ledger's.
     let main: Vec<String> = support::db_snapshot(&db)

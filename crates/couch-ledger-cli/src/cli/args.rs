@@ -392,6 +392,11 @@ impl HiArgs {
         })
     }
 
+    /// The database that holds accounts and transfers: `--hot-db` when given, else `--db`.
+    pub(crate) fn accounts_db(&self) -> &str {
+        self.hot_db.as_deref().unwrap_or(&self.db)
+    }
+
     /// The URL without its password, for messages.
     pub(crate) fn shown_url(&self) -> String {
         redact_url(&self.url)

@@ -82,7 +82,11 @@ pub(crate) async fn history(a: HistoryArgs, ctx: &mut Context) -> anyhow::Result
         .map_err(|e| {
             or_missing(
                 e,
-                format!("no account {:?} in database {}", a.account, ctx.settings.db),
+                format!(
+                    "no account {:?} in database {}",
+                    a.account,
+                    ctx.settings.accounts_db()
+                ),
                 format!("could not read the history of account {}", a.account),
             )
         })?;

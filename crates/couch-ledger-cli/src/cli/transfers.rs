@@ -310,7 +310,10 @@ async fn account_show(account: &str, at: Option<&str>, ctx: &mut Context) -> any
     let (view, as_of) = read.map_err(|e| {
         or_missing(
             e,
-            format!("no account {account:?} in database {}", ctx.settings.db),
+            format!(
+                "no account {account:?} in database {}",
+                ctx.settings.accounts_db()
+            ),
             format!("could not read account {account}"),
         )
     })?;
@@ -486,7 +489,10 @@ async fn transfer_show(txn: &str, ctx: &mut Context) -> anyhow::Result<Exit> {
     let t = ledger.transfer(txn).await.map_err(|e| {
         or_missing(
             e,
-            format!("no transfer {txn:?} in database {}", ctx.settings.db),
+            format!(
+                "no transfer {txn:?} in database {}",
+                ctx.settings.accounts_db()
+            ),
             format!("could not read transfer {txn}"),
         )
     })?;
@@ -538,7 +544,10 @@ async fn cancel(txn: &str, ctx: &mut Context) -> anyhow::Result<Exit> {
             }
             return Err(or_missing(
                 e,
-                format!("no transfer {txn:?} in database {}", ctx.settings.db),
+                format!(
+                    "no transfer {txn:?} in database {}",
+                    ctx.settings.accounts_db()
+                ),
                 format!("could not cancel transfer {txn}"),
             ));
         }
@@ -553,7 +562,10 @@ async fn reverse(txn: &str, ctx: &mut Context) -> anyhow::Result<Exit> {
     let o = ledger.reverse(txn).await.map_err(|e| {
         or_missing(
             e,
-            format!("no transfer {txn:?} in database {}", ctx.settings.db),
+            format!(
+                "no transfer {txn:?} in database {}",
+                ctx.settings.accounts_db()
+            ),
             format!("could not reverse transfer {txn}"),
         )
     })?;

@@ -17,7 +17,8 @@ pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
 
 /// Move money from one account to another with the two-phase protocol, driven to its end
 /// before the answer unless `wait` is false. 201 whatever the end state (`done`, or
-/// `cancelled` with its `reason`: nothing moved); the same id again with the same terms
+/// `cancelled` with its `reason`: nothing moved; `initial` where the accounts did not answer
+/// within the worker's lease, left to the sweeper); the same id again with the same terms
 /// answers 200 (`exists`) with the transfer's state; with other terms, 409. Every answer,
 /// errors included, carries the transfer's `id` (made before anything is written).
 #[utoipa::path(
@@ -30,7 +31,7 @@ pub(crate) const IDEMPOTENCY_KEY: &str = "idempotency-key";
         ("Idempotency-Key" = Option<IdempotencyKey>, Header, nullable = false, description = "The transfer's id, instead of `id` in the body; when both are given they must be equal (else 400)")
     ),
     responses(
-        (status = 201, description = "Created: `done`, or `cancelled` with its `reason` (or `initial` with `wait: false`)", body = OutcomeBody),
+        (status = 201, description = "Created: `done`, or `cancelled` with its `reason` (or `initial`: with `wait: false`, or when the accounts did not answer within the worker's lease on a slow server; the sweeper finishes it, read it again)", body = OutcomeBody),
         (status = 200, description = "Exists: sent before with the same terms", body = OutcomeBody),
         (status = 400, description = "Invalid input (`invalid_json`, `invalid_input`; `field` names it; `from` = `to`; the header and the body's id differ); nothing written", body = ErrorBody),
         (status = 409, description = "The id exists with other terms (`mismatch`)", body = ErrorBody),
