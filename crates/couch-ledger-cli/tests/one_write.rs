@@ -937,6 +937,107 @@ async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lea
     assert_at_rest(&l).await;
 }
 
+// One id sent at once with other terms, on a cluster: two leaves of A hold its markers with
+// different deltas (100 and 101) and no document says which terms stand, so every write of A
+// waits for a decision. A pass gives that transfer its document however many older stale
+// markers come before its own in `account_pending`: here, a pass of one takes the marker of a
+// transfer that cannot be finished while A is held. Before, every pass took that one and A
+// stayed held for good (a real 3-node cluster: three accounts held, 2,357 markers stuck).
+#[tokio::test]
+async fn an_account_held_by_other_terms_is_freed_whatever_markers_come_first() {
+    let l = support::ledger("ow_rival_first").await;
+    let several = support::copies(l.hot_client().database()).await > 1;
+    let lease = Duration::from_millis(if several { 3_000 } else { 300 });
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    open(&l, "C", 1_000).await;
+    // u (C -> A, 50), left `initial`, with C's marker applied by a worker that stopped: the
+    // oldest stale marker.
+    let left = l.submit(request("u", "C", "A", 50), false).await.unwrap();
+    assert_eq!(left.state, State::Initial);
+    let old = now_ms() - 20_000;
+    let put = |id: &'static str, doc: Value| {
+        let l = l.clone();
+        async move {
+            l.hot_client()
+                .put(&format!("account:{id}"), &doc)
+                .await
+                .unwrap();
+        }
+    };
+    let mut c = raw_account(&l, "C").await;
+    c["pending"] =
+        json!([{"txn": "u", "delta": -50, "at": old, "attempt": "0c0c0c0c0c0c", "peer": "A"}]);
+    c["balance"] = json!(950);
+    put("C", c).await;
+    // t (A -> B) applied by two attempts with other terms, each on its own leaf of A; B holds
+    // the first's credit. No document.
+    let at = old + 5_000;
+    let mut a = raw_account(&l, "A").await;
+    a["pending"] =
+        json!([{"txn": "t", "delta": -100, "at": at, "attempt": "0a0a0a0a0a0a", "peer": "B"}]);
+    a["balance"] = json!(900);
+    put("A", a).await;
+    let mut b = raw_account(&l, "B").await;
+    b["pending"] =
+        json!([{"txn": "t", "delta": 100, "at": at, "attempt": "0a0a0a0a0a0a", "peer": "A"}]);
+    b["balance"] = json!(100);
+    put("B", b).await;
+    let db = l.hot_client().database().to_owned();
+    support::plant_sibling(&db, "account:A", &"f".repeat(32), |doc| {
+        doc["pending"] =
+            json!([{"txn": "t", "delta": -101, "at": at, "attempt": "0b0b0b0b0b0b", "peer": "B"}]);
+        doc["balance"] = json!(899);
+    })
+    .await;
+    assert_eq!(l.status().await.unwrap().conflicts, 1, "A holds the two leaves");
+
+    let sweeper = l.to_builder().lease(lease).build().unwrap();
+    let one = SweepOptions {
+        limit: 1,
+        stale_after: Duration::ZERO,
+    };
+    let ended = |id: &'static str| {
+        let l = l.clone();
+        async move { l.transfer(id).await.is_ok_and(|t| t.state.is_terminal()) }
+    };
+    let no_marker = || {
+        let l = l.clone();
+        async move {
+            for id in ["A", "B", "C"] {
+                if !l.account(id).await.is_ok_and(|a| a.pending.is_empty()) {
+                    return false;
+                }
+            }
+            true
+        }
+    };
+    let mut passes = Vec::new();
+    for _ in 0..6 {
+        passes.push(sweeper.sweep_once(one.clone()).await.unwrap());
+        if ended("t").await && ended("u").await && no_marker().await {
+            break;
+        }
+    }
+    let t = l
+        .transfer("t")
+        .await
+        .unwrap_or_else(|e| panic!("t was never given its document ({e}) in {passes:#?}"));
+    assert!(t.state.is_terminal(), "{t:?} after {passes:#?}");
+    let u = l.transfer("u").await.unwrap();
+    assert_eq!(u.state, State::Done, "{u:?} after {passes:#?}");
+    let all = balances(&l, &["A", "B", "C"]).await;
+    assert_eq!(
+        all.iter().sum::<i64>(),
+        2_000,
+        "{all:?}: {t:?}\nA {:#}\nB {:#}\n{passes:#?}",
+        raw_account(&l, "A").await,
+        raw_account(&l, "B").await
+    );
+    assert_eq!(all[2], 950, "{all:?}");
+    assert_at_rest(&l).await;
+}
+
 // A retry adopts a stopped worker's markers and decides done; the worker follows; once.
 #[tokio::test]
 async fn a_retry_adopts_the_markers_of_a_stopped_worker_and_both_answer_done() {

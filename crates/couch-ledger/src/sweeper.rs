@@ -260,7 +260,7 @@ impl Ledger {
         let mut phases = PhaseClock::start();
 
         // 0. Conflicted ledger documents first, so that what follows reads resolved ones.
-        self.resolve_conflicts(limit, &mut out).await?;
+        let held_by_rival_terms = self.resolve_conflicts(limit, &mut out).await?;
 
         // 1. Open transfers not modified since the cutoff, oldest first — past the malformed
         //    ones, which would otherwise fill every batch (they sort oldest and never move).
@@ -279,7 +279,8 @@ impl Ledger {
 
         // 2. Markers applied before the cutoff and still pending: orphans, or markers of
         //    transfers that are themselves stuck.
-        let markers = self.stale_markers(cutoff, limit, &mut out).await?;
+        let mut markers = self.stale_markers(cutoff, limit, &mut out).await?;
+        markers = first_the_rival_terms(held_by_rival_terms, markers);
         phases.mark("account_pending");
 
         // 3. Re-read every transfer involved (views lag).
@@ -627,7 +628,15 @@ impl Ledger {
     /// Resolves up to `limit` conflicted ledger documents the `transactions/conflicts` view
     /// lists: transfers first (an account's merge may depend on its transfer's outcome), then
     /// accounts, merged by the engine. A write-once document with two bodies is reported.
-    async fn resolve_conflicts(&self, limit: u64, out: &mut SweepOutcome) -> Result<()> {
+    ///
+    /// Returns the accounts whose merge waits for a transfer nobody decided, whose leaves hold
+    /// its markers with other terms (account document id, transfer): the pass gives those
+    /// transfers their document first ([`first_the_rival_terms`]).
+    async fn resolve_conflicts(
+        &self,
+        limit: u64,
+        out: &mut SweepOutcome,
+    ) -> Result<Vec<(String, String)>> {
         let q = ViewQuery {
             reduce: Some(false),
             limit: Some(limit),
@@ -672,19 +681,23 @@ impl Ledger {
                 }
             }
         }
+        let mut held = Vec::new();
         if !accounts.is_empty() {
             let answers = self.inner.accounts.run(accounts.clone()).await;
             for (answer, op) in answers.into_iter().zip(&accounts) {
                 match answer {
                     Ok(_) => out.conflicts_resolved += 1,
                     Err(e) => {
+                        if let Some(txn) = e.rival_terms_of() {
+                            held.push((account_doc_id(&op.account), txn.to_owned()));
+                        }
                         out.conflicts_unresolved += 1;
                         out.problem(format!("account:{}: {e}", op.account));
                     }
                 }
             }
         }
-        Ok(())
+        Ok(held)
     }
 
     /// The one-write transfers whose markers (`marks`: account, transfer) are stale and whose
@@ -1331,6 +1344,30 @@ fn sort_markers(
 /// still decide (younger than `lease_ms`: counted skipped), a transfer met before (`seen`), and
 /// a marker without attempt (the stepwise protocol writes the document first), which is
 /// reported.
+/// The stale markers of a pass, `markers` (account document id, transfer, oldest first), with
+/// those of the transfers that hold an account's merge (`held`: one id sent at once with other
+/// terms, no document yet) put first. Found only by their place in the `account_pending` view,
+/// they waited behind older markers, and on a real cluster they never came up: the transfers
+/// of those older markers could not be finished while their account stayed in conflict, so
+/// every pass was taken by them, and three accounts stayed held for good (two `serve`
+/// processes, other terms sent at once, a node stopped mid-load: 2,357 markers stuck).
+/// Those transfers are then given their document past their worker's lease, as any undecided
+/// one is, and the merge drops the markers of the terms that do not stand.
+fn first_the_rival_terms(
+    held: Vec<(String, String)>,
+    markers: Vec<(String, String)>,
+) -> Vec<(String, String)> {
+    if held.is_empty() {
+        return markers;
+    }
+    let mut all = held;
+    all.sort_unstable();
+    all.dedup();
+    let rest: Vec<(String, String)> = markers.into_iter().filter(|m| !all.contains(m)).collect();
+    all.extend(rest);
+    all
+}
+
 fn undecided_document(
     account: &str,
     txn: &str,
