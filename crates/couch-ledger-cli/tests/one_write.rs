@@ -990,7 +990,11 @@ async fn an_account_held_by_other_terms_is_freed_whatever_markers_come_first() {
         doc["balance"] = json!(899);
     })
     .await;
-    assert_eq!(l.status().await.unwrap().conflicts, 1, "A holds the two leaves");
+    assert_eq!(
+        l.status().await.unwrap().conflicts,
+        1,
+        "A holds the two leaves"
+    );
 
     let sweeper = l.to_builder().lease(lease).build().unwrap();
     let one = SweepOptions {
