@@ -1338,12 +1338,6 @@ fn sort_markers(
     (undo, undecided)
 }
 
-/// The document `initial` of the undecided transfer `txn`, with the terms its marker on
-/// `account` gives (its account, `peer`, the delta, the account's currency), and that peer.
-/// `None` for a marker converged since the view was built, one past which a live worker may
-/// still decide (younger than `lease_ms`: counted skipped), a transfer met before (`seen`), and
-/// a marker without attempt (the stepwise protocol writes the document first), which is
-/// reported.
 /// The stale markers of a pass, `markers` (account document id, transfer, oldest first), with
 /// those of the transfers that hold an account's merge (`held`: one id sent at once with other
 /// terms, no document yet) put first. Found only by their place in the `account_pending` view,
@@ -1368,6 +1362,12 @@ fn first_the_rival_terms(
     all
 }
 
+/// The document `initial` of the undecided transfer `txn`, with the terms its marker on
+/// `account` gives (its account, `peer`, the delta, the account's currency), and that peer.
+/// `None` for a marker converged since the view was built, one past which a live worker may
+/// still decide (younger than `lease_ms`: counted skipped), a transfer met before (`seen`), and
+/// a marker without attempt (the stepwise protocol writes the document first), which is
+/// reported.
 fn undecided_document(
     account: &str,
     txn: &str,
