@@ -147,6 +147,14 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
+/// A worker's lease short enough for a test to wait past, long enough for both applies to land
+/// within it: on a loaded cluster, where each write goes to every copy, 300 ms ran out first
+/// ("no worker reached the decide gate").
+async fn short_lease(l: &Ledger) -> Duration {
+    let several = support::copies(l.hot_client().database()).await > 1;
+    Duration::from_millis(if several { 3_000 } else { 300 })
+}
+
 /// Waits (polling, bounded) until `since` is at least `d` ago.
 async fn wait_past(what: &str, since: Instant, d: Duration) {
     support::wait_for(what, d + Duration::from_secs(10), || async {
@@ -831,10 +839,7 @@ async fn refusals_are_decided_cancelled_by_one_create() {
 #[tokio::test]
 async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lease_passed() {
     let l = support::ledger("ow_stopped").await;
-    // Both applies must land within the lease before the gate: on a loaded cluster, where each
-    // write goes to every copy, 300 ms ran out first ("no worker reached the decide gate").
-    let several = support::copies(l.hot_client().database()).await > 1;
-    let lease = Duration::from_millis(if several { 3_000 } else { 300 });
+    let lease = short_lease(&l).await;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     let (g, hook) = support::gate("decide");
@@ -946,8 +951,7 @@ async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lea
 #[tokio::test]
 async fn an_account_held_by_other_terms_is_freed_whatever_markers_come_first() {
     let l = support::ledger("ow_rival_first").await;
-    let several = support::copies(l.hot_client().database()).await > 1;
-    let lease = Duration::from_millis(if several { 3_000 } else { 300 });
+    let lease = short_lease(&l).await;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
     open(&l, "C", 1_000).await;
