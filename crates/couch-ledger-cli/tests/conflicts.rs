@@ -179,24 +179,9 @@ impl World {
     /// lease ran out), then runs the sweeper (`stale_after` 0) until `verify` at rest is ok
     /// and no document holds a conflict, at most `SWEEPS` passes. Returns the passes.
     async fn sweep(&self) -> Vec<SweepOutcome> {
-        let (db, ids) = (&self.db, &self.transfers);
-        support::wait_for(
-            "the stepping worker's claims to run out",
-            Duration::from_secs(30),
-            || async move {
-                for id in ids {
-                    for leaf in support::live_leaves(db, &format!("txn:{id}")).await {
-                        let expires = leaf["claim"]["expires_at"].as_i64().unwrap_or(0);
-                        if expires >= now_ms() {
-                            return None;
-                        }
-                    }
-                }
-                Some(())
-            },
-        )
-        .await;
+        self.claims_run_out().await;
         const SWEEPS: usize = 4;
+        let db = &self.db;
         let sweeper = self.l.another_worker();
         let mut passes = Vec::new();
         for _ in 0..SWEEPS {
@@ -214,6 +199,28 @@ impl World {
             }
         }
         passes
+    }
+
+    /// Waits until every leaf of every transfer holds no live claim (the stepping worker's
+    /// lease ran out).
+    async fn claims_run_out(&self) {
+        let (db, ids) = (&self.db, &self.transfers);
+        support::wait_for(
+            "the stepping worker's claims to run out",
+            Duration::from_secs(30),
+            || async move {
+                for id in ids {
+                    for leaf in support::live_leaves(db, &format!("txn:{id}")).await {
+                        let expires = leaf["claim"]["expires_at"].as_i64().unwrap_or(0);
+                        if expires >= now_ms() {
+                            return None;
+                        }
+                    }
+                }
+                Some(())
+            },
+        )
+        .await;
     }
 
     /// The checks after the sweep: verify at rest ok; balances as the transfers' final
@@ -1068,4 +1075,70 @@ async fn a_withdrawn_debit_whose_worker_stalls_is_cancelled_by_the_sweeper() {
     let _ = task.await.unwrap();
     let passes = w.sweep().await;
     w.assert_whole(&passes).await;
+}
+
+/// More write-once conflicts than a pass takes (they wait for a person, so they stay) must not
+/// hide a conflicted transfer from every pass: the conflicts view sorts by type, and `payment`
+/// comes before `transaction`. A pass of two reaches the transfer behind two such payments.
+#[tokio::test]
+async fn a_conflicted_transfer_is_resolved_behind_more_write_once_conflicts_than_a_pass_takes() {
+    let mut w = World::new("cf_behind_write_once", &[("A", 1_000), ("B", 0)]).await;
+    w.l.record_purchase(&purchase()).await.unwrap();
+    let mut payments = Vec::new();
+    for reference in ["pay1", "pay2"] {
+        let p = Payment {
+            reference: reference.to_owned(),
+            ..payment()
+        };
+        assert_eq!(
+            w.l.record_payment(&p).await.unwrap().status,
+            RecordStatus::Created
+        );
+        let id = format!("payment:{ORDER}:{reference}");
+        support::plant_sibling(&w.db, &id, &Planted::Wins.hash(), |doc| {
+            doc["value"] = json!(1_499);
+        })
+        .await;
+        payments.push(id);
+    }
+    // Settled on both accounts, `committed`; a leaf `done` beside it wins, so no view of open
+    // transfers or pending markers lists t1: only the conflicts view does.
+    w.transfer("t1", "A", "B", 100, 4).await;
+    w.plant("txn:t1", Planted::Wins, |doc| {
+        to_state("done")(doc);
+        doc["claim"] = Value::Null;
+    })
+    .await;
+    let before: Vec<String> = conflicted(&w.db).await.into_keys().collect();
+    let mut expected = vec!["txn:t1".to_owned()];
+    expected.extend(payments.iter().cloned());
+    expected.sort();
+    assert_eq!(before, expected, "what the test planted");
+    w.claims_run_out().await;
+
+    let o =
+        w.l.another_worker()
+            .sweep_once(SweepOptions {
+                limit: 2,
+                stale_after: Duration::ZERO,
+            })
+            .await
+            .unwrap();
+    let after: Vec<String> = conflicted(&w.db).await.into_keys().collect();
+    assert_eq!(
+        after, payments,
+        "the pass left the transfer's conflict (or picked a payment): {o:#?}"
+    );
+    assert_eq!(o.conflicts_resolved, 1, "{o:#?}");
+    for id in &payments {
+        assert!(
+            o.problems.iter().any(|p| p.contains(id.as_str())),
+            "the pass reports {id}: {o:#?}"
+        );
+    }
+    assert_eq!(w.l.transfer("t1").await.unwrap().state, State::Done);
+    for (account, balance) in [("A", 900), ("B", 100)] {
+        let a = w.l.account(account).await.unwrap();
+        assert_eq!((a.balance.minor(), a.pending.len()), (balance, 0), "{a:?}");
+    }
 }
