@@ -32,7 +32,7 @@ pub fn main() -> i32 {
         if !out.violations.is_empty() {
             print_failure(&out, long);
         }
-        report(std::slice::from_ref(&out), started, 1);
+        report(std::slice::from_ref(&out), started, 1, "");
         println!("scenario: {}", out.scenario);
         println!("trace digest: {:016x}", out.trace);
         return i32::from(!out.violations.is_empty());
@@ -41,6 +41,25 @@ pub fn main() -> i32 {
     let long_every = env_u64("SIM_LONG_EVERY").unwrap_or(10).max(1);
     let threads = env_u64("SIM_THREADS").unwrap_or(2).max(1) as usize;
     let base = env_u64("SIM_BASE").unwrap_or(0);
+    let results = run_group(seeds, base, long_every, threads);
+    let mut failed = report(&results, started, seeds, "") + replay(&results, base, long_every);
+    // Then seeds whose every sweep pass looks at one transfer and one marker, as the real
+    // sweeper's `--batch` on a backlog larger than it: what is stuck ahead must not take every
+    // pass (`SIM_SMALL_PASS_SEEDS`, default a fifth of the seeds; none under `SIM_PASS_LIMIT`,
+    // which sets the limit of every seed).
+    let small = env_u64("SIM_SMALL_PASS_SEEDS").unwrap_or(seeds / 5);
+    if run::pass_limit().is_none() && small > 0 {
+        run::set_pass_limit(1);
+        let started = Instant::now();
+        let results = run_group(small, base, long_every, threads);
+        failed += report(&results, started, small, "pass_limit=1 ");
+    }
+    not_drawn();
+    i32::from(failed > 0)
+}
+
+/// Runs seeds `base..base + seeds` on `threads` threads; every `long_every`-th a long run.
+fn run_group(seeds: u64, base: u64, long_every: u64, threads: usize) -> Vec<Outcome> {
     let next = AtomicU64::new(0);
     let results: Mutex<Vec<Outcome>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
@@ -60,8 +79,11 @@ pub fn main() -> i32 {
             });
         }
     });
-    let results = results.into_inner().unwrap();
-    // Same seed, same run: two seeds again, their digests compared.
+    results.into_inner().unwrap()
+}
+
+/// Same seed, same run: two seeds again, their digests compared. How many differed.
+fn replay(results: &[Outcome], base: u64, long_every: u64) -> usize {
     let mut replay_violations = 0;
     for out in results.iter().take(2) {
         let long = (out.seed - base) % long_every == long_every - 1;
@@ -74,8 +96,7 @@ pub fn main() -> i32 {
             );
         }
     }
-    let failed = report(&results, started, seeds) + replay_violations;
-    i32::from(failed > 0)
+    replay_violations
 }
 
 fn print_failure(out: &Outcome, long: bool) {
@@ -84,20 +105,22 @@ fn print_failure(out: &Outcome, long: bool) {
         println!("  - {v}");
     }
     println!(
-        "  replay: SIM_SEED={:#x}{}{}{}{} cargo test --release --features failpoints --test simulation",
+        "  replay: SIM_SEED={:#x}{}{}{}{}{} cargo test --release --features failpoints --test simulation",
         out.seed,
         if long { " SIM_LONG=1" } else { "" },
         if run::two_terms_drawn() { " SIM_TWO_TERMS=1" } else { "" },
         if run::trio_drawn() { " SIM_TRIO=1" } else { "" },
-        if run::hot_drawn() { " SIM_HOT=1" } else { "" }
+        if run::hot_drawn() { " SIM_HOT=1" } else { "" },
+        run::pass_limit().map_or(String::new(), |n| format!(" SIM_PASS_LIMIT={n}"))
     );
 }
 
-fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
+/// Prints a group's `SIMULATION` line (`label` before its fields); its violations.
+fn report(results: &[Outcome], started: Instant, seeds: u64, label: &str) -> usize {
     let sum = |f: fn(&Outcome) -> u64| results.iter().map(f).sum::<u64>();
     let violations: usize = results.iter().map(|o| o.violations.len()).sum();
     println!(
-        "SIMULATION seeds={seeds} transfers={} node_restarts={} stemmed_branches={} conflicts_merged={} lost_replies={} crashes={} requests={} violations={violations} ({:.1} s)",
+        "SIMULATION {label}seeds={seeds} transfers={} node_restarts={} stemmed_branches={} conflicts_merged={} lost_replies={} crashes={} requests={} violations={violations} ({:.1} s)",
         sum(|o| o.transfers),
         sum(|o| o.node_restarts),
         sum(|o| o.stemmed_branches),
@@ -107,6 +130,11 @@ fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
         sum(|o| o.requests),
         started.elapsed().as_secs_f64()
     );
+    violations
+}
+
+/// Says which shapes the seeds left out.
+fn not_drawn() {
     if !run::two_terms_drawn() {
         println!(
             "SIMULATION NOT DRAWN: one id resent at once with other terms (in any shape, and the \
@@ -121,5 +149,4 @@ fn report(results: &[Outcome], started: Instant, seeds: u64) -> usize {
              copy\"); SIM_TRIO=1 draws it"
         );
     }
-    violations
 }

@@ -299,6 +299,30 @@ pub fn trio_drawn() -> bool {
     std::env::var("SIM_TRIO").is_ok_and(|v| v == "1")
 }
 
+/// How many transfers (and markers) one sweep pass looks at (`SIM_PASS_LIMIT=N`): by default
+/// the background sweepers' 200 and the finisher's 10,000, larger than any run's backlog. A small
+/// limit makes a pass see only the oldest part of a backlog, as the real sweeper's `--batch` does
+/// on a large one, where what is stuck ahead can take every pass (docs/CLUSTER.md, "Open: one
+/// id, two terms, two paths").
+pub fn pass_limit() -> Option<usize> {
+    match PASS_LIMIT.load(Ordering::Relaxed) {
+        0 => std::env::var("SIM_PASS_LIMIT")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n: &usize| *n > 0),
+        n => Some(n),
+    }
+}
+
+/// The pass limit of the seeds run now, set by the runner for its group of small passes; 0 for
+/// `SIM_PASS_LIMIT`'s.
+static PASS_LIMIT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Makes every pass of the seeds run from now on look at `n` transfers and markers at most.
+pub fn set_pass_limit(n: usize) {
+    PASS_LIMIT.store(n, Ordering::Relaxed);
+}
+
 /// The shape of the reliability suite's trio (three replicating servers behind a balancer):
 /// every process writes accounts at the server's default quorum, which is one copy, and every
 /// read without its own `r` asks one copy, so a conflict's leaves may be listed by one copy and
@@ -841,10 +865,12 @@ impl Run {
         };
         let (finisher, _) = self.ledger(finisher_plan);
         let mut rested = false;
-        for _ in 0..40 {
+        // With small passes, enough of them to go through the whole backlog twice.
+        let passes = pass_limit().map_or(40, |n| 40 + 2 * (self.plan.transfers * 2).div_ceil(n));
+        for _ in 0..passes {
             let _ = finisher
                 .sweep_once(SweepOptions {
-                    limit: 10_000,
+                    limit: pass_limit().unwrap_or(10_000),
                     stale_after: Duration::from_secs(1),
                 })
                 .await;
@@ -1126,7 +1152,7 @@ fn spawn_sweeper(slots: &Arc<Mutex<Vec<Slot>>>, slot: usize, every: Duration) {
             let ledger = shared.lock().unwrap()[slot].ledger.clone();
             let _ = ledger
                 .sweep_once(SweepOptions {
-                    limit: 200,
+                    limit: pass_limit().unwrap_or(200),
                     stale_after: Duration::from_secs(2),
                 })
                 .await;
