@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::Output;
 
 use super::*;
-use crate::support::{tools, TempDir};
+use crate::support::{self, tools, TempDir};
 
 /// The schemathesis run: a fixed seed, so that a run repeats; examples per operation, sized
 /// for about a minute on two cores. A longer run by hand: tests/contract/schemathesis.toml.
@@ -46,12 +46,17 @@ async fn run_tool(what: &str, cmd: &mut tokio::process::Command) -> Output {
 
 /// The service on a fresh ledger, with an API key required on `/v1`.
 async fn keyed_service(test: &str) -> Service {
+    keyed_service_on(test).await.0
+}
+
+/// [`keyed_service`], and its database's name.
+async fn keyed_service_on(test: &str) -> (Service, String) {
     let (_l, db) = ledger(test).await;
     let keys = std::env::temp_dir().join(format!("couch-ledger-keys-{}", fastrand::u64(..)));
     std::fs::write(&keys, format!("{API_KEY}\n")).unwrap();
     let svc = Service::start(&db, &["--api-keys-file", keys.to_str().unwrap()]).await;
     std::fs::remove_file(&keys).unwrap();
-    svc.with_key(API_KEY)
+    (svc.with_key(API_KEY), db)
 }
 
 #[tokio::test]
@@ -79,7 +84,10 @@ async fn serve_contract_the_document_validates_with_openapi_spec_validator() {
 #[tokio::test]
 async fn serve_contract_schemathesis_with_every_check_finds_nothing() {
     let venv = tools::python_tools();
-    let svc = keyed_service("serve_contract_schemathesis").await;
+    let (svc, db) = keyed_service_on("serve_contract_schemathesis").await;
+    // On a database of several copies a transfer's decision can be answered 503 `unconfirmed`
+    // (docs/CLUSTER.md): the hooks accept that answer there, and only there.
+    let copies = support::copies(&db).await;
     let reports = TempDir::new("couch-ledger-schemathesis");
     let started = std::time::Instant::now();
     let out = tokio::time::timeout(
@@ -97,6 +105,7 @@ async fn serve_contract_schemathesis_with_every_check_finds_nothing() {
             .args(["--max-examples", &SCHEMATHESIS_EXAMPLES.to_string()])
             .args(["--header", &format!("Authorization: Bearer {API_KEY}")])
             .env("SCHEMATHESIS_HOOKS", contract_dir().join("hooks.py"))
+            .env("COUCH_LEDGER_COPIES", copies.to_string())
             .current_dir(reports.path())
             .stdin(Stdio::null())
             .kill_on_drop(true)
