@@ -651,7 +651,7 @@ impl Ledger {
                 rows.extend(all);
                 continue;
             }
-            // More than a pass takes: each kind from its own range, transfers first.
+            // A pass's worth or more: each kind from its own range, transfers first.
             for (start, end) in conflict_ranges() {
                 let q = ViewQuery {
                     start_key: Some(start),
@@ -1359,8 +1359,8 @@ fn sort_markers(
 /// One read of the whole view took the first `limit` rows in key order: accounts, then
 /// write-once documents, then transfers. The write-once ones wait for a person and stay, so
 /// once there were `limit` of them (or of accounts that wait for their transfer) no pass ever
-/// reached a conflicted transfer again (`SIM_PASS_LIMIT=1`: seeds 0x69, 0x79 of
-/// `SIM_TWO_TERMS=1`, transfers left in conflict).
+/// reached a conflicted transfer again (the simulator's `pass_limit=1` seeds: 0x5, transfers
+/// left in conflict).
 fn conflict_ranges() -> [(Value, Value); 3] {
     [
         (json!(["transaction"]), json!(["transaction", {}])),
