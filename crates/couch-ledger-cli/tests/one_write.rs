@@ -950,7 +950,8 @@ async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lea
 // stayed held for good (a real 3-node cluster: three accounts held, 2,357 markers stuck).
 #[tokio::test]
 async fn an_account_held_by_other_terms_is_freed_whatever_markers_come_first() {
-    let l = support::ledger("ow_rival_first").await;
+    // A cluster's conflict, planted: on a single node too, as a cluster's ledger acts.
+    let l = support::ledger_with("ow_rival_first", |b| b.settled_entries()).await;
     let lease = short_lease(&l).await;
     open(&l, "A", 1_000).await;
     open(&l, "B", 0).await;
@@ -1043,6 +1044,97 @@ async fn an_account_held_by_other_terms_is_freed_whatever_markers_come_first() {
         raw_account(&l, "B").await
     );
     assert_eq!(all[2], 950, "{all:?}");
+    assert_at_rest(&l).await;
+}
+
+// The same, where only losing leaves hold the rival markers: each of A and B has three leaves,
+// the winner knowing nothing of t (a branch that took other writes), one loser with each terms'
+// marker. No view lists t (views read winners), so the pass reaches it only through the merge
+// that waits for it, and gives it a document from a marker one of those losers holds. Before,
+// the pass looked for the marker on the winner alone, found none ("converged since") and the
+// accounts stayed held for good.
+#[tokio::test]
+async fn an_account_whose_losing_leaves_alone_hold_the_rival_markers_is_freed() {
+    // A cluster's conflict, planted: on a single node too, as a cluster's ledger acts.
+    let l = support::ledger_with("ow_rival_losers", |b| b.settled_entries()).await;
+    let lease = short_lease(&l).await;
+    open(&l, "A", 1_000).await;
+    open(&l, "B", 0).await;
+    let at = now_ms() - 20_000;
+    let db = l.hot_client().database().to_owned();
+    for (id, sign, peer, opening) in [("A", -1, "B", 1_000), ("B", 1, "A", 0)] {
+        let mut doc = raw_account(&l, id).await;
+        doc["pending"] = json!([{"txn": "t", "delta": sign * 100, "at": at,
+                                  "attempt": "0a0a0a0a0a0a", "peer": peer}]);
+        doc["balance"] = json!(opening + sign * 100);
+        l.hot_client()
+            .put(&format!("account:{id}"), &doc)
+            .await
+            .unwrap();
+        support::plant_sibling(&db, &format!("account:{id}"), &"0".repeat(32), |d| {
+            d["pending"] = json!([{"txn": "t", "delta": sign * 101, "at": at,
+                                    "attempt": "0b0b0b0b0b0b", "peer": peer}]);
+            d["balance"] = json!(opening + sign * 101);
+        })
+        .await;
+        support::plant_sibling(&db, &format!("account:{id}"), &"f".repeat(32), |d| {
+            d["pending"] = json!([]);
+            d["balance"] = json!(opening);
+        })
+        .await;
+        let winner = raw_account(&l, id).await;
+        assert_eq!(
+            winner["pending"],
+            json!([]),
+            "{id}'s winner holds no marker: {winner:#}"
+        );
+    }
+    assert_eq!(
+        l.status().await.unwrap().conflicts,
+        2,
+        "A and B hold the leaves"
+    );
+
+    let sweeper = l.to_builder().lease(lease).build().unwrap();
+    let one = SweepOptions {
+        limit: 1,
+        stale_after: Duration::ZERO,
+    };
+    let at_rest = || {
+        let l = l.clone();
+        async move {
+            let ended = l.transfer("t").await.is_ok_and(|t| t.state.is_terminal());
+            let mut clear = l.status().await.is_ok_and(|s| s.conflicts == 0);
+            for id in ["A", "B"] {
+                clear &= l.account(id).await.is_ok_and(|a| a.pending.is_empty());
+            }
+            ended && clear
+        }
+    };
+    let mut passes = Vec::new();
+    for _ in 0..6 {
+        passes.push(sweeper.sweep_once(one.clone()).await.unwrap());
+        if at_rest().await {
+            break;
+        }
+    }
+    let t = l
+        .transfer("t")
+        .await
+        .unwrap_or_else(|e| panic!("t was never given its document ({e}) in {passes:#?}"));
+    assert!(t.state.is_terminal(), "{t:?} after {passes:#?}");
+    let all = balances(&l, &["A", "B"]).await;
+    assert_eq!(
+        all.iter().sum::<i64>(),
+        1_000,
+        "{all:?}: {t:?}\n{passes:#?}"
+    );
+    let moved = if t.state == State::Done {
+        t.amount.minor()
+    } else {
+        0
+    };
+    assert_eq!(all, [1_000 - moved, moved], "{t:?}");
     assert_at_rest(&l).await;
 }
 

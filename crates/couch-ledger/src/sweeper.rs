@@ -280,6 +280,7 @@ impl Ledger {
         // 2. Markers applied before the cutoff and still pending: orphans, or markers of
         //    transfers that are themselves stuck.
         let mut markers = self.stale_markers(cutoff, limit, &mut out).await?;
+        let held: HashSet<(String, String)> = held_by_rival_terms.iter().cloned().collect();
         markers = first_the_rival_terms(held_by_rival_terms, markers);
         phases.mark("account_pending");
 
@@ -296,7 +297,7 @@ impl Ledger {
         let recovered = if undecided.is_empty() {
             Vec::new()
         } else {
-            self.recover_undecided(&undecided, &mut undo, &mut out)
+            self.recover_undecided(&undecided, &held, &mut undo, &mut out)
                 .await?
         };
 
@@ -724,10 +725,13 @@ impl Ledger {
     /// (or cancelled if its other account refuses). The create is exclusive: a worker's
     /// decision written meanwhile makes it a 409, and that decision is followed (its markers
     /// converge, by ops pushed to `converge`). A marker without attempt (the stepwise protocol
-    /// writes the document first) is reported.
+    /// writes the document first) is reported. `held`: the accounts whose merge waits for a
+    /// transfer of rival terms (account document id, transfer), whose marker may be on a losing
+    /// leaf only ([`Ledger::marker_holder`]).
     async fn recover_undecided(
         &self,
         marks: &[(String, String)],
+        held: &HashSet<(String, String)>,
         converge: &mut Vec<AccountOp>,
         out: &mut SweepOutcome,
     ) -> Result<Vec<TxnDoc>> {
@@ -736,8 +740,12 @@ impl Ledger {
         let mut seen: HashSet<String> = HashSet::new();
         let mut recovered = Vec::new();
         for (account, txn) in marks {
+            let id = account_doc_id(account);
+            let winner = accounts.get(&id).and_then(Option::as_ref);
+            let waits = held.contains(&(id, txn.clone()));
+            let holder = self.marker_holder(account, txn, winner, waits, out).await;
             let Some((initial, peer)) =
-                undecided_document(account, txn, &accounts, lease_ms, &mut seen, out)
+                undecided_document(account, txn, holder, lease_ms, &mut seen, out)
             else {
                 continue;
             };
@@ -751,26 +759,64 @@ impl Ledger {
         Ok(recovered)
     }
 
-    /// The accounts of `marks` as they are, by document id (`None`: not there, or not an
-    /// object). A conflicted one's winning leaf will do: the terms come from a marker, and the
-    /// engine merges the account before anything is applied to it.
+    /// The accounts of `marks` as they are, by document id: the winning leaf (`None`: not
+    /// there, or not an account).
     async fn marked_accounts(
         &self,
         marks: &[(String, String)],
-    ) -> Result<HashMap<String, Option<Value>>> {
+    ) -> Result<HashMap<String, Option<AccountDoc>>> {
         let ids: Vec<String> = marks.iter().map(|(a, _)| account_doc_id(a)).collect();
-        let mut accounts: HashMap<String, Option<Value>> = HashMap::new();
+        let mut accounts = HashMap::new();
         for chunk in ids.chunks(READ_BATCH_KEYS_MAX) {
             let rows = self.inner.hot.all_docs_with_conflicts(chunk).await?;
             for (id, row) in chunk.iter().zip(rows) {
-                let mut doc = row.doc.filter(Value::is_object);
-                if let Some(d) = doc.as_mut().and_then(Value::as_object_mut) {
-                    d.remove("_conflicts");
-                }
+                let doc = row.doc.filter(Value::is_object).and_then(|mut v| {
+                    crate::couch::take_conflicts(&mut v);
+                    AccountDoc::from_value(v).ok()
+                });
                 accounts.insert(id.clone(), doc);
             }
         }
         Ok(accounts)
+    }
+
+    /// The leaf of `account` that holds a pending marker of `txn`: the winning one where it
+    /// holds one (a conflicted account's winner will do: the terms come from the marker, and
+    /// the engine merges the account before anything is applied to it). Where the account's
+    /// merge `waits` for `txn` (two leaves hold its markers with other terms) and the winner
+    /// holds none, the first of its other leaves that does, read from every copy, leaving out
+    /// those the winner joined already (`merged`): the winner's branch took other writes and
+    /// never saw `txn`, and no view lists `txn` then (views read winning leaves), so its
+    /// recovery starts here or nowhere. `None`: converged since the view was built, or the
+    /// leaves could not be read (reported; a later pass reads them again).
+    async fn marker_holder(
+        &self,
+        account: &str,
+        txn: &str,
+        winner: Option<&AccountDoc>,
+        waits: bool,
+        out: &mut SweepOutcome,
+    ) -> Option<AccountDoc> {
+        let holds = |d: &AccountDoc| d.pending.iter().any(|m| m.txn == txn);
+        if let Some(doc) = winner.filter(|d| holds(d)) {
+            return Some(doc.clone());
+        }
+        if !waits {
+            return None;
+        }
+        let joined = winner.map(|w| w.merged.as_slice()).unwrap_or_default();
+        match self.account_leaves(account).await {
+            Ok(leaves) => leaves.into_iter().find(|leaf| {
+                let rev = leaf.rev.as_deref().unwrap_or_default();
+                holds(leaf) && !joined.iter().any(|j| j == rev)
+            }),
+            Err(e) => {
+                out.problem(format!(
+                    "account:{account}: its leaves could not be read to find transfer {txn}'s                      marker: {e}"
+                ));
+                None
+            }
+        }
     }
 
     /// Creates the undecided transfer's document `initial` (exclusive): the document, with its
@@ -1402,16 +1448,11 @@ fn first_the_rival_terms(
 fn undecided_document(
     account: &str,
     txn: &str,
-    accounts: &HashMap<String, Option<Value>>,
+    doc: Option<AccountDoc>,
     lease_ms: i64,
     seen: &mut HashSet<String>,
     out: &mut SweepOutcome,
 ) -> Option<(TxnDoc, String)> {
-    let doc = accounts
-        .get(&account_doc_id(account))
-        .cloned()
-        .flatten()
-        .and_then(|v| AccountDoc::from_value(v).ok());
     let marker = doc
         .as_ref()
         .and_then(|d| d.pending.iter().find(|m| m.txn == txn).cloned());

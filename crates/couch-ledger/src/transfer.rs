@@ -1182,7 +1182,10 @@ impl Ledger {
     /// from every copy that answers (`open_revs=all`, `r` = n): a read with `conflicts=true`
     /// shows one copy's leaves, and the judgements made on these leaves read the absence of a
     /// marker or a settle as evidence, which a leaf only the other copies hold would refute.
-    async fn account_leaves(&self, account: &str) -> Result<Vec<crate::account_doc::AccountDoc>> {
+    pub(crate) async fn account_leaves(
+        &self,
+        account: &str,
+    ) -> Result<Vec<crate::account_doc::AccountDoc>> {
         let aid = crate::account_doc::account_doc_id(account);
         let hot = &self.inner.hot;
         let leaves: Vec<Value> = match self.inner.quorum.several_copies(hot).await? {
