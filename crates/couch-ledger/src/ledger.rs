@@ -732,6 +732,14 @@ impl Ledger {
         self.inner.accounts.prune_reads()
     }
 
+    /// Test support: account writes this ledger's engine saw only accepted (202), or in
+    /// conflict, so far; each holds that account's pruning back for
+    /// [`PRUNE_CONFIRMED_MS`](crate::limits::PRUNE_CONFIRMED_MS) (docs/CLUSTER.md).
+    #[cfg(feature = "testing")]
+    pub fn unconfirmed_account_writes(&self) -> u64 {
+        self.inner.accounts.unconfirmed()
+    }
+
     /// How long this worker's claims on transfers last.
     pub fn lease(&self) -> Duration {
         self.inner.lease

@@ -60,6 +60,9 @@ pub(crate) struct AccountEngine {
     ended: Mutex<Ended>,
     /// Reads of transfers made to prune settled entries.
     prune_reads: AtomicU64,
+    /// Account writes only accepted (202) or conflicts seen, each holding its account's pruning
+    /// back ([`AccountEngine::unconfirm`]).
+    unconfirmed: AtomicU64,
     /// Per account, its settled entries every copy is known to hold, and since when: seen in a
     /// revision this engine wrote that every copy took. Only those may be pruned
     /// ([`PRUNE_CONFIRMED_MS`]).
@@ -94,6 +97,7 @@ impl AccountEngine {
             folded: AtomicU64::new(0),
             ended: Mutex::new(Ended::default()),
             prune_reads: AtomicU64::new(0),
+            unconfirmed: AtomicU64::new(0),
             confirmed: Mutex::new(HashMap::new()),
         }
     }
@@ -121,6 +125,13 @@ impl AccountEngine {
     #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(crate) fn prune_reads(&self) -> u64 {
         self.prune_reads.load(Ordering::Relaxed)
+    }
+
+    /// Account writes only accepted (202), or conflicts seen, so far: each held its account's
+    /// pruning back for [`PRUNE_CONFIRMED_MS`].
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    pub(crate) fn unconfirmed(&self) -> u64 {
+        self.unconfirmed.load(Ordering::Relaxed)
     }
 
     fn held(&self) -> MutexGuard<'_, Vec<HeldOp>> {
@@ -350,6 +361,7 @@ impl AccountEngine {
     /// be behind or hold a branch of its own; nothing of it is pruned until every copy takes
     /// its writes again, for [`PRUNE_CONFIRMED_MS`].
     fn unconfirm(&self, account: &str) {
+        self.unconfirmed.fetch_add(1, Ordering::Relaxed);
         self.confirmed
             .lock()
             .unwrap_or_else(|e| e.into_inner())
