@@ -27,7 +27,9 @@ use serde_json::{json, Value};
 use crate::support;
 use crate::support::assert_at_rest;
 use crate::support::{balance, eur_transfer as request, open_account as open, writes_in};
-use couch_ledger::{Ledger, RecordStatus, State, SweepOptions, TransferOutcome, VerifyOptions};
+use couch_ledger::{
+    Ledger, RecordStatus, State, SweepOptions, SweepOutcome, TransferOutcome, VerifyOptions,
+};
 
 // ---- helpers ---------------------------------------------------------------------------------
 
@@ -942,6 +944,37 @@ async fn a_worker_stopped_after_its_apply_is_decided_by_the_sweeper_once_its_lea
     assert_at_rest(&l).await;
 }
 
+/// Sweep passes of one transfer and one marker each, by a ledger whose lease is `lease`, until
+/// `transfers` have ended, `accounts` hold no pending marker and nothing is in conflict (six
+/// at most): the passes made.
+async fn passes_of_one(
+    l: &Ledger,
+    lease: Duration,
+    transfers: &[&str],
+    accounts: &[&str],
+) -> Vec<SweepOutcome> {
+    let sweeper = l.to_builder().lease(lease).build().unwrap();
+    let one = SweepOptions {
+        limit: 1,
+        stale_after: Duration::ZERO,
+    };
+    let mut passes = Vec::new();
+    for _ in 0..6 {
+        passes.push(sweeper.sweep_once(one.clone()).await.unwrap());
+        let mut rest = l.status().await.is_ok_and(|s| s.conflicts == 0);
+        for id in transfers {
+            rest &= l.transfer(id).await.is_ok_and(|t| t.state.is_terminal());
+        }
+        for id in accounts {
+            rest &= l.account(id).await.is_ok_and(|a| a.pending.is_empty());
+        }
+        if rest {
+            break;
+        }
+    }
+    passes
+}
+
 // One id sent at once with other terms, on a cluster: two leaves of A hold its markers with
 // different deltas (100 and 101) and no document says which terms stand, so every write of A
 // waits for a decision. A pass gives that transfer its document however many older stale
@@ -1001,33 +1034,7 @@ async fn an_account_held_by_other_terms_is_freed_whatever_markers_come_first() {
         "A holds the two leaves"
     );
 
-    let sweeper = l.to_builder().lease(lease).build().unwrap();
-    let one = SweepOptions {
-        limit: 1,
-        stale_after: Duration::ZERO,
-    };
-    let ended = |id: &'static str| {
-        let l = l.clone();
-        async move { l.transfer(id).await.is_ok_and(|t| t.state.is_terminal()) }
-    };
-    let no_marker = || {
-        let l = l.clone();
-        async move {
-            for id in ["A", "B", "C"] {
-                if !l.account(id).await.is_ok_and(|a| a.pending.is_empty()) {
-                    return false;
-                }
-            }
-            true
-        }
-    };
-    let mut passes = Vec::new();
-    for _ in 0..6 {
-        passes.push(sweeper.sweep_once(one.clone()).await.unwrap());
-        if ended("t").await && ended("u").await && no_marker().await {
-            break;
-        }
-    }
+    let passes = passes_of_one(&l, lease, &["t", "u"], &["A", "B", "C"]).await;
     let t = l
         .transfer("t")
         .await
@@ -1095,29 +1102,7 @@ async fn an_account_whose_losing_leaves_alone_hold_the_rival_markers_is_freed() 
         "A and B hold the leaves"
     );
 
-    let sweeper = l.to_builder().lease(lease).build().unwrap();
-    let one = SweepOptions {
-        limit: 1,
-        stale_after: Duration::ZERO,
-    };
-    let at_rest = || {
-        let l = l.clone();
-        async move {
-            let ended = l.transfer("t").await.is_ok_and(|t| t.state.is_terminal());
-            let mut clear = l.status().await.is_ok_and(|s| s.conflicts == 0);
-            for id in ["A", "B"] {
-                clear &= l.account(id).await.is_ok_and(|a| a.pending.is_empty());
-            }
-            ended && clear
-        }
-    };
-    let mut passes = Vec::new();
-    for _ in 0..6 {
-        passes.push(sweeper.sweep_once(one.clone()).await.unwrap());
-        if at_rest().await {
-            break;
-        }
-    }
+    let passes = passes_of_one(&l, lease, &["t"], &["A", "B"]).await;
     let t = l
         .transfer("t")
         .await
