@@ -812,7 +812,8 @@ impl Ledger {
             }),
             Err(e) => {
                 out.problem(format!(
-                    "account:{account}: its leaves could not be read to find transfer {txn}'s                      marker: {e}"
+                    "account:{account}: its leaves could not be read to find transfer {txn}'s \
+                     marker: {e}"
                 ));
                 None
             }
