@@ -468,7 +468,7 @@ impl AccountDoc {
                 .pending
                 .iter()
                 .map(|m| PendingEntry {
-                    txn: m.txn.clone(),
+                    txn: crate::transfer::transfer_of(&m.txn).to_owned(),
                     delta: m.delta,
                 })
                 .collect(),

@@ -32,7 +32,7 @@ use crate::money::Amount;
 use crate::opening::{account_term, opening_doc_id, OpeningRecord, OPENING_PREFIX};
 use crate::state::State;
 use crate::sweeper::StateCounts;
-use crate::transfer::{txn_doc_id, TxnDoc};
+use crate::transfer::{digest_of, key_doc_id, transfer_of, TxnDoc};
 
 /// Id prefixes of the write-once documents (invariant 6): the order ledger's entries and the
 /// accounts' opening records.
@@ -516,11 +516,11 @@ impl Audit<'_> {
                         named_here.push(format!(
                             "{} holds {} ({:+})",
                             a.id,
-                            txn_doc_id(&m.txn),
+                            key_doc_id(&m.txn),
                             m.delta.minor()
                         ));
                         conservation_docs.push(a.id.clone());
-                        conservation_docs.push(txn_doc_id(&m.txn));
+                        conservation_docs.push(key_doc_id(&m.txn));
                     }
                 }
             }
@@ -724,12 +724,12 @@ impl Audit<'_> {
                     old_markers.push(format!(
                         "{} holds {} ({:+}, transfer {})",
                         a.id,
-                        txn_doc_id(&m.txn),
+                        key_doc_id(&m.txn),
                         m.delta.minor(),
                         self.scan.state_of(&m.txn)
                     ));
                     marker_docs.push(a.id.clone());
-                    marker_docs.push(txn_doc_id(&m.txn));
+                    marker_docs.push(key_doc_id(&m.txn));
                 }
             }
         }
@@ -923,7 +923,7 @@ fn markers_of(a: &AccountDoc) -> String {
     }
     a.pending
         .iter()
-        .map(|m| format!("{} {:+}", txn_doc_id(&m.txn), m.delta.minor()))
+        .map(|m| format!("{} {:+}", key_doc_id(&m.txn), m.delta.minor()))
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -947,6 +947,8 @@ struct Terms<'a> {
 struct TxnFacts {
     doc_id: String,
     txn_id: String,
+    /// The key of its entries on its accounts (`transfer::entry_key`).
+    key: String,
     source: String,
     destination: String,
     value: i128,
@@ -1184,8 +1186,10 @@ impl Scan {
             .entry(t.destination.clone())
             .or_default()
             .push(i);
+        let key = t.entry_key();
         self.transfers.push(TxnFacts {
             doc_id: t.id,
+            key,
             txn_id: t.txn_id,
             source: t.source,
             destination: t.destination,
@@ -1233,18 +1237,23 @@ impl Scan {
             .count()
     }
 
-    fn is_committed(&self, txn: &str) -> bool {
-        self.by_txn.get(txn).is_some_and(|&i| {
-            matches!(
-                self.transfers[i].state,
-                Some(State::Committed | State::Done)
-            )
-        })
+    /// The transfer of an account entry's `key`, where its document was read, and whether the
+    /// entry holds that document's terms (a key of other terms under the same id never counts).
+    fn of_key(&self, key: &str) -> Option<(&TxnFacts, bool)> {
+        let t = &self.transfers[*self.by_txn.get(transfer_of(key))?];
+        let own = digest_of(key).is_none() || key == t.key;
+        Some((t, own))
     }
 
-    fn state_of(&self, txn: &str) -> String {
-        match self.by_txn.get(txn) {
-            Some(&i) => self.transfers[i].state_name.clone(),
+    fn is_committed(&self, key: &str) -> bool {
+        self.of_key(key)
+            .is_some_and(|(t, own)| own && matches!(t.state, Some(State::Committed | State::Done)))
+    }
+
+    fn state_of(&self, key: &str) -> String {
+        match self.of_key(key) {
+            Some((t, true)) => t.state_name.clone(),
+            Some((t, false)) => format!("{} with other terms", t.state_name),
             None => "missing".to_owned(),
         }
     }
@@ -1295,20 +1304,24 @@ impl Scan {
         let mut seen = std::collections::HashSet::new();
         for s in &a.settled {
             seen.insert(s.txn.as_str());
-            let state = self.by_txn.get(&s.txn).map(|&i| &self.transfers[i]);
-            let suspect = match state.and_then(|t| t.state) {
+            let state = self.of_key(&s.txn);
+            let suspect = match state.and_then(|(t, own)| t.state.map(|st| (st, own))) {
                 None => Some("does not exist or is unreadable".to_owned()),
-                Some(State::Committed | State::Done) if s.undone => {
+                Some((_, false)) if !s.undone => {
+                    Some("holds other terms, but this account settled these".to_owned())
+                }
+                Some((_, false)) => None,
+                Some((State::Committed | State::Done, true)) if s.undone => {
                     Some("is committed/done, but this account undid it".to_owned())
                 }
-                Some(st) if !s.undone && !matches!(st, State::Committed | State::Done) => {
+                Some((st, true)) if !s.undone && !matches!(st, State::Committed | State::Done) => {
                     Some(format!("is {st}, but this account settled it"))
                 }
-                _ => None,
+                Some((_, true)) => None,
             };
             if let Some(why) = suspect {
-                lines.push(format!("{} {why}", txn_doc_id(&s.txn)));
-                docs.push(txn_doc_id(&s.txn));
+                lines.push(format!("{} {why}", key_doc_id(&s.txn)));
+                docs.push(key_doc_id(&s.txn));
             }
         }
         for m in &a.pending {
@@ -1317,10 +1330,10 @@ impl Scan {
             if state != "pending" && state != "committed" && state != "canceling" {
                 lines.push(format!(
                     "{} is {state}, but this account holds its marker ({:+})",
-                    txn_doc_id(&m.txn),
+                    key_doc_id(&m.txn),
                     m.delta.minor()
                 ));
-                docs.push(txn_doc_id(&m.txn));
+                docs.push(key_doc_id(&m.txn));
             }
         }
         if let Some(idx) = self.by_account.get(&a.account_id) {
@@ -1331,6 +1344,7 @@ impl Scan {
                 if matches!(t.state, Some(State::Committed | State::Done))
                     && !t.one_write
                     && !seen.contains(t.txn_id.as_str())
+                    && !seen.contains(t.key.as_str())
                     && now.saturating_sub(t.last_modified) < retention
                 {
                     lines.push(format!(

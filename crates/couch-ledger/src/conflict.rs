@@ -58,10 +58,6 @@ pub(crate) struct TxnFacts {
 pub(crate) struct Blocked {
     pub(crate) txn: String,
     pub(crate) why: String,
-    /// The leaves hold markers of the transfer with other terms and its document is not there
-    /// to say which stand (one id sent at once with other terms): settled once the transfer is
-    /// decided, by a caller or the sweeper.
-    pub(crate) rival_terms: bool,
 }
 
 /// Every transfer named on any leaf, in a stable order (the winner's first).
@@ -127,101 +123,6 @@ fn same_kind(a: Status, b: Status) -> bool {
     }
 }
 
-/// `leaf` without the markers that hold other terms than their transfer's document (one id
-/// sent twice with other terms, each caller applying on its own branch — a cluster's two
-/// coordinators both took a write): the facts of such a transfer come from the one live leaf
-/// every copy holds (`read_facts`), whose terms are fixed for good, so no decision can ever
-/// name such a marker, and it never counts — its delta is taken back here, on every leaf
-/// alike, before the join (whichever leaf wins). A stepwise marker (no attempt) of other terms
-/// is dropped only against a `done` document: its drive can take it back only by writing this
-/// account, which waits for the merge, and kept, the two deltas would block the account for
-/// good (`SIM_TWO_TERMS=1`: `SIM_BASE=6000` seed 0x183d, `SIM_BASE=5000` seed 0x1496). Its
-/// own leaf can no longer win: `done` is as far as any leaf goes, and its drive settles only a
-/// commit it found alone on every copy (`confirm_fork` in crates/couch-ledger/src/transfer.rs).
-/// Against any other state it is kept: the read of every copy does not see a copy that is
-/// down, nor a copy still holding the stepwise leaf whose deletion the others took, and a
-/// stepwise `committed` there outranks a `cancelled`, then finds this account's side of it
-/// gone (a review found the interleaving: 332 lost, the transfer `committed` for good). Where
-/// the document was not read (the leaves agree on the delta), a stray marker is joined as any
-/// and converged later (undone: not named).
-///
-/// The markers dropped are added to `strays`.
-fn without_strays(
-    leaf: &AccountDoc,
-    facts: &HashMap<String, TxnFacts>,
-    strays: &mut Vec<Marker>,
-) -> Result<AccountDoc, Blocked> {
-    let mut doc = leaf.clone();
-    let (dropped, kept): (Vec<Marker>, Vec<Marker>) =
-        std::mem::take(&mut doc.pending).into_iter().partition(|m| {
-            facts.get(&m.txn).is_some_and(|f| {
-                f.delta != m.delta && (m.attempt.is_some() || f.state == State::Done)
-            })
-        });
-    doc.pending = kept;
-    for m in dropped {
-        tracing::debug!(
-            account = %doc.account_id,
-            txn = %m.txn,
-            delta = m.delta.minor(),
-            attempt = ?m.attempt,
-            "a merge dropped a marker whose delta is not its transfer document's"
-        );
-        doc.balance = doc.balance.checked_sub(m.delta).map_err(|e| Blocked {
-            txn: m.txn.clone(),
-            why: format!("the balance without a marker of other terms is out of range: {e}"),
-            rival_terms: false,
-        })?;
-        strays.push(m);
-    }
-    Ok(doc)
-}
-
-/// Records on the merged account each transfer whose markers were dropped as strays and that
-/// the merge left holding nothing (no marker, no entry) as undone, naming the dropped markers'
-/// attempts, dated `now`; where it left an undone entry that names attempts, adds theirs to it.
-/// The document read (one copy) may be the other terms' leaf of a conflict whose resolution
-/// keeps the dropped marker's `done` leaf after all: the entry is what tells that resolution
-/// the marker was taken back (`marker_taken_back`), so that it keeps the other terms instead of
-/// a `done` counted on one account only (`SIM_TWO_TERMS=1` seed 0xa5: +3,282 on a3; on a real
-/// cluster, the other terms' marker on a losing leaf left out beside the stray, as its document
-/// was `cancelled`: B's credit of 100 lost). A late apply of the dropped terms then skips too.
-/// Where the merge keeps a marker or a settle of the transfer, nothing is recorded: an undone
-/// entry would end that marker too. A stepwise stray is never recorded: its terms' leaf is
-/// gone from every copy, so no resolution can keep it, and an entry naming no attempt would
-/// read as a cancel of every attempt, ending a marker of the terms that stand that this
-/// copy's leaves do not show yet.
-fn record_strays(merged: &mut AccountDoc, strays: &[Marker], now: i64) {
-    let mut by_txn: BTreeMap<&str, Vec<Attempt>> = BTreeMap::new();
-    for m in strays.iter().filter(|m| m.attempt.is_some()) {
-        by_txn.entry(&m.txn).or_default().extend(m.attempts());
-    }
-    for (txn, attempts) in by_txn {
-        let recorded = |entry: &mut Settled| {
-            entry.attempts.extend_from_slice(&attempts);
-            entry.attempts.sort_unstable();
-            entry.attempts.dedup();
-        };
-        match Status::of(merged, txn) {
-            Status::Absent => {
-                let mut entry = Settled::new(txn, now, true);
-                recorded(&mut entry);
-                merged.settled.push(entry);
-            }
-            Status::Undone(_) => {
-                if let Some(entry) = merged
-                    .settled
-                    .iter_mut()
-                    .find(|s| s.txn == txn && !s.attempts.is_empty())
-                {
-                    recorded(entry);
-                }
-            }
-            Status::Pending(..) | Status::Settled(_) => {}
-        }
-    }
-}
-
 /// The merged account: the winner's document (and `_rev`, so the write is a CAS on it) with,
 /// per transfer, the join of every leaf's status, and the balance moved by the difference.
 /// `now` dates nothing; it only tells an old settled entry (which the winner may have pruned)
@@ -232,13 +133,6 @@ pub(crate) fn merge_account(
     facts: &HashMap<String, TxnFacts>,
     now: i64,
 ) -> Result<AccountDoc, Blocked> {
-    let mut strays = Vec::new();
-    let stripped = without_strays(winner, facts, &mut strays)?;
-    let losers = &losers
-        .iter()
-        .map(|leaf| without_strays(leaf, facts, &mut strays))
-        .collect::<Result<Vec<_>, _>>()?;
-    let winner = &stripped;
     let mut merged = winner.clone();
     let mut pending: Vec<Marker> = Vec::new();
     let mut settled: BTreeMap<usize, Settled> = BTreeMap::new();
@@ -249,7 +143,6 @@ pub(crate) fn merge_account(
             winner,
             losers,
             fact: facts.get(&t),
-            strays: strays.iter().any(|m| m.txn == t),
         };
         let mine = Status::of(winner, &t);
         let theirs: Vec<Status> = losers.iter().map(|d| Status::of(d, &t)).collect();
@@ -273,7 +166,6 @@ pub(crate) fn merge_account(
     merged.balance = balance;
     merged.pending = pending;
     merged.settled = settled.into_values().collect();
-    record_strays(&mut merged, &strays, now);
     Ok(merged)
 }
 
@@ -284,8 +176,6 @@ struct OnLeaves<'a> {
     losers: &'a [AccountDoc],
     /// Its document, where the merge read it.
     fact: Option<&'a TxnFacts>,
-    /// A marker of other terms under its id was dropped from some leaf (`without_strays`).
-    strays: bool,
 }
 
 impl OnLeaves<'_> {
@@ -293,7 +183,6 @@ impl OnLeaves<'_> {
         Blocked {
             txn: self.txn.to_owned(),
             why,
-            rival_terms: false,
         }
     }
 
@@ -393,14 +282,11 @@ impl OnLeaves<'_> {
                 (Status::Absent, x) | (x, Status::Absent) => x,
                 (Status::Pending(a, at, x), Status::Pending(b, bt, y)) => {
                     if a != b {
-                        return Err(Blocked {
-                            rival_terms: fact.is_none(),
-                            ..self.blocked(format!(
-                                "two leaves hold different deltas ({} and {}) for one transfer",
-                                a.minor(),
-                                b.minor()
-                            ))
-                        });
+                        return Err(self.blocked(format!(
+                            "two leaves hold different deltas ({} and {}) for one transfer",
+                            a.minor(),
+                            b.minor()
+                        )));
                     }
                     // Two attempts of one transfer, each on its own branch (one-write path,
                     // docs/ONE_WRITE.md): one marker, the delta counted once, carrying both
@@ -456,27 +342,6 @@ impl OnLeaves<'_> {
         // it and took it back (settled or undone, then pruned), the convergence takes it back
         // again; that a `done` never names a marker the winner pruned is the prune rule's to
         // ensure (docs/CLUSTER.md).
-        //
-        // Left out only beside a dropped marker of other terms: the merge then holds nothing of
-        // the transfer and records the drop as undone (`record_strays`), the evidence a
-        // resolution between the two terms reads; a marker kept pending there would suppress
-        // that record.
-        if let (Status::Pending(delta, ..), Some(f)) = (joined, self.fact) {
-            let counted = f.state == State::Done
-                && f.delta == delta
-                && f.named.is_some_and(|n| self.carried(n));
-            if f.state.is_terminal() && !counted && self.strays {
-                tracing::debug!(
-                    account = %self.winner.account_id,
-                    txn = %self.txn,
-                    joined = ?joined,
-                    state = ?f.state,
-                    named = ?f.named,
-                    "a merge left out a marker the winner lacks beside a dropped one of other terms, as its transfer does not count it"
-                );
-                return true;
-            }
-        }
         // A settled entry the winner lacks may be one it pruned (only old entries of finished
         // transfers are pruned, and the winner records how far it pruned): then its delta is in
         // the winner's balance already. An entry younger than anything the winner pruned was
@@ -711,29 +576,6 @@ pub(crate) fn marker_taken_back(leaves: &[AccountDoc], txn: &str, attempt: Attem
         })
     });
     undone && !held
-}
-
-/// Whether an account's leaves show the one-write marker of `attempt` (transfer `txn`, putting
-/// `delta` on this account) displaced by other terms: a marker of the transfer with another
-/// delta held, and no leaf holding one carrying the attempt or a settle of the transfer. A
-/// merge drops the attempt's marker as a stray against the other terms' document it read, and
-/// records nothing where it keeps their marker (an undone entry would end that one too); that
-/// document may still lose to the attempt's `done`, created later on a copy that lacked it, and
-/// keeping `done` would leave it counted on the other account only (`SIM_TWO_TERMS=1
-/// SIM_BASE=8000` seed 0x1f7d: 3,033 lost).
-pub(crate) fn marker_displaced(
-    leaves: &[AccountDoc],
-    txn: &str,
-    attempt: Attempt,
-    delta: Amount,
-) -> bool {
-    let held = attempt_held(leaves, txn, attempt);
-    let other_terms = leaves.iter().any(|leaf| {
-        leaf.pending
-            .iter()
-            .any(|m| m.txn == txn && m.delta != delta)
-    });
-    other_terms && !held
 }
 
 #[cfg(test)]

@@ -31,9 +31,6 @@ struct Inner {
     /// A transfer whose own conflict kept an account from being merged (a cluster): resolving
     /// that transfer lets the same op go through.
     blocked_by: Option<String>,
-    /// A transfer whose markers of other terms under its id kept an account from being merged
-    /// before its document was written ([`Error::rival_terms`]).
-    rival_terms: Option<String>,
     source: Option<BoxError>,
 }
 
@@ -136,7 +133,6 @@ impl Error {
                 waited: None,
                 transfer: None,
                 blocked_by: None,
-                rival_terms: None,
                 source: None,
             }),
         }
@@ -209,28 +205,7 @@ impl Error {
         copy.inner.transfer.clone_from(&self.inner.transfer);
         copy.inner.server.clone_from(&self.inner.server);
         copy.inner.blocked_by.clone_from(&self.inner.blocked_by);
-        copy.inner.rival_terms.clone_from(&self.inner.rival_terms);
         copy
-    }
-
-    /// An account that cannot be merged yet because its leaves hold markers of transfer `txn`
-    /// with other terms, and no document of `txn` says which stand: one id sent at once with
-    /// other terms, each request's markers on a branch of its own (a cluster).
-    pub(crate) fn rival_terms(account: &str, txn: &str, why: &str) -> Error {
-        let mut e = Error::ledger(
-            Condition::Conflicted,
-            format!(
-                "{account} holds a conflict that cannot be merged yet: transfer {txn}: {why} \
-                 (the same id sent at once with other terms); the transfer's decision settles it"
-            ),
-        );
-        e.inner.rival_terms = Some(txn.to_owned());
-        e
-    }
-
-    /// The transfer of [`Error::rival_terms`].
-    pub(crate) fn rival_terms_of(&self) -> Option<&str> {
-        self.inner.rival_terms.as_deref()
     }
 
     /// The transfer whose conflict blocked this op ([`Error::blocked_by_transfer`]).

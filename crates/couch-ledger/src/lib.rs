@@ -164,6 +164,7 @@ pub mod limits {
 #[cfg(feature = "testing")]
 pub mod testing {
     pub use crate::clock::testing::simulate_wall_clock;
+    pub use crate::transfer::{entry_key, transfer_of};
     pub use crate::wire::{Exchange, Transport, WireFailure, WireReply, WireRequest};
 
     /// The engine's limits that tests check against (feature `testing`; src/limits.rs says

@@ -77,14 +77,7 @@ fn judge(attempt: Attempt, debit: OpResult, credit: OpResult) -> Next {
     if any(|r| matches!(r, OpResult::Finished | OpResult::AlreadyPending)) {
         return Next::Follow;
     }
-    // Another attempt under this id with other terms holds an account: this one decides that it
-    // did not happen (its document, with its own terms, `cancelled`). If the other decided
-    // first, the create meets its document and this call answers a mismatch. Either way each
-    // caller's answer stays true: no transfer whose caller heard "cancelled" or "mismatch"
-    // runs later under its terms (the sweeper drives only undecided transfers).
-    let reason = if any(|r| matches!(r, OpResult::Mismatch(_))) {
-        Some(Reason::ConflictingTerms)
-    } else if any(|r| *r == OpResult::UnknownAccount) {
+    let reason = if any(|r| *r == OpResult::UnknownAccount) {
         Some(Reason::UnknownAccount)
     } else if any(|r| *r == OpResult::Unreadable) {
         Some(Reason::UnreadableAccount)
@@ -162,23 +155,6 @@ fn answer_status(existing: &TxnDoc, tried: Option<&TxnDoc>) -> RecordStatus {
     }
 }
 
-/// Not final: another request sent this id with other terms at the same moment, and each
-/// applied its markers on a branch of its own of an account (a cluster, where two coordinators
-/// can both take a write). Which terms stand is decided once, by whichever decision reaches
-/// the document (this caller's did not yet), or by the sweeper.
-fn rival_terms(id: &str) -> Error {
-    Error::ledger(
-        Condition::Unconfirmed,
-        format!(
-            "transfer {id} was sent at the same moment with other terms from elsewhere, and \
-             both reached its accounts (a cluster); which terms stand is not final yet: the \
-             sweeper decides it. Send the same id again later to learn how it ended, and do not \
-             reuse one id for other terms"
-        ),
-    )
-    .with_transfer(id)
-}
-
 /// "Not decided in time": the worker's deadline passed before its accounts were applied (the
 /// sweeper's pass, whose transfer's document exists already, tries again next pass).
 fn undecided(id: &str) -> Error {
@@ -236,7 +212,6 @@ impl Ledger {
                     unblocks += 1;
                     continue;
                 }
-                Err(e) if e.rival_terms_of() == Some(id) => return Err(rival_terms(id)),
                 other => other?,
             };
             match applied {
@@ -383,9 +358,10 @@ impl Ledger {
     /// The two applies of `terms` by `attempt` (debit, credit), linked.
     fn apply_ops(&self, terms: &TxnDoc, attempt: Attempt, deadline: Instant) -> [AccountOp; 2] {
         let link = Some(self.inner.accounts.next_link());
+        let key = terms.entry_key();
         let op = |account: &str, peer: &str, delta, check_funds| AccountOp {
             account: account.to_owned(),
-            txn: terms.txn_id.clone(),
+            txn: key.clone(),
             kind: OpKind::Apply {
                 delta,
                 currency: terms.currency.clone(),
@@ -592,7 +568,7 @@ impl Ledger {
             also.txns
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(doc.txn_id.clone());
+                .insert(doc.entry_key());
         }
         let ledger = self.clone();
         tokio::spawn(async move {
@@ -613,13 +589,14 @@ impl Ledger {
     async fn converge(&self, doc: &TxnDoc, accounts: &[String], hold: bool) {
         self.pause_at("converge").await;
         let mut seen = HashSet::new();
+        let key = doc.entry_key();
         let ops: Vec<AccountOp> = accounts
             .iter()
             .filter(|a| seen.insert(a.as_str()))
             .filter_map(|account| {
-                doc.convergence(account).map(|kind| AccountOp {
+                doc.convergence(account, &key).map(|kind| AccountOp {
                     account: account.clone(),
-                    txn: doc.txn_id.clone(),
+                    txn: key.clone(),
                     kind,
                     link: None,
                 })
@@ -678,12 +655,10 @@ impl Ledger {
         let (_, deadline) = self.new_claim();
         let attempt = Attempt::random();
         let mut touched: Vec<String> = Vec::new();
-        let mut followed = false;
         for _ in 0..DRIVE_PHASES_MAX {
             let next = self
                 .apply_once(&doc, attempt, deadline, &mut touched)
                 .await?;
-            followed = next == Next::Follow;
             let (state, markers, reason) = match next {
                 Next::Done(named) => (State::Done, Some(named), None),
                 Next::Cancel(reason) => (State::Cancelled, None, Some(reason)),
@@ -723,13 +698,7 @@ impl Ledger {
             self.converge(&now, &touched, false).await;
             return Ok((now, false));
         }
-        // An account answered as if the transfer were decided (an undone entry: a cluster
-        // merge's record of another terms' marker it dropped) while nothing decided it: this
-        // path would follow it for good (`SIM_TWO_TERMS=1 SIM_BASE=7000` seed 0x1b66: `initial`
-        // to the end, the other terms' marker on the source with it). The stepwise drive reads
-        // the same answers as a refusal and cancels, and the convergence to `cancelled` takes
-        // that marker back.
-        if now.state == State::Initial && !(followed && now.rev == doc.rev) {
+        if now.state == State::Initial {
             return Ok((now, false));
         }
         // Taken over by the stepwise protocol (`step`): its drive.
@@ -788,12 +757,8 @@ mod tests {
     fn a_decided_transfer_is_followed_before_anything_else() {
         use OpResult as R;
         assert_eq!(judge(a(1), R::Insufficient, R::Finished), Next::Follow);
-        assert_eq!(judge(a(1), R::Mismatch("value"), R::Finished), Next::Follow);
+        assert_eq!(judge(a(1), R::Withdrawn, R::Finished), Next::Follow);
         assert_eq!(judge(a(1), R::AlreadyPending, R::Applied), Next::Follow);
-        assert_eq!(
-            judge(a(1), R::Mismatch("destination"), R::Applied),
-            Next::Cancel(Reason::ConflictingTerms)
-        );
     }
 
     #[test]

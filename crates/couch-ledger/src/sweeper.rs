@@ -42,7 +42,7 @@ use crate::money::Amount;
 use crate::state::State;
 #[cfg(feature = "failpoints")]
 use crate::transfer::crash;
-use crate::transfer::{txn_doc_id, TxnDoc};
+use crate::transfer::{key_doc_id, transfer_of, TxnDoc};
 
 /// The states a transfer can be stuck in.
 const OPEN_STATES: [State; 4] = [
@@ -260,7 +260,7 @@ impl Ledger {
         let mut phases = PhaseClock::start();
 
         // 0. Conflicted ledger documents first, so that what follows reads resolved ones.
-        let held_by_rival_terms = self.resolve_conflicts(limit, &mut out).await?;
+        self.resolve_conflicts(limit, &mut out).await?;
 
         // 1. Open transfers not modified since the cutoff, oldest first — past the malformed
         //    ones, which would otherwise fill every batch (they sort oldest and never move).
@@ -279,9 +279,7 @@ impl Ledger {
 
         // 2. Markers applied before the cutoff and still pending: orphans, or markers of
         //    transfers that are themselves stuck.
-        let mut markers = self.stale_markers(cutoff, limit, &mut out).await?;
-        let held: HashSet<(String, String)> = held_by_rival_terms.iter().cloned().collect();
-        markers = first_the_rival_terms(held_by_rival_terms, markers);
+        let markers = self.stale_markers(cutoff, limit, &mut out).await?;
         phases.mark("account_pending");
 
         // 3. Re-read every transfer involved (views lag).
@@ -297,7 +295,7 @@ impl Ledger {
         let recovered = if undecided.is_empty() {
             Vec::new()
         } else {
-            self.recover_undecided(&undecided, &held, &mut undo, &mut out)
+            self.recover_undecided(&undecided, &mut undo, &mut out)
                 .await?
         };
 
@@ -449,7 +447,7 @@ impl Ledger {
     ) -> Result<HashMap<String, Option<Value>>> {
         let mut ids: Vec<String> = candidates.to_vec();
         for (_, txn) in markers {
-            let id = txn_doc_id(txn);
+            let id = key_doc_id(txn);
             if seen.insert(id.clone()) {
                 ids.push(id);
             }
@@ -551,7 +549,7 @@ impl Ledger {
             Some(n) if !ops.is_empty() => n,
             _ => return Ok(ops),
         };
-        let mut ids: Vec<String> = ops.iter().map(|op| txn_doc_id(&op.txn)).collect();
+        let mut ids: Vec<String> = ops.iter().map(|op| key_doc_id(&op.txn)).collect();
         ids.sort_unstable();
         ids.dedup();
         let mut standing: HashMap<String, TxnDoc> = HashMap::new();
@@ -572,8 +570,8 @@ impl Ledger {
             .into_iter()
             .filter(|op| {
                 let asked = standing
-                    .get(&txn_doc_id(&op.txn))
-                    .and_then(|doc| doc.convergence(&op.account));
+                    .get(&key_doc_id(&op.txn))
+                    .and_then(|doc| doc.convergence(&op.account, &op.txn));
                 let stands = asked.as_ref() == Some(&op.kind);
                 if !stands {
                     tracing::info!(txn = %op.txn, account = %op.account, "an orphan marker's decision does not stand alone on every copy; left for a later pass");
@@ -631,15 +629,7 @@ impl Ledger {
     /// merged by the engine; a write-once document with two bodies is reported. Where the view
     /// holds `limit` rows or more, each kind is read from its own range, up to `limit` each
     /// ([`conflict_ranges`]).
-    ///
-    /// Returns the accounts whose merge waits for a transfer nobody decided, whose leaves hold
-    /// its markers with other terms (account document id, transfer): the pass gives those
-    /// transfers their document first ([`first_the_rival_terms`]).
-    async fn resolve_conflicts(
-        &self,
-        limit: u64,
-        out: &mut SweepOutcome,
-    ) -> Result<Vec<(String, String)>> {
+    async fn resolve_conflicts(&self, limit: u64, out: &mut SweepOutcome) -> Result<()> {
         let whole = ViewQuery {
             reduce: Some(false),
             limit: Some(limit),
@@ -698,23 +688,19 @@ impl Ledger {
                 }
             }
         }
-        let mut held = Vec::new();
         if !accounts.is_empty() {
             let answers = self.inner.accounts.run(accounts.clone()).await;
             for (answer, op) in answers.into_iter().zip(&accounts) {
                 match answer {
                     Ok(_) => out.conflicts_resolved += 1,
                     Err(e) => {
-                        if let Some(txn) = e.rival_terms_of() {
-                            held.push((account_doc_id(&op.account), txn.to_owned()));
-                        }
                         out.conflicts_unresolved += 1;
                         out.problem(format!("account:{}: {e}", op.account));
                     }
                 }
             }
         }
-        Ok(held)
+        Ok(())
     }
 
     /// The one-write transfers whose markers (`marks`: account, transfer) are stale and whose
@@ -725,13 +711,10 @@ impl Ledger {
     /// (or cancelled if its other account refuses). The create is exclusive: a worker's
     /// decision written meanwhile makes it a 409, and that decision is followed (its markers
     /// converge, by ops pushed to `converge`). A marker without attempt (the stepwise protocol
-    /// writes the document first) is reported. `held`: the accounts whose merge waits for a
-    /// transfer of rival terms (account document id, transfer), whose marker may be on a losing
-    /// leaf only ([`Ledger::marker_holder`]).
+    /// writes the document first) is reported.
     async fn recover_undecided(
         &self,
         marks: &[(String, String)],
-        held: &HashSet<(String, String)>,
         converge: &mut Vec<AccountOp>,
         out: &mut SweepOutcome,
     ) -> Result<Vec<TxnDoc>> {
@@ -740,10 +723,7 @@ impl Ledger {
         let mut seen: HashSet<String> = HashSet::new();
         let mut recovered = Vec::new();
         for (account, txn) in marks {
-            let id = account_doc_id(account);
-            let winner = accounts.get(&id).and_then(Option::as_ref);
-            let waits = held.contains(&(id, txn.clone()));
-            let holder = self.marker_holder(account, txn, winner, waits, out).await;
+            let holder = accounts.get(&account_doc_id(account)).cloned().flatten();
             let Some((initial, peer)) =
                 undecided_document(account, txn, holder, lease_ms, &mut seen, out)
             else {
@@ -780,46 +760,6 @@ impl Ledger {
         Ok(accounts)
     }
 
-    /// The leaf of `account` that holds a pending marker of `txn`: the winning one where it
-    /// holds one (a conflicted account's winner will do: the terms come from the marker, and
-    /// the engine merges the account before anything is applied to it). Where the account's
-    /// merge `waits` for `txn` (two leaves hold its markers with other terms) and the winner
-    /// holds none, the first of its other leaves that does, read from every copy, leaving out
-    /// those the winner joined already (`merged`): the winner's branch took other writes and
-    /// never saw `txn`, and no view lists `txn` then (views read winning leaves), so its
-    /// recovery starts here or nowhere. `None`: converged since the view was built, or the
-    /// leaves could not be read (reported; a later pass reads them again).
-    async fn marker_holder(
-        &self,
-        account: &str,
-        txn: &str,
-        winner: Option<&AccountDoc>,
-        waits: bool,
-        out: &mut SweepOutcome,
-    ) -> Option<AccountDoc> {
-        let holds = |d: &AccountDoc| d.pending.iter().any(|m| m.txn == txn);
-        if let Some(doc) = winner.filter(|d| holds(d)) {
-            return Some(doc.clone());
-        }
-        if !waits {
-            return None;
-        }
-        let joined = winner.map(|w| w.merged.as_slice()).unwrap_or_default();
-        match self.account_leaves(account).await {
-            Ok(leaves) => leaves.into_iter().find(|leaf| {
-                let rev = leaf.rev.as_deref().unwrap_or_default();
-                holds(leaf) && !joined.iter().any(|j| j == rev)
-            }),
-            Err(e) => {
-                out.problem(format!(
-                    "account:{account}: its leaves could not be read to find transfer {txn}'s \
-                     marker: {e}"
-                ));
-                None
-            }
-        }
-    }
-
     /// Creates the undecided transfer's document `initial` (exclusive): the document, with its
     /// revision, to be driven. Written meanwhile by its worker or another sweeper: followed,
     /// the markers of `account` and `peer` converging (ops pushed to `converge`) if it is
@@ -840,10 +780,10 @@ impl Ledger {
                 return Some(initial);
             }
             // Written meanwhile (by its worker, or another sweeper): follow it.
-            Ok(None) => match self.read_txn(txn).await {
+            Ok(None) => match self.read_txn(transfer_of(txn)).await {
                 Ok(found) if found.state.is_terminal() => {
                     for a in [account, peer] {
-                        if let Some(kind) = found.convergence(a) {
+                        if let Some(kind) = found.convergence(a, txn) {
                             converge.push(AccountOp {
                                 account: a.to_owned(),
                                 txn: txn.to_owned(),
@@ -857,12 +797,12 @@ impl Ledger {
                 Ok(_) => {}
                 Err(e) => {
                     out.failed += 1;
-                    out.problem(format!("{}: {e}", txn_doc_id(txn)));
+                    out.problem(format!("{}: {e}", key_doc_id(txn)));
                 }
             },
             Err(e) => {
                 out.failed += 1;
-                out.problem(format!("{}: {e}", txn_doc_id(txn)));
+                out.problem(format!("{}: {e}", key_doc_id(txn)));
             }
         }
         None
@@ -1345,7 +1285,7 @@ fn sort_markers(
     let mut undo: Vec<AccountOp> = Vec::new();
     let mut undecided: Vec<(String, String)> = Vec::new();
     for (account_doc, txn) in markers {
-        let id = txn_doc_id(txn);
+        let id = key_doc_id(txn);
         let Some(account) = account_doc.strip_prefix("account:") else {
             out.problem(format!(
                 "{account_doc}: pending marker on a non-account document"
@@ -1379,7 +1319,7 @@ fn sort_markers(
             // stepwise `done` is written only after both markers were settled: a pending
             // one is a late repeat; undoing it keeps the transfer exactly-once.
             State::Done | State::Cancelled => {
-                if let Some(kind) = doc.convergence(account) {
+                if let Some(kind) = doc.convergence(account, txn) {
                     undo.push(AccountOp {
                         account: account.to_owned(),
                         txn: txn.clone(),
@@ -1416,30 +1356,6 @@ fn conflict_ranges() -> [(Value, Value); 3] {
     ]
 }
 
-/// The stale markers of a pass, `markers` (account document id, transfer, oldest first), with
-/// those of the transfers that hold an account's merge (`held`: one id sent at once with other
-/// terms, no document yet) put first. Found only by their place in the `account_pending` view,
-/// they waited behind older markers, and on a real cluster they never came up: the transfers
-/// of those older markers could not be finished while their account stayed in conflict, so
-/// every pass was taken by them, and three accounts stayed held for good (two `serve`
-/// processes, other terms sent at once, a node stopped mid-load: 2,357 markers stuck).
-/// Those transfers are then given their document past their worker's lease, as any undecided
-/// one is, and the merge drops the markers of the terms that do not stand.
-fn first_the_rival_terms(
-    held: Vec<(String, String)>,
-    markers: Vec<(String, String)>,
-) -> Vec<(String, String)> {
-    if held.is_empty() {
-        return markers;
-    }
-    let mut all = held;
-    all.sort_unstable();
-    all.dedup();
-    let rest: Vec<(String, String)> = markers.into_iter().filter(|m| !all.contains(m)).collect();
-    all.extend(rest);
-    all
-}
-
 /// The document `initial` of the undecided transfer `txn`, with the terms its marker on
 /// `account` gives (its account, `peer`, the delta, the account's currency), and that peer.
 /// `None` for a marker converged since the view was built, one past which a live worker may
@@ -1474,7 +1390,7 @@ fn undecided_document(
         out.skipped += 1;
         return None;
     }
-    if !seen.insert(txn.to_owned()) {
+    if !seen.insert(transfer_of(txn).to_owned()) {
         return None;
     }
     let (source, destination) = if marker.delta.is_positive() {
@@ -1484,10 +1400,10 @@ fn undecided_document(
     };
     let now = now_ms();
     let initial = TxnDoc {
-        id: txn_doc_id(txn),
+        id: key_doc_id(txn),
         rev: None,
         doc_type: "transaction".to_owned(),
-        txn_id: txn.to_owned(),
+        txn_id: transfer_of(txn).to_owned(),
         source,
         destination,
         value: if marker.delta.is_positive() {
@@ -1611,7 +1527,7 @@ mod tests {
     /// when `named`.
     fn transfer(txn: &str, rev: &str, state: &str, named: bool) -> Value {
         let mut doc = TxnDoc::from_value(json!({
-            "_id": txn_doc_id(txn), "_rev": rev, "type": "transaction", "txn_id": txn,
+            "_id": crate::transfer::txn_doc_id(txn), "_rev": rev, "type": "transaction", "txn_id": txn,
             "source": "a", "destination": "b", "value": 100, "currency": "EUR",
             "state": state, "reason": null, "reverses": null, "claim": null,
             "created_at": 1, "last_modified": 2
@@ -1630,11 +1546,7 @@ mod tests {
         AccountOp {
             account: "a".into(),
             txn: txn.into(),
-            kind: OpKind::Undo {
-                decided: true,
-                delta: None,
-                peer: None,
-            },
+            kind: OpKind::Undo { decided: true },
             link: None,
         }
     }

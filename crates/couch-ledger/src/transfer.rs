@@ -41,9 +41,7 @@ use serde_json::{Map, Value};
 
 use crate::account_doc::Attempt;
 use crate::accounts::validate_id;
-use crate::conflict::{
-    choose_transfer_leaf, marker_displaced, marker_taken_back, prefer_held_markers, Evidence,
-};
+use crate::conflict::{choose_transfer_leaf, marker_taken_back, prefer_held_markers, Evidence};
 use crate::engine::{now_ms, AccountOp, OpKind, OpResult};
 use crate::error::{Condition, Error, Result};
 use crate::ledger::Ledger;
@@ -95,8 +93,10 @@ pub enum Reason {
     /// by another tool); `verify` names it.
     UnreadableAccount,
     /// Another transfer under the same id, with other terms, was being applied at the same time
-    /// (two callers reused one idempotency key): this one did not happen; the other caller, if
-    /// its turn comes second, is told its id is taken (a mismatch).
+    /// (two callers reused one idempotency key): this one did not happen. Written by earlier
+    /// versions, which kept one marker per id on an account; the same id with other terms now
+    /// has markers of its own, and the caller whose terms lose is told its id is taken (a
+    /// mismatch).
     ConflictingTerms,
 }
 
@@ -321,6 +321,66 @@ pub(crate) fn txn_doc_id(txn_id: &str) -> String {
     format!("txn:{txn_id}")
 }
 
+/// The document of the transfer an account entry's key ([`entry_key`]) belongs to.
+pub(crate) fn key_doc_id(key: &str) -> String {
+    txn_doc_id(transfer_of(key))
+}
+
+/// The digest's length in an entry key: 16 lower-case hex digits (64 bits of SHA-256).
+const TERMS_DIGEST_CHARS: usize = 16;
+
+/// The key of a transfer's marker and entry on an account: `{id}~{digest}`, the digest taken
+/// over its terms (source, destination, amount, currency). Two terms under one id (the id sent
+/// twice at once, from two places, with other terms) then hold two keys, side by side on an
+/// account: each is settled or undone by a decision of its own terms, and a key whose terms
+/// are not those of the document that stands is undone (docs/CLUSTER.md).
+pub fn entry_key(
+    txn_id: &str,
+    source: &str,
+    destination: &str,
+    value: Amount,
+    currency: &str,
+    reverses: Option<&str>,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    let value = value.minor().to_string();
+    for part in [
+        source,
+        destination,
+        &value,
+        currency,
+        reverses.unwrap_or(""),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest = h.finalize();
+    let hex: String = digest[..TERMS_DIGEST_CHARS / 2]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{txn_id}~{hex}")
+}
+
+/// The digest of an entry key; `None` for a key written before keys held one (the bare id).
+pub fn digest_of(key: &str) -> Option<&str> {
+    let (_, digest) = key.rsplit_once('~')?;
+    (digest.len() == TERMS_DIGEST_CHARS
+        && digest
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+    .then_some(digest)
+}
+
+/// The transfer id of an entry key (the key itself where it holds no digest).
+pub fn transfer_of(key: &str) -> &str {
+    match digest_of(key) {
+        Some(d) => &key[..key.len() - d.len() - 1],
+        None => key,
+    }
+}
+
 /// The id of the `attempt`-th reversal of `txn_id` (from 1): `rev-{id}`, then `rev{n}-{id}`.
 /// Distinct for every pair: the text before the first `-` gives the attempt.
 fn reversal_id(txn_id: &str, attempt: u32) -> String {
@@ -332,6 +392,27 @@ fn reversal_id(txn_id: &str, attempt: u32) -> String {
 }
 
 impl TxnDoc {
+    /// The key of this transfer's entries on its accounts ([`entry_key`]).
+    pub fn entry_key(&self) -> String {
+        entry_key(
+            &self.txn_id,
+            &self.source,
+            &self.destination,
+            self.value,
+            &self.currency,
+            self.reverses.as_deref(),
+        )
+    }
+
+    /// Whether an entry of `key` holds this document's terms: its own key, or a key written
+    /// before keys held a digest (the id alone), which stands for the document's terms.
+    pub(crate) fn owns_key(&self, key: &str) -> bool {
+        match digest_of(key) {
+            Some(_) => key == self.entry_key(),
+            None => key == self.txn_id,
+        }
+    }
+
     /// Records that this document, about to be written in its new state at `now`, decides the
     /// transfer, unless an earlier write already did: the first decided state sets
     /// `decided_at`, later ones keep it.
@@ -349,7 +430,15 @@ impl TxnDoc {
     /// markers: the named marker settled; on a `cancelled` transfer, on a `done` one of the
     /// stepwise protocol (written after both markers were settled: a pending marker is a late
     /// repeat) and on an account the transfer does not name, the marker undone.
-    pub(crate) fn convergence(&self, account: &str) -> Option<OpKind> {
+    ///
+    /// `key` is the entry the op is for: an entry of other terms than this document's is
+    /// undone once the document is decided (those terms can no longer be the ones that
+    /// stand: the caller reads a document standing alone on every copy).
+    pub(crate) fn convergence(&self, account: &str, key: &str) -> Option<OpKind> {
+        if !self.owns_key(key) {
+            return matches!(self.state, State::Done | State::Cancelled)
+                .then_some(OpKind::Undo { decided: true });
+        }
         match (self.state, self.markers) {
             (State::Done, Some(named)) if account == self.source => Some(OpKind::Settle {
                 named: Some(named.source),
@@ -359,11 +448,7 @@ impl TxnDoc {
                 named: Some(named.destination),
                 delta: self.value,
             }),
-            (State::Done | State::Cancelled, _) => Some(OpKind::Undo {
-                decided: true,
-                delta: None,
-                peer: None,
-            }),
+            (State::Done | State::Cancelled, _) => Some(OpKind::Undo { decided: true }),
             // Undecided, or the stepwise protocol's own drive settles or undoes it.
             _ => None,
         }
@@ -481,8 +566,8 @@ pub(crate) struct Drive {
     /// Monotonic: past it, this worker writes nothing more for the transfer.
     deadline: Instant,
     /// Accounts where this drive's apply changed the balance and no settle or undo of this
-    /// drive has run since: candidates for the orphan cleanup.
-    applied: Vec<String>,
+    /// drive has run since, with the key of the marker: candidates for the orphan cleanup.
+    applied: Vec<(String, String)>,
     /// Effective phases left (a write that changed something); `step()` uses 1.
     budget: u32,
     /// Once committed, hand the rest (settle, `done`) to a background task and return
@@ -580,13 +665,7 @@ enum Verdict {
 
 fn judge(debit: OpResult, credit: OpResult) -> Verdict {
     let both = [debit, credit];
-    if both.iter().any(|r| matches!(r, OpResult::Mismatch(_))) {
-        // A marker of this id with other terms holds an account (one id sent twice at once,
-        // through the other path): which terms stand is not this drive's to tell — its own
-        // document may lose to the other terms' leaf — so it commits nothing over that marker
-        // and cancels its own terms; the marker is left to its own decision.
-        Verdict::Cancel(Reason::ConflictingTerms)
-    } else if both.contains(&OpResult::UnknownAccount) {
+    if both.contains(&OpResult::UnknownAccount) {
         Verdict::Cancel(Reason::UnknownAccount)
     } else if both.contains(&OpResult::Unreadable) {
         Verdict::Cancel(Reason::UnreadableAccount)
@@ -901,7 +980,9 @@ impl Ledger {
         // terms are then strays the accounts drop (`conflict::merge_account`, the settle's
         // delta check).
         let mut standing = furthest_terms(&all, |_| true);
-        if self.done_taken_back(&all, standing).await? {
+        if let Some(acted) = self.terms_acted_on(&all).await? {
+            standing = acted;
+        } else if self.done_taken_back(&all, standing).await? {
             // Its accounts undid its markers by the other terms' decision: those terms stand.
             let reference = &all[standing];
             standing = furthest_terms(&all, |d| reference.differing_term(d).is_some());
@@ -1002,6 +1083,71 @@ impl Ledger {
         }
     }
 
+    /// Of a transfer's leaves holding other terms under one id, the furthest leaf of the terms
+    /// whose accounts settled them (an entry of their key settled on one of their accounts):
+    /// a decision of those terms was read standing alone and moved money, so they stand. A
+    /// copy that lacked the document when that read was made took the other terms' create
+    /// later (simulator, `SIM_TWO_TERMS=1 SIM_BASE=8000` seed 0x1f54: two `done` leaves, the
+    /// one kept by rank not the one settled, 246 counted twice). `None` when no terms were
+    /// settled, or the document holds one terms; more than one settled: a person decides.
+    async fn terms_acted_on(&self, all: &[TxnDoc]) -> Result<Option<usize>> {
+        let mut keys: Vec<String> = all.iter().map(TxnDoc::entry_key).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.len() < 2 {
+            return Ok(None);
+        }
+        let mut settled = Vec::new();
+        for key in &keys {
+            let of_key = |d: &TxnDoc| d.entry_key() == *key;
+            let Some(leaf) = all.iter().find(|d| of_key(d)) else {
+                continue;
+            };
+            let source = self.account_leaves(&leaf.source).await?;
+            let destination = self.account_leaves(&leaf.destination).await?;
+            let holds_settled = |leaves: &[crate::account_doc::AccountDoc]| {
+                leaves
+                    .iter()
+                    .any(|l| l.settled.iter().any(|e| e.txn == *key && !e.undone))
+            };
+            if !holds_settled(&source) && !holds_settled(&destination) {
+                continue;
+            }
+            let standing = furthest_terms(all, of_key);
+            // Settled on one account and taken back on the other: these terms moved money on
+            // one side only, and no choice of terms makes the accounts agree.
+            let taken_back = match all[standing].markers {
+                Some(n) => {
+                    marker_taken_back(&source, key, n.source)
+                        || marker_taken_back(&destination, key, n.destination)
+                }
+                None => source.iter().chain(&destination).any(|l| {
+                    l.settled
+                        .iter()
+                        .any(|e| e.txn == *key && e.undone && e.attempts.is_empty())
+                }),
+            };
+            if taken_back {
+                return Err(Error::invariant(format!(
+                    "{} holds leaves of other terms under one id, and one account settled the \
+                     terms of one leaf while the other took them back; the accounts agree with \
+                     no leaf: a person must decide",
+                    all[0].id
+                )));
+            }
+            settled.push(standing);
+        }
+        match settled.as_slice() {
+            [] => Ok(None),
+            [only] => Ok(Some(*only)),
+            _ => Err(Error::invariant(format!(
+                "{} holds leaves of other terms under one id, and the accounts settled more \
+                 than one of them; a person must decide",
+                all[0].id
+            ))),
+        }
+    }
+
     /// Whether the terms of leaf `standing` (of a transfer holding other terms' leaves too) are
     /// a one-write `done` whose markers its accounts took back: every `done` leaf of those terms
     /// names attempts, and for each an account shows its marker undone and not held
@@ -1043,59 +1189,11 @@ impl Ledger {
         }
         let source = self.account_leaves(&reference.source).await?;
         let destination = self.account_leaves(&reference.destination).await?;
-        let txn = &reference.txn_id;
-        let settled = |leaves: &[crate::account_doc::AccountDoc]| {
-            leaves
-                .iter()
-                .any(|l| l.settled.iter().any(|e| e.txn == *txn && !e.undone))
-        };
-        // A marker displaced by the other terms' is read from an absence: it counts only where
-        // neither account holds the transfer settled (a `done` settled on a copy, then a longer
-        // branch of the other terms winning the account there, would read displaced).
-        let value = reference.value;
-        let undisputed = !settled(&source) && !settled(&destination);
+        // Terms a settled entry shows acted were kept before this is asked (`terms_acted_on`).
+        let key = reference.entry_key();
         let taken_back = named.iter().all(|&(s, d)| {
-            marker_taken_back(&source, txn, s)
-                || marker_taken_back(&destination, txn, d)
-                || (undisputed
-                    && (marker_displaced(&source, txn, s, value.neg())
-                        || marker_displaced(&destination, txn, d, value)))
+            marker_taken_back(&source, &key, s) || marker_taken_back(&destination, &key, d)
         });
-        // One account took the marker back while the other holds the transfer settled (a merge
-        // that read the other terms' leaf where a copy holding the `done` leaf did not answer,
-        // a sweeper that had read that copy settling the other side): neither terms leave the
-        // accounts agreeing, and the other terms' decision cannot take that settle back (only
-        // a stepwise commit of theirs would explain it).
-        let other_commits = matches!(all[other].state, State::Committed | State::Done);
-        if taken_back && !other_commits && (settled(&source) || settled(&destination)) {
-            return Err(Error::invariant(format!(
-                "txn:{txn} holds other terms beside a `done` whose marker one account took back \
-                 while the other holds it settled; the accounts agree with neither: a person \
-                 must decide"
-            )));
-        }
-        // Other terms that committed settle their own markers, and a settle that finds nothing
-        // of the transfer on an account leaves them `committed` for good while the other side
-        // moves (a merge dropped their stepwise marker against the `done` it read, an account
-        // that then holds nothing of them). Kept, they must show their side on each account: a
-        // marker of their delta, or an entry of the transfer.
-        let theirs = &all[other];
-        let shows = |leaves: &[crate::account_doc::AccountDoc], delta: Amount| {
-            leaves.iter().any(|l| {
-                l.pending.iter().any(|m| m.txn == *txn && m.delta == delta)
-                    || l.settled.iter().any(|e| e.txn == *txn)
-            })
-        };
-        if taken_back
-            && other_commits
-            && !(shows(&source, theirs.value.neg()) && shows(&destination, theirs.value))
-        {
-            return Err(Error::invariant(format!(
-                "txn:{txn} holds other terms, committed, beside a `done` whose marker its \
-                 accounts took back, and an account holds nothing of the committed terms; the \
-                 accounts agree with neither: a person must decide"
-            )));
-        }
         Ok(taken_back)
     }
 
@@ -1132,14 +1230,15 @@ impl Ledger {
             self.check_entries_kept(id).await?;
         }
         let d = &leaves[0];
+        let key = d.entry_key();
         let mut evidence = Evidence::default();
         let mut pending: [Vec<crate::account_doc::Marker>; 2] = [Vec::new(), Vec::new()];
         let mut settled = [false, false];
         for (side, account) in [&d.source, &d.destination].into_iter().enumerate() {
             for doc in self.account_leaves(account).await? {
-                evidence.add(&doc, &d.txn_id);
-                settled[side] |= doc.settled.iter().any(|s| s.txn == d.txn_id && !s.undone);
-                pending[side].extend(doc.pending.into_iter().filter(|m| m.txn == d.txn_id));
+                evidence.add(&doc, &key);
+                settled[side] |= doc.settled.iter().any(|s| s.txn == key && !s.undone);
+                pending[side].extend(doc.pending.into_iter().filter(|m| m.txn == key));
             }
         }
         let keep = choose_transfer_leaf(&by_rev, evidence).ok_or_else(|| {
@@ -1271,16 +1370,17 @@ impl Ledger {
     ) -> Result<[OpResult; 2], Stop> {
         self.guard(d, phase).await?;
         let [k1, k2] = kinds;
+        let key = d.doc.entry_key();
         let ops = vec![
             AccountOp {
                 account: d.doc.source.clone(),
-                txn: d.doc.txn_id.clone(),
+                txn: key.clone(),
                 kind: k1,
                 link,
             },
             AccountOp {
                 account: d.doc.destination.clone(),
-                txn: d.doc.txn_id.clone(),
+                txn: key,
                 kind: k2,
                 link,
             },
@@ -1466,10 +1566,11 @@ impl Ledger {
             )
             .await?;
         if debit == OpResult::Applied {
-            d.applied.push(d.doc.source.clone());
+            d.applied.push((d.doc.source.clone(), d.doc.entry_key()));
         }
         if credit == OpResult::Applied {
-            d.applied.push(d.doc.destination.clone());
+            d.applied
+                .push((d.doc.destination.clone(), d.doc.entry_key()));
         }
         fail_point!("txn-after-debit", |_| Err(Stop::Fail(crash(
             "txn-after-debit"
@@ -1576,16 +1677,8 @@ impl Ledger {
                 d,
                 "undo",
                 [
-                    OpKind::Undo {
-                        decided: false,
-                        delta: Some(d.doc.value.neg()),
-                        peer: Some(d.doc.destination.clone()),
-                    },
-                    OpKind::Undo {
-                        decided: false,
-                        delta: Some(d.doc.value),
-                        peer: Some(d.doc.source.clone()),
-                    },
+                    OpKind::Undo { decided: false },
+                    OpKind::Undo { decided: false },
                 ],
                 None,
             )
@@ -1613,15 +1706,23 @@ impl Ledger {
         let ops: Vec<AccountOp> = d
             .applied
             .drain(..)
-            .map(|account| AccountOp {
-                kind: d.doc.convergence(&account).unwrap_or(OpKind::Undo {
-                    decided: false,
-                    delta: None,
-                    peer: None,
-                }),
-                account,
-                txn: d.doc.txn_id.clone(),
-                link: None,
+            .filter_map(|(account, key)| {
+                // A marker of other terms than the document's (a resolution kept the other
+                // terms' leaf meanwhile) is the sweeper's to undo, once that document stands
+                // alone on every copy.
+                if !d.doc.owns_key(&key) {
+                    return None;
+                }
+                let kind = d
+                    .doc
+                    .convergence(&account, &key)
+                    .unwrap_or(OpKind::Undo { decided: false });
+                Some(AccountOp {
+                    kind,
+                    account,
+                    txn: key,
+                    link: None,
+                })
             })
             .collect();
         for (answer, op) in self
@@ -2095,6 +2196,47 @@ mod tests {
             "state": "pending", "reason": null, "reverses": null,
             "claim": {"owner": "w", "expires_at": 100}, "created_at": 1, "last_modified": 2
         })
+    }
+
+    #[test]
+    fn an_entry_key_holds_the_id_and_its_terms() {
+        let t = TxnDoc::from_value(doc()).unwrap();
+        let key = t.entry_key();
+        assert_eq!(transfer_of(&key), "t1");
+        assert_eq!(digest_of(&key).map(str::len), Some(TERMS_DIGEST_CHARS));
+        assert_eq!(key_doc_id(&key), "txn:t1");
+        assert!(
+            t.owns_key(&key) && t.owns_key("t1"),
+            "a bare id stands for the terms"
+        );
+        // Every term makes another key; the same terms, the same key.
+        let mut other = t.clone();
+        assert_eq!(other.entry_key(), key);
+        for change in 0..5 {
+            let mut o = t.clone();
+            match change {
+                0 => o.source = "c".into(),
+                1 => o.destination = "c".into(),
+                2 => o.value = Amount::new(501).unwrap(),
+                3 => o.currency = "USD".into(),
+                _ => o.reverses = Some("t0".into()),
+            }
+            assert_ne!(o.entry_key(), key, "change {change}");
+            assert!(!t.owns_key(&o.entry_key()));
+        }
+        // Terms are length-prefixed: moving a character between two fields changes the key.
+        other.source = "ab".into();
+        other.destination = "b".into();
+        let mut moved = t.clone();
+        moved.source = "a".into();
+        moved.destination = "bb".into();
+        assert_ne!(other.entry_key(), moved.entry_key());
+        // An id that happens to end like a key is read as a key only with 16 lower-case hex
+        // digits after its last `~`.
+        for bare in ["t~1", "t~0123456789ABCDEF", "t~0123456789abcdeg", "t"] {
+            assert_eq!(transfer_of(bare), bare);
+        }
+        assert_eq!(transfer_of("a~b~0123456789abcdef"), "a~b");
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //!
 //! - `SIM_SEEDS=N` runs N seeds (default 300; `SIM_LONG_EVERY` of them are long runs with a
 //!   node down for minutes); `SIM_SEED=S` replays one seed (decimal or `0x…`), `SIM_LONG=1`
-//!   as a long run; `SIM_THREADS` (default 2); `SIM_TWO_TERMS=1` and `SIM_TRIO=1` draw the
-//!   shapes of the open holes (docs/CLUSTER.md), which the CI seeds leave out;
+//!   as a long run; `SIM_THREADS` (default 2); `SIM_TRIO=1` draws the shape of the open hole
+//!   (docs/CLUSTER.md), which the CI seeds leave out; `SIM_TWO_TERMS=0` leaves out one id
+//!   resent with other terms, which every other run draws;
 //!   `SIM_PASS_LIMIT=N` makes every sweep pass look at N transfers and markers at most.
 
 mod sim;

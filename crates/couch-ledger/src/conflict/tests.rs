@@ -80,123 +80,35 @@ fn decided(state: State, delta: i64, named: Option<u64>) -> HashMap<String, TxnF
     f
 }
 
+/// One id sent at once with other terms, each terms' markers on a branch of their own: two
+/// keys, joined side by side, each counted once whichever leaf wins. A key whose terms are not
+/// its document's (facts `cancelled`) is joined pending like any marker the winner lacks: the
+/// convergence to the document that stands takes it back, once that document stands alone on
+/// every copy.
 #[test]
-fn one_id_with_other_terms_on_two_branches_merges_to_the_documents_terms() {
-    // Two callers sent `t` with other terms (a cluster let each apply on its own branch).
+fn markers_of_two_terms_under_one_id_merge_side_by_side() {
+    let (a, b) = ("t~00000000000000aa", "t~00000000000000bb");
     let (mut w, mut l) = (account(1000, &[], &[]), account(1000, &[], &[]));
-    once(&mut w, "t", -100, 3);
-    once(&mut l, "t", -70, 5);
-    assert_eq!(facts_needed(&w, std::slice::from_ref(&l)), vec!["t"]);
-    // No document read: which terms count is not known.
-    let b = merge_account(&w, std::slice::from_ref(&l), &HashMap::new(), NOW).unwrap_err();
-    assert!(b.why.contains("different deltas"), "{b:?}");
-    // Once the document exists, in any state, its terms are fixed: the other terms' marker
-    // can never be named and is dropped, its delta taken back; the attempt it carried is
-    // not carried on (no decision may name it). Whichever leaf wins.
-    for (state, named) in [(State::Initial, None), (State::Done, Some(5))] {
-        let f = decided(state, -70, named);
-        for (winner, loser) in [(&w, &l), (&l, &w)] {
-            let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
-            assert_eq!(m.balance.minor(), 930, "{state:?}");
-            assert_eq!(m.pending.len(), 1);
-            let marker = &m.pending[0];
-            assert_eq!(marker.delta.minor(), -70);
-            assert_eq!(marker.attempt, Some(Attempt::from_bits(5)));
-            assert!(marker.aliases.is_empty(), "{marker:?}");
-        }
-    }
-    // The document's terms `cancelled`: its marker counts nothing. Kept pending where the
-    // winner holds it (the convergence undoes it); where only a losing leaf holds it, not
-    // joined at all (a stale leaf's marker of an ended transfer adds nothing).
-    let f = decided(State::Cancelled, -70, None);
-    let m = merge_account(&l, std::slice::from_ref(&w), &f, NOW).unwrap();
-    assert_eq!((m.balance.minor(), m.pending.len()), (930, 1));
-    let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
-    assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
-    // Neither marker of the document's terms (a third caller's `cancelled` won): both go.
-    let f = decided(State::Cancelled, -40, None);
+    once(&mut w, a, -100, 3);
+    once(&mut l, b, -70, 5);
+    let mut f = decided(State::Done, -100, Some(3));
+    let f_a = f.remove("t").expect("one");
+    let facts: HashMap<String, TxnFacts> = [
+        (a.to_owned(), f_a),
+        (
+            b.to_owned(),
+            TxnFacts {
+                state: State::Cancelled,
+                delta: Amount::ZERO,
+                named: None,
+            },
+        ),
+    ]
+    .into_iter()
+    .collect();
     for (winner, loser) in [(&w, &l), (&l, &w)] {
-        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
-        assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
-    }
-}
-
-#[test]
-fn three_leaves_with_other_terms_merge_alike_whichever_wins() {
-    // The document's terms (−40, attempt 9) on one leaf, two other callers' on the others.
-    let mut leaves = [
-        account(1000, &[], &[]),
-        account(1000, &[], &[]),
-        account(1000, &[], &[]),
-    ];
-    once(&mut leaves[0], "t", -100, 3);
-    once(&mut leaves[1], "t", -70, 5);
-    once(&mut leaves[2], "t", -40, 9);
-    let f = decided(State::Done, -40, Some(9));
-    for w in 0..3 {
-        let losers: Vec<AccountDoc> = (0..3)
-            .filter(|i| *i != w)
-            .map(|i| leaves[i].clone())
-            .collect();
-        let m = merge_account(&leaves[w], &losers, &f, NOW).unwrap();
-        assert_eq!(m.balance.minor(), 960, "winner {w}");
-        assert_eq!(m.pending.len(), 1);
-        assert_eq!(m.pending[0].attempt, Some(Attempt::from_bits(9)));
-    }
-}
-
-#[test]
-fn a_stepwise_marker_of_other_terms_than_the_standing_document_is_dropped_unrecorded() {
-    // Two stepwise markers with different deltas, no document read: blocked, never guessed.
-    let w = account(900, &[("t", -100)], &[]);
-    let l = account(930, &[("t", -70)], &[]);
-    let b = merge_account(&w, std::slice::from_ref(&l), &HashMap::new(), NOW).unwrap_err();
-    assert!(b.why.contains("different deltas"), "{b:?}");
-    // The document (the one leaf every copy holds) has the −70 terms and is `done`: the −100
-    // marker's leaf is gone and cannot win over `done`, so it is dropped, whichever wins. (A
-    // stepwise `done` is written after its settles: its own −70 marker is a late repeat, kept
-    // pending where the winner holds it, for the convergence to undo, and left out otherwise.)
-    let f = decided(State::Done, -70, None);
-    for (winner, loser, kept) in [(&w, &l, 0), (&l, &w, 1)] {
-        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
-        assert!(m.pending.iter().all(|p| p.delta.minor() == -70), "{m:?}");
-        assert_eq!(m.pending.len(), kept, "{m:?}");
-        assert_eq!(m.balance.minor(), 1000 - 70 * i64::try_from(kept).unwrap());
-        assert!(m.settled.is_empty(), "{:?}", m.settled);
-    }
-    // Not `done`: a copy the read did not see may hold the stepwise terms' leaf, `committed`,
-    // which would outrank a `cancelled`: kept, so the merge waits.
-    for state in [
-        State::Pending,
-        State::Committed,
-        State::Canceling,
-        State::Cancelled,
-    ] {
-        let f = decided(state, -70, None);
-        assert!(
-            merge_account(&w, std::slice::from_ref(&l), &f, NOW).is_err(),
-            "{state:?}"
-        );
-    }
-    // A real cluster's shape (`SIM_TWO_TERMS=1 SIM_BASE=6000` seed 0x183d): one leaf holds the
-    // one-write `done` terms' marker (+333, attempt 5, named), the other the stepwise terms'
-    // (+332, no attempt), whose document leaf the resolution deleted. The named marker
-    // stays, for its settle; the stepwise one goes.
-    let (mut w, l) = (account(0, &[], &[]), account(332, &[("t", 332)], &[]));
-    once(&mut w, "t", 333, 5);
-    let f = decided(State::Done, 333, Some(5));
-    for (winner, loser) in [(&w, &l), (&l, &w)] {
-        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
-        assert_eq!((m.balance.minor(), m.pending.len()), (333, 1), "{m:?}");
-        assert_eq!(m.pending[0].attempt, Some(Attempt::from_bits(5)));
-        assert!(m.settled.is_empty(), "{:?}", m.settled);
-    }
-    // Only the stepwise stray on any leaf: dropped, and no undone entry recorded (one naming
-    // no attempt would end the standing terms' marker that a copy not read yet holds).
-    let (w, l) = (account(0, &[], &[]), account(332, &[("t", 332)], &[]));
-    for (winner, loser) in [(&w, &l), (&l, &w)] {
-        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
-        assert_eq!((m.balance.minor(), m.pending.len()), (0, 0), "{m:?}");
+        let m = merge_account(winner, std::slice::from_ref(loser), &facts, NOW).unwrap();
+        assert_eq!((m.balance.minor(), m.pending.len()), (830, 2), "{m:?}");
         assert!(m.settled.is_empty(), "{:?}", m.settled);
     }
 }
@@ -588,105 +500,4 @@ fn a_marker_is_taken_back_only_by_an_undo_of_every_attempt_or_of_its_own_with_no
     assert!(!marker_taken_back(&[account(1000, &[], &[])], "t", x));
     // Another transfer's undo is not this one's.
     assert!(!marker_taken_back(&[undone], "u", x));
-}
-
-#[test]
-fn a_marker_is_displaced_by_a_marker_of_other_terms_with_nothing_of_its_own_held() {
-    let x = Attempt::from_bits(5);
-    let delta = Amount::new(100).unwrap();
-    // The other terms' stepwise marker (+101) where x's (+100) was dropped: displaced.
-    let other = account(1101, &[("t", 101)], &[]);
-    assert!(marker_displaced(
-        std::slice::from_ref(&other),
-        "t",
-        x,
-        delta
-    ));
-    // x's own marker on another leaf: held.
-    let mut own = account(1000, &[], &[]);
-    once(&mut own, "t", 100, 5);
-    assert!(!marker_displaced(&[other.clone(), own], "t", x, delta));
-    // Settled on some leaf: the transfer counts there.
-    let settled = account(1100, &[], &[("t", false)]);
-    assert!(!marker_displaced(&[other.clone(), settled], "t", x, delta));
-    // A marker of the same delta (another attempt of the same terms) displaces nothing.
-    let same = account(1100, &[("t", 100)], &[]);
-    assert!(!marker_displaced(&[same], "t", x, delta));
-    // Nothing of the transfer, or another transfer's marker: no evidence.
-    assert!(!marker_displaced(&[account(1000, &[], &[])], "t", x, delta));
-    assert!(!marker_displaced(&[other], "u", x, delta));
-}
-
-#[test]
-fn a_dropped_stray_the_merge_leaves_nothing_of_is_recorded_undone_with_its_attempts() {
-    // Only the other terms' marker (-100, attempt 3) on a branch; the document read holds -70.
-    let (mut w, l) = (account(1000, &[], &[]), account(1000, &[], &[]));
-    once(&mut w, "t", -100, 3);
-    for (winner, loser) in [(&w, &l), (&l, &w)] {
-        let f = decided(State::Pending, -70, None);
-        let m = merge_account(winner, std::slice::from_ref(loser), &f, NOW).unwrap();
-        assert_eq!((m.balance.minor(), m.pending.len()), (1000, 0));
-        let entry = m.settled.iter().find(|s| s.txn == "t").expect("recorded");
-        assert!(entry.undone, "{entry:?}");
-        assert_eq!(entry.attempts, vec![Attempt::from_bits(3)]);
-        // The resolution reads it as that attempt's marker taken back, not another's.
-        assert!(marker_taken_back(
-            std::slice::from_ref(&m),
-            "t",
-            Attempt::from_bits(3)
-        ));
-        assert!(!marker_taken_back(
-            std::slice::from_ref(&m),
-            "t",
-            Attempt::from_bits(5)
-        ));
-    }
-    // A leaf holding the document's terms' marker: nothing recorded (it would end that one).
-    let mut l = account(1000, &[], &[]);
-    once(&mut l, "t", -70, 5);
-    let f = decided(State::Done, -70, Some(5));
-    let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
-    assert!(m.settled.iter().all(|s| s.txn != "t"), "{:?}", m.settled);
-    assert_eq!((m.balance.minor(), m.pending.len()), (930, 1));
-}
-
-#[test]
-fn a_dropped_stray_beside_a_marker_its_cancelled_document_leaves_out_is_recorded() {
-    // A real cluster's trace: one branch holds the one-write marker of terms +100 (attempt 3),
-    // the other the marker of terms +70 (attempt 5); the document read is the +70 terms'
-    // `cancelled` leaf. The +100 marker is dropped as a stray and the +70 one left out (its
-    // transfer does not count it): the merge leaves nothing of `t`, and the entry says the
-    // +100 marker was taken back.
-    let (mut w, mut l) = (account(0, &[], &[]), account(0, &[], &[]));
-    once(&mut w, "t", 100, 3);
-    once(&mut l, "t", 70, 5);
-    let f = decided(State::Cancelled, 70, None);
-    let m = merge_account(&w, std::slice::from_ref(&l), &f, NOW).unwrap();
-    assert_eq!((m.balance.minor(), m.pending.len()), (0, 0), "{m:?}");
-    let entry = m.settled.iter().find(|s| s.txn == "t").expect("recorded");
-    assert!(entry.undone, "{entry:?}");
-    assert_eq!(entry.attempts, vec![Attempt::from_bits(3)]);
-    let merged = std::slice::from_ref(&m);
-    assert!(marker_taken_back(merged, "t", Attempt::from_bits(3)));
-    // Where the winner holds the +70 marker, the merge keeps it for the convergence to its
-    // `cancelled` document, whose undo (of every attempt) says the same: nothing recorded now.
-    let m = merge_account(&l, std::slice::from_ref(&w), &f, NOW).unwrap();
-    assert_eq!((m.balance.minor(), m.pending.len()), (70, 1), "{m:?}");
-    assert!(m.settled.iter().all(|s| s.txn != "t"), "{:?}", m.settled);
-    // Where an undone entry naming attempts is there already, the stray's are added to it.
-    let mut u = account(0, &[], &[]);
-    u.settled.push(Settled::at(
-        "t".into(),
-        2000,
-        true,
-        vec![Attempt::from_bits(7)],
-    ));
-    let f = decided(State::Pending, 70, None);
-    let m = merge_account(&u, std::slice::from_ref(&w), &f, NOW).unwrap();
-    let entry = m.settled.iter().find(|s| s.txn == "t").expect("kept");
-    assert_eq!(
-        entry.attempts,
-        vec![Attempt::from_bits(3), Attempt::from_bits(7)]
-    );
-    assert_eq!(m.balance.minor(), 0);
 }

@@ -25,17 +25,17 @@ pub(crate) enum OpKind {
         deadline: Option<Instant>,
         /// The one-write path (docs/ONE_WRITE.md): the marker carries this attempt and `peer`,
         /// and a pending marker of the transfer already there is adopted
-        /// ([`OpResult::Adopted`]) or found to hold other terms ([`OpResult::Mismatch`]).
+        /// ([`OpResult::Adopted`]).
         /// `None`: the stepwise protocol.
         attempt: Option<Attempt>,
         /// The transfer's other account (the one-write path).
         peer: Option<String>,
     },
-    /// Move the marker from pending to settled (step 6). Only a marker of the transfer's terms
-    /// (`delta`, its document's change to this account) is settled; with `named` (the one-write
-    /// path) only the marker of that attempt. Any other pending marker of the transfer is not
-    /// the one its document counts — the same id sent with other terms, or a late attempt — and
-    /// is undone ([`OpResult::Repaired`]), the settle still to come.
+    /// Move the marker from pending to settled (step 6); with `named` (the one-write path) only
+    /// the marker of that attempt: a marker of another attempt (a late apply) is not the one
+    /// the document counts, and is undone ([`OpResult::Repaired`]), the settle still to come.
+    /// `delta` is the document's change to this account, applied again by a stepwise settle
+    /// that finds the transfer undone here (`settle_undone` in rules.rs).
     Settle {
         named: Option<Attempt>,
         delta: Amount,
@@ -45,18 +45,10 @@ pub(crate) enum OpKind {
     /// one-write path (`one_write::convergence`): a late apply of the transfer then meets that
     /// document and is undone again, so on a database of one copy the undo of a one-write
     /// marker leaves no settled entry. The stepwise protocol's undos (`false`) always leave one:
-    /// its late applies are skipped by it. `delta`: the stepwise protocol's cancel undoes only
-    /// a marker of its terms (its document, `canceling`, may still lose to another terms' leaf
-    /// under the same id, whose decision names the marker there); a marker of other terms is
-    /// left as it is ([`OpResult::Absent`]). `None`: any marker of the transfer (the
-    /// convergence to a decided document).
-    Undo {
-        decided: bool,
-        delta: Option<Amount>,
-        /// With `delta`: the transfer's other account. A one-write marker that names another
-        /// peer holds other terms (the same amount to another account) and is left too.
-        peer: Option<String>,
-    },
+    /// its late applies are skipped by it. An op's key holds its transfer's terms
+    /// (`transfer::entry_key`): a marker of other terms under the same id is another key's,
+    /// never this undo's.
+    Undo { decided: bool },
     /// Change nothing: read the account fresh, so that a conflict it holds is merged and its
     /// losing leaves deleted (the sweeper's conflict pass).
     Resolve,
@@ -85,10 +77,6 @@ pub(crate) enum OpResult {
     /// Apply on the one-write path: a pending marker of this transfer with the same delta is
     /// there already, applied by this attempt: it is left as it is and counts as the caller's.
     Adopted(Attempt),
-    /// Apply: a pending marker of this transfer with another delta or another peer (the same
-    /// id with other terms; the term named). Nothing changed: that marker is its own
-    /// decision's to settle or undo.
-    Mismatch(&'static str),
     /// Apply on the one-write path of a debit whose marker is there (adopted) on an account a
     /// cluster merge left below its minimum: nothing changed; the transfer is to be decided
     /// `cancelled` (insufficient funds) before the marker is undone (docs/ONE_WRITE.md).
@@ -133,7 +121,6 @@ impl OpResult {
                 | OpResult::Overflow
                 | OpResult::Unreadable
                 | OpResult::Withdrawn
-                | OpResult::Mismatch(_)
                 | OpResult::Overdrawn
         )
     }

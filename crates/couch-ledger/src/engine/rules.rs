@@ -2,7 +2,6 @@
 //! pruned: pure functions on an account document in memory, no I/O.
 
 use std::collections::HashSet;
-use std::ops::ControlFlow;
 
 use super::ops::{AccountOp, OpKind, OpResult};
 use crate::account_doc::{marker_bytes, pending_bytes, AccountDoc, Attempt, Marker, Settled};
@@ -12,6 +11,7 @@ use crate::limits::{
     MARKER_OVERHEAD_BYTES, SETTLED_AGE_MIN_MS, SETTLED_PRUNE_BATCH_MIN,
 };
 use crate::money::Amount;
+use crate::transfer::transfer_of;
 
 /// An account whose markers reached [`MARKERS_BYTES_MAX`] refuses new applies until pruning
 /// made room: transient (the transfer is retried, by its worker or the sweeper).
@@ -38,6 +38,17 @@ pub(crate) fn evaluate_with(
     let Some(doc) = doc else {
         return Ok(OpResult::UnknownAccount);
     };
+    let legacy;
+    let op = match legacy_entry(doc, &op.txn) {
+        Some(bare) => {
+            legacy = AccountOp {
+                txn: bare,
+                ..op.clone()
+            };
+            &legacy
+        }
+        None => op,
+    };
     match &op.kind {
         OpKind::Resolve => Ok(OpResult::Finished),
         OpKind::Apply {
@@ -56,12 +67,21 @@ pub(crate) fn evaluate_with(
         }
         .evaluate(doc, op, now, failed_links),
         OpKind::Settle { named, delta } => settle(doc, op, now, entries, *named, *delta),
-        OpKind::Undo {
-            decided,
-            delta,
-            peer,
-        } => undo(doc, op, now, entries, *decided, *delta, peer.as_deref()),
+        OpKind::Undo { decided } => undo(doc, op, now, entries, *decided),
     }
+}
+
+/// Where `doc` holds no entry of the key `key` but one of its transfer written before entry keys
+/// held their terms' digest (the bare id), that id: such an entry stands for its transfer's
+/// terms, and an op of the transfer acts on it.
+fn legacy_entry(doc: &AccountDoc, key: &str) -> Option<String> {
+    let bare = transfer_of(key);
+    if bare == key {
+        return None;
+    }
+    let holds =
+        |t: &str| doc.pending.iter().any(|m| m.txn == t) || doc.settled.iter().any(|s| s.txn == t);
+    (!holds(key) && holds(bare)).then(|| bare.to_owned())
 }
 
 /// The terms of an apply ([`OpKind::Apply`]) that decide what it comes to.
@@ -74,9 +94,11 @@ struct Apply<'a> {
 }
 
 impl Apply<'_> {
-    /// A marker of this transfer's id with other terms is dealt with first, then one of it that
-    /// is there already (pending or settled); else the apply lands, unless a linked apply
-    /// failed or a check refuses it.
+    /// A marker or entry of this transfer's key that is there already (pending or settled)
+    /// answers; else the apply lands, unless a linked apply failed or a check refuses it. The
+    /// key holds the transfer's terms: the same id sent with other terms is another key, whose
+    /// marker lands beside this one and is undone once the document that stands names other
+    /// terms (docs/CLUSTER.md).
     fn evaluate(
         &self,
         doc: &mut AccountDoc,
@@ -84,10 +106,7 @@ impl Apply<'_> {
         now: i64,
         failed_links: &HashSet<u64>,
     ) -> Result<OpResult> {
-        let in_pending = match self.other_terms(doc, op) {
-            ControlFlow::Break(answer) => return Ok(answer),
-            ControlFlow::Continue(in_pending) => in_pending,
-        };
+        let in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
         if let Some(answer) = self.found(doc, op, in_pending, now)? {
             return Ok(answer);
         }
@@ -105,36 +124,6 @@ impl Apply<'_> {
             && doc
                 .min_balance
                 .is_some_and(|min| doc.available().is_ok_and(|a| a < min))
-    }
-
-    /// A pending marker of this transfer with other terms than this apply's: a mismatch, on
-    /// either path, and nothing changes. Never taken back here: the applier's own document
-    /// may be one leaf of a conflict whose other terms' leaf (a decision naming that marker)
-    /// is still on its way, and a marker is undone only by its transfer's decision
-    /// (docs/ONE_WRITE.md). The place of the transfer's pending marker still there, or the
-    /// answer.
-    fn other_terms(
-        &self,
-        doc: &AccountDoc,
-        op: &AccountOp,
-    ) -> ControlFlow<OpResult, Option<usize>> {
-        let in_pending = doc.pending.iter().position(|m| m.txn == op.txn);
-        if let Some(pos) = in_pending {
-            let found = &doc.pending[pos];
-            let other_peer =
-                found.peer.is_some() && self.peer.is_some() && found.peer != *self.peer;
-            if found.delta != self.delta || other_peer {
-                let term = if found.delta != self.delta {
-                    "value"
-                } else if self.delta.minor() < 0 {
-                    "destination"
-                } else {
-                    "source"
-                };
-                return ControlFlow::Break(OpResult::Mismatch(term));
-            }
-        }
-        ControlFlow::Continue(in_pending)
     }
 
     /// The answer when the transfer is on the account already, pending (at `in_pending`) or
@@ -259,14 +248,10 @@ fn settle(
 ) -> Result<OpResult> {
     let (in_pending, in_settled) = place(doc, &op.txn);
     match in_pending {
-        Some(pos)
-            if doc.pending[pos].delta != delta
-                || named.is_some_and(|n| !doc.pending[pos].carries(n)) =>
-        {
-            // Not the marker the document counts: a late apply of a decided transfer, or
-            // the same id sent with other terms (a cluster let both apply, each on its own
-            // branch). A marker without attempt under a named decision is a stepwise
-            // drive's, which a conflicted document let run beside the decision.
+        Some(pos) if named.is_some_and(|n| !doc.pending[pos].carries(n)) => {
+            // Not the marker the document counts: a late apply of a decided transfer. A
+            // marker without attempt under a named decision is a stepwise drive's, which a
+            // conflicted document let run beside the decision.
             let marker = doc.pending.remove(pos);
             doc.balance = doc.balance.checked_sub(marker.delta)?;
             if entries {
@@ -326,24 +311,16 @@ fn settle_undone(
 }
 
 /// An undo ([`OpKind::Undo`]): the pending marker's delta reversed, the transfer recorded
-/// undone here. With `delta` (and `peer`), a marker of other terms is not this undo's: left as
-/// it is.
+/// undone here.
 fn undo(
     doc: &mut AccountDoc,
     op: &AccountOp,
     now: i64,
     entries: bool,
     decided: bool,
-    delta: Option<Amount>,
-    peer: Option<&str>,
 ) -> Result<OpResult> {
     let (in_pending, in_settled) = place(doc, &op.txn);
-    let other_terms = |m: &Marker| {
-        delta.is_some_and(|d| d != m.delta)
-            || (delta.is_some() && peer.is_some() && m.peer.is_some() && m.peer.as_deref() != peer)
-    };
     match in_pending {
-        Some(pos) if other_terms(&doc.pending[pos]) => Ok(OpResult::Absent),
         Some(pos) => {
             let marker = doc.pending.remove(pos);
             doc.balance = doc.balance.checked_sub(marker.delta)?;

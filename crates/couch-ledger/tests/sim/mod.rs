@@ -108,7 +108,7 @@ fn print_failure(out: &Outcome, long: bool) {
         "  replay: SIM_SEED={:#x}{}{}{}{}{} cargo test --release --features failpoints --test simulation",
         out.seed,
         if long { " SIM_LONG=1" } else { "" },
-        if run::two_terms_drawn() { " SIM_TWO_TERMS=1" } else { "" },
+        if run::two_terms_drawn() { "" } else { " SIM_TWO_TERMS=0" },
         if run::trio_drawn() { " SIM_TRIO=1" } else { "" },
         if run::hot_drawn() { " SIM_HOT=1" } else { "" },
         run::pass_limit().map_or(String::new(), |n| format!(" SIM_PASS_LIMIT={n}"))
@@ -137,9 +137,8 @@ fn report(results: &[Outcome], started: Instant, seeds: u64, label: &str) -> usi
 fn not_drawn() {
     if !run::two_terms_drawn() {
         println!(
-            "SIMULATION NOT DRAWN: one id resent at once with other terms (in any shape, and the \
-             two-terms shape: the one-write and the stepwise path on one id), an open hole \
-             (docs/CLUSTER.md); SIM_TWO_TERMS=1 draws it"
+            "SIMULATION NOT DRAWN: one id resent at once with other terms (SIM_TWO_TERMS=0); \
+             unset it to draw them"
         );
     }
     if !run::trio_drawn() {

@@ -16,6 +16,7 @@ use crate::couch::{take_conflicts, winner_of, BulkResult};
 use crate::error::{Condition, Error, Result};
 use crate::limits::READ_BATCH_KEYS_MAX;
 use crate::money::Amount;
+use crate::transfer::{digest_of, key_doc_id, transfer_of, TxnDoc};
 
 impl AccountEngine {
     /// Of these transfers, those whose document reads `done` or `cancelled` with no conflict,
@@ -29,7 +30,7 @@ impl AccountEngine {
         let copies = self.quorum.several_copies(&self.client).await?;
         let mut out = HashSet::new();
         for chunk in txns.chunks(READ_BATCH_KEYS_MAX) {
-            let keys: Vec<String> = chunk.iter().map(|t| format!("txn:{t}")).collect();
+            let keys: Vec<String> = chunk.iter().map(|t| key_doc_id(t)).collect();
             let ended: Vec<bool> = match copies {
                 // Several copies: every leaf of every copy. A quorum read of a cluster keys the
                 // copies' answers by their winner alone, so a copy that lacks a rival leaf can
@@ -177,7 +178,7 @@ impl AccountEngine {
             })));
         }
         let needed = facts_needed(&winner, &leaves);
-        let facts = match self.read_facts(&winner, &leaves, &needed).await? {
+        let facts = match self.read_facts(&winner, &needed).await? {
             ControlFlow::Continue(facts) => facts,
             ControlFlow::Break(failed) => return Ok(failed),
         };
@@ -206,9 +207,6 @@ impl AccountEngine {
                     losers: joined,
                     dirty,
                 })))
-            }
-            Err(b) if b.rival_terms => {
-                Ok(AccountRead::Failed(Error::rival_terms(&id, &b.txn, &b.why)))
             }
             Err(b) => Ok(AccountRead::Failed(Error::ledger(
                 Condition::Conflicted,
@@ -301,14 +299,13 @@ impl AccountEngine {
     async fn read_facts(
         &self,
         winner: &AccountDoc,
-        losers: &[AccountDoc],
         needed: &[String],
     ) -> Result<ControlFlow<AccountRead, HashMap<String, TxnFacts>>> {
         let mut facts = HashMap::new();
         if needed.is_empty() {
             return Ok(ControlFlow::Continue(facts));
         }
-        let keys: Vec<String> = needed.iter().map(|t| format!("txn:{t}")).collect();
+        let keys: Vec<String> = needed.iter().map(|t| key_doc_id(t)).collect();
         let rows = self.client.all_docs_with_conflicts(&keys).await?;
         for (txn, row) in needed.iter().zip(rows) {
             let Some(doc) = row.doc.filter(Value::is_object) else {
@@ -316,49 +313,12 @@ impl AccountEngine {
             };
             if doc.get("_conflicts").is_some() {
                 return Ok(ControlFlow::Break(AccountRead::Failed(
-                    Error::blocked_by_transfer(&winner.id, txn),
+                    Error::blocked_by_transfer(&winner.id, transfer_of(txn)),
                 )));
             }
-            if let Some(f) = txn_facts(&doc, &winner.account_id) {
+            if let Some(f) = txn_facts(&doc, txn, &winner.account_id) {
                 facts.insert(txn.clone(), f);
             }
-        }
-        let strays: Vec<String> = facts
-            .iter()
-            .filter(|(txn, f)| holds_other_terms(winner, losers, txn, f))
-            .map(|(txn, _)| txn.clone())
-            .collect();
-        if strays.is_empty() {
-            return Ok(ControlFlow::Continue(facts));
-        }
-        // One server, or one copy of each document: the read above was of every copy.
-        let Some(copies) = self.quorum.several_copies(&self.client).await? else {
-            return Ok(ControlFlow::Continue(facts));
-        };
-        for txn in strays {
-            let leaves = self
-                .client
-                .live_leaves(&format!("txn:{txn}"), Some(copies))
-                .await?;
-            // The facts are those of the one leaf every copy holds now: the leaf read first may
-            // have been deleted meanwhile by a resolution that kept the other terms' leaf.
-            let only = match leaves.as_slice() {
-                [only] => txn_facts(only, &winner.account_id),
-                _ => None,
-            };
-            let Some(f) = only else {
-                tracing::info!(
-                    account = %winner.account_id,
-                    %txn,
-                    leaves = leaves.len(),
-                    "a merge waits for the transfer's conflict: a marker of other terms than \
-                     the leaf read"
-                );
-                return Ok(ControlFlow::Break(AccountRead::Failed(
-                    Error::blocked_by_transfer(&winner.id, &txn),
-                )));
-            };
-            facts.insert(txn, f);
         }
         Ok(ControlFlow::Continue(facts))
     }
@@ -417,20 +377,21 @@ impl AccountEngine {
     }
 }
 
-/// Whether some leaf of the account holds a marker of `txn` whose delta is not the one its
-/// document `f` says: a marker the merge may drop as of other terms (a one-write one always, a
-/// stepwise one against a `done` document), once the read of every copy confirms the terms.
-fn holds_other_terms(winner: &AccountDoc, losers: &[AccountDoc], txn: &str, f: &TxnFacts) -> bool {
-    std::iter::once(winner)
-        .chain(losers.iter())
-        .flat_map(|leaf| leaf.pending.iter())
-        .any(|m| m.txn == txn && m.delta != f.delta)
-}
-
 /// What a transfer's document says to the merge of `account`: its state, its delta on the
 /// account, and the attempt a one-write decision names there. `None` when the document does
 /// not say, or names the account on neither side.
-fn txn_facts(doc: &Value, account: &str) -> Option<TxnFacts> {
+fn txn_facts(doc: &Value, key: &str, account: &str) -> Option<TxnFacts> {
+    // An entry of other terms than the document's: no decision of the document counts it.
+    if let Some(digest) = digest_of(key) {
+        let terms = serde_json::from_value::<TxnDoc>(doc.clone()).ok()?;
+        if terms.entry_key().rsplit_once('~').map(|(_, d)| d) != Some(digest) {
+            return Some(TxnFacts {
+                state: crate::state::State::Cancelled,
+                delta: Amount::ZERO,
+                named: None,
+            });
+        }
+    }
     let state = doc
         .get("state")
         .and_then(Value::as_str)

@@ -402,7 +402,9 @@ impl AccountEngine {
         };
         let (known, candidates): (Vec<String>, Vec<String>) = {
             let ended = self.ended.lock().unwrap_or_else(|e| e.into_inner());
-            candidates.into_iter().partition(|t| ended.ids.contains(t))
+            candidates
+                .into_iter()
+                .partition(|t| ended.ids.contains(crate::transfer::transfer_of(t)))
         };
         round.checked.extend(known.iter().cloned());
         round.terminal.extend(known);

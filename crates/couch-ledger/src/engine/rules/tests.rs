@@ -42,51 +42,81 @@ fn a_one_write_apply_adopts_the_marker_of_another_attempt_with_the_same_terms() 
         OpResult::Adopted(Attempt::from_bits(1))
     );
     assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
-    // Other terms under the same id: a mismatch naming the term, nothing changes.
-    assert_eq!(
-        evaluate(Some(&mut doc), &once("t", -200, 3, "b"), 3, &none).unwrap(),
-        OpResult::Mismatch("value")
-    );
-    assert_eq!(
-        evaluate(Some(&mut doc), &once("t", -300, 3, "c"), 3, &none).unwrap(),
-        OpResult::Mismatch("destination")
-    );
-    assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
     assert!(doc.settled.is_empty());
 }
 
-/// One id sent at once with other terms through both paths (a cluster let both documents'
-/// creates land, each on some copies): the stepwise drive's apply meets the one-write
-/// marker of the other terms. Its own document may lose to the other terms' `done`, which
-/// names that marker: the apply answers a mismatch and leaves the marker for its own
-/// decision. Taking it back there lost the transfer on both accounts (the `done` counted
-/// on neither).
+/// One id sent at once with other terms, through either path: each terms' entries have a key
+/// of their own (`transfer::entry_key`), so both markers sit side by side, each counted once,
+/// and each is settled or undone by its own key alone.
 #[test]
-fn an_apply_leaves_a_marker_of_other_terms_to_its_own_decision() {
+fn markers_of_other_terms_under_one_id_sit_side_by_side() {
+    use crate::transfer::entry_key;
     let none = HashSet::new();
+    let k300 = entry_key("t", "a", "b", Amount::new(300).unwrap(), "EUR", None);
+    let k301 = entry_key("t", "a", "b", Amount::new(301).unwrap(), "EUR", None);
+    let to_c = entry_key("t", "a", "c", Amount::new(300).unwrap(), "EUR", None);
+    assert!(k300 != k301 && k300 != to_c);
     let mut doc = account(1_000, Some(0));
-    evaluate(Some(&mut doc), &once("t", -300, 1, "b"), 1, &none).unwrap();
+    evaluate(Some(&mut doc), &once(&k300, -300, 1, "b"), 1, &none).unwrap();
     assert_eq!(
-        evaluate(Some(&mut doc), &apply("t", -301, true, None), 2, &none).unwrap(),
-        OpResult::Mismatch("value")
+        evaluate(Some(&mut doc), &apply(&k301, -301, true, None), 2, &none).unwrap(),
+        OpResult::Applied
     );
-    assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
-    assert!(doc.settled.is_empty());
-    // The other terms' decision (a one-write `done` naming attempt 1) still finds its
-    // marker.
     assert_eq!(
-        evaluate(Some(&mut doc), &settle_named("t", 1, -300), 3, &none).unwrap(),
+        evaluate(Some(&mut doc), &once(&to_c, -300, 2, "c"), 3, &none).unwrap(),
+        OpResult::Applied
+    );
+    assert_eq!((doc.balance.minor(), doc.pending.len()), (99, 3));
+    // The funds check counts every one of them: a fourth terms does not fit.
+    let k400 = entry_key("t", "a", "b", Amount::new(400).unwrap(), "EUR", None);
+    assert_eq!(
+        evaluate(Some(&mut doc), &apply(&k400, -400, true, None), 4, &none).unwrap(),
+        OpResult::Insufficient
+    );
+    // The decision of the terms that stand settles theirs; the others are undone by their
+    // own keys, and nothing of one touches another.
+    assert_eq!(
+        evaluate(Some(&mut doc), &settle_named(&k300, 1, -300), 5, &none).unwrap(),
+        OpResult::Applied
+    );
+    for k in [&k301, &to_c] {
+        assert_eq!(
+            evaluate(
+                Some(&mut doc),
+                &op(k, OpKind::Undo { decided: true }),
+                6,
+                &none
+            )
+            .unwrap(),
+            OpResult::Applied
+        );
+    }
+    assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 0));
+    let undone: Vec<bool> = doc.settled.iter().map(|e| e.undone).collect();
+    assert_eq!(undone.iter().filter(|u| **u).count(), 2);
+}
+
+/// An entry written before keys held their terms' digest (the bare id) stands for its
+/// transfer's terms: an op of the transfer's key acts on it.
+#[test]
+fn an_entry_of_an_earlier_version_answers_to_its_transfers_key() {
+    use crate::transfer::entry_key;
+    let none = HashSet::new();
+    let key = entry_key("t", "a", "b", Amount::new(300).unwrap(), "EUR", None);
+    let mut doc = account(1_000, Some(0));
+    evaluate(Some(&mut doc), &apply("t", -300, true, None), 1, &none).unwrap();
+    assert_eq!(
+        evaluate(Some(&mut doc), &op(&key, settle(-300)), 2, &none).unwrap(),
         OpResult::Applied
     );
     assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 0));
-    // And a one-write apply meeting a stepwise marker of other terms: the same.
-    let mut doc = account(1_000, Some(0));
-    evaluate(Some(&mut doc), &apply("u", -301, true, None), 1, &none).unwrap();
+    assert_eq!(doc.settled[0].txn, "t");
+    // A late apply of it is skipped by that entry.
     assert_eq!(
-        evaluate(Some(&mut doc), &once("u", -300, 2, "b"), 2, &none).unwrap(),
-        OpResult::Mismatch("value")
+        evaluate(Some(&mut doc), &apply(&key, -300, true, None), 3, &none).unwrap(),
+        OpResult::Finished
     );
-    assert_eq!((doc.balance.minor(), doc.pending.len()), (699, 1));
+    assert_eq!(doc.balance.minor(), 700);
 }
 
 #[test]
@@ -151,13 +181,10 @@ fn a_named_settle_settles_its_marker_and_undoes_another_attempts() {
     );
     assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
     // A marker that carries the named attempt among its merged ones is the decision's
-    // marker; one without attempt (a stepwise drive's, beside the decision) or with other
-    // terms is not: undone.
-    for (attempt, aliases, delta, settled) in [
-        (Some(9), vec![7], 250, true),
-        (None, vec![], 250, false),
-        (Some(7), vec![], 240, false),
-    ] {
+    // marker; one without attempt (a stepwise drive's, beside the decision) is not: undone.
+    for (attempt, aliases, delta, settled) in
+        [(Some(9), vec![7], 250, true), (None, vec![], 250, false)]
+    {
         let mut doc = account(1_000, Some(0));
         doc.balance = Amount::new(1_000 + delta).unwrap();
         doc.pending.push(Marker {
@@ -182,9 +209,8 @@ fn a_named_settle_settles_its_marker_and_undoes_another_attempts() {
 }
 
 #[test]
-fn a_stepwise_settle_settles_only_a_marker_of_its_terms() {
+fn a_stepwise_settle_settles_an_adopted_one_write_marker() {
     let none = HashSet::new();
-    // A one-write marker of the same terms (adopted by the stepwise drive): settled.
     let mut doc = account(1_000, Some(0));
     evaluate(Some(&mut doc), &once("t", -300, 1, "b"), 1, &none).unwrap();
     assert_eq!(
@@ -192,84 +218,6 @@ fn a_stepwise_settle_settles_only_a_marker_of_its_terms() {
         OpResult::Applied
     );
     assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 0));
-    // One of the same id with other terms: undone, this transfer's marker still to settle.
-    let mut doc = account(1_000, Some(0));
-    evaluate(Some(&mut doc), &once("t", -270, 1, "b"), 1, &none).unwrap();
-    assert_eq!(
-        evaluate(Some(&mut doc), &op("t", settle(-300)), 2, &none).unwrap(),
-        OpResult::Repaired
-    );
-    assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
-}
-
-/// The same id and amount sent at once to another destination through the stepwise path:
-/// its apply on the shared source meets the one-write marker that names the other peer.
-/// Same delta, other terms: a mismatch, and its cancel leaves that marker to its own
-/// decision (taking it, then undoing it, created the amount on the other destination).
-#[test]
-fn a_stepwise_apply_and_undo_tell_a_marker_to_another_peer_apart() {
-    let none = HashSet::new();
-    let mut doc = account(1_000, Some(0));
-    evaluate(Some(&mut doc), &once("t", -300, 1, "c"), 1, &none).unwrap();
-    let mut stepwise = apply("t", -300, true, None);
-    if let OpKind::Apply { peer, .. } = &mut stepwise.kind {
-        *peer = Some("b".into());
-    }
-    assert_eq!(
-        evaluate(Some(&mut doc), &stepwise, 2, &none).unwrap(),
-        OpResult::Mismatch("destination")
-    );
-    let undo = op(
-        "t",
-        OpKind::Undo {
-            decided: false,
-            delta: Some(Amount::new(-300).unwrap()),
-            peer: Some("b".into()),
-        },
-    );
-    assert_eq!(
-        evaluate(Some(&mut doc), &undo, 3, &none).unwrap(),
-        OpResult::Absent
-    );
-    assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
-    assert!(doc.settled.is_empty());
-    // A stepwise marker keeps its documented shape: no peer stored.
-    let mut doc = account(1_000, Some(0));
-    evaluate(Some(&mut doc), &stepwise, 1, &none).unwrap();
-    assert_eq!(doc.pending[0].peer, None);
-}
-
-/// The stepwise cancel of one terms meets the other terms' marker (one id sent twice at
-/// once): its `canceling` may still lose to the other terms' `done`, which names that
-/// marker. It undoes only a marker of its own terms and leaves that one, with no entry.
-#[test]
-fn a_stepwise_undo_leaves_a_marker_of_other_terms() {
-    let none = HashSet::new();
-    let undo = |delta: i64| {
-        op(
-            "t",
-            OpKind::Undo {
-                decided: false,
-                delta: Some(Amount::new(delta).unwrap()),
-                peer: None,
-            },
-        )
-    };
-    let mut doc = account(1_000, Some(0));
-    evaluate(Some(&mut doc), &once("t", -300, 1, "b"), 1, &none).unwrap();
-    assert_eq!(
-        evaluate(Some(&mut doc), &undo(-301), 2, &none).unwrap(),
-        OpResult::Absent
-    );
-    assert_eq!((doc.balance.minor(), doc.pending.len()), (700, 1));
-    assert!(doc.settled.is_empty());
-    // Its own terms' marker: undone, as before.
-    assert_eq!(
-        evaluate(Some(&mut doc), &undo(-300), 3, &none).unwrap(),
-        OpResult::Applied
-    );
-    assert_eq!((doc.balance.minor(), doc.pending.len()), (1_000, 0));
-    assert!(doc.settled[0].undone);
 }
 
 #[test]
@@ -348,14 +296,7 @@ fn apply_settle_undo_are_idempotent() {
     assert_eq!(
         evaluate(
             Some(&mut doc),
-            &op(
-                "t",
-                OpKind::Undo {
-                    decided: false,
-                    delta: None,
-                    peer: None
-                }
-            ),
+            &op("t", OpKind::Undo { decided: false }),
             5,
             &none
         )
@@ -368,14 +309,7 @@ fn apply_settle_undo_are_idempotent() {
     assert_eq!(
         evaluate(
             Some(&mut doc),
-            &op(
-                "u",
-                OpKind::Undo {
-                    decided: false,
-                    delta: None,
-                    peer: None
-                }
-            ),
+            &op("u", OpKind::Undo { decided: false }),
             5,
             &none
         )
@@ -410,14 +344,7 @@ fn undo_reverses_and_blocks_a_late_apply() {
     assert_eq!(
         evaluate(
             Some(&mut doc),
-            &op(
-                "t",
-                OpKind::Undo {
-                    decided: false,
-                    delta: None,
-                    peer: None
-                }
-            ),
+            &op("t", OpKind::Undo { decided: false }),
             2,
             &none
         )
@@ -727,14 +654,7 @@ fn applies_stop_at_the_size_cap_and_undos_at_the_slack() {
     assert_eq!(
         evaluate(
             Some(&mut doc),
-            &op(
-                "u",
-                OpKind::Undo {
-                    decided: false,
-                    delta: None,
-                    peer: None
-                }
-            ),
+            &op("u", OpKind::Undo { decided: false }),
             3,
             &none
         )
@@ -759,11 +679,7 @@ fn only_a_done_settle_names_the_attempts_of_the_marker_it_undoes() {
     // whatever the attempt, and a merge reads it as the cancel path's evidence.
     let mut doc = account(1000, Some(0));
     evaluate(Some(&mut doc), &once("t", 100, 5, "b"), 1, &none).unwrap();
-    let cancel = OpKind::Undo {
-        decided: true,
-        delta: Some(Amount::new(100).unwrap()),
-        peer: None,
-    };
+    let cancel = OpKind::Undo { decided: true };
     let undone = evaluate(Some(&mut doc), &op("t", cancel), 2, &none).unwrap();
     assert_eq!(undone, OpResult::Applied);
     assert!(doc.settled[0].undone && doc.settled[0].attempts.is_empty());
