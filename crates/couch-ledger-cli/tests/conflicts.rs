@@ -31,6 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::support;
+use couch_ledger::testing::{entry_key, transfer_of};
 use couch_ledger::{
     AccountSpec, Amount, Currency, Ledger, Payment, Purchase, RecordStatus, State, SweepOptions,
     SweepOutcome, TransferRequest, VerifyOptions,
@@ -74,6 +75,12 @@ fn now_ms() -> i64 {
 
 fn enc(id: &str) -> String {
     id.replace(':', "%3A")
+}
+
+/// The key of transfer `id`'s markers and entries on its accounts (`id~digest` of its terms:
+/// `value` EUR from `from` to `to`), as the ledger stores them.
+fn key(id: &str, from: &str, to: &str, value: i64) -> String {
+    entry_key(id, from, to, Amount::new(value).unwrap(), "EUR", None)
 }
 
 /// One test's ledger: a database of its own, accounts with their openings, the transfers.
@@ -338,7 +345,7 @@ async fn two_transfers_on_two_branches(test: &str, planted: Planted) {
     assert_eq!(w.step("t1").await, State::Pending, "t1 applied");
     let mut other = before.clone();
     other["balance"] = json!(800);
-    other["pending"] = json!([{"txn": "t2", "delta": -200, "at": now_ms()}]);
+    other["pending"] = json!([{"txn": key("t2", "A", "C", 200), "delta": -200, "at": now_ms()}]);
     let rev = w.plant_body("account:A", planted, other).await;
     assert_pick(&w, "account:A", &rev, planted).await;
 
@@ -400,7 +407,11 @@ async fn settled_and_pending(test: &str, planted: Planted) {
     w.transfer("t1", "A", "B", 100, 3).await;
     let pending_a = w.doc("account:A").await;
     let pending_b = w.doc("account:B").await;
-    assert_eq!(pending_a["pending"][0]["txn"], "t1", "{pending_a}");
+    assert_eq!(
+        pending_a["pending"][0]["txn"],
+        key("t1", "A", "B", 100),
+        "{pending_a}"
+    );
     assert_eq!(w.step("t1").await, State::Committed, "t1 settled");
     assert_eq!(w.doc("account:A").await["pending"], json!([]));
     for (id, body) in [("account:A", pending_a), ("account:B", pending_b)] {
@@ -442,35 +453,36 @@ impl World {
     }
 }
 
-/// An account body without its settled entries of `x` (a branch that never settled it).
+/// An account body without its settled entries of `x`, whatever their terms (a branch that
+/// never settled it).
 fn drop_entries_of_x(account: &mut Value) {
-    let entries = account["settled"].as_array().cloned().unwrap_or_default();
-    account["settled"] = Value::Array(
-        entries
-            .into_iter()
-            .filter(|group| !group.to_string().contains("\"x\""))
-            .collect(),
-    );
+    support::retain_settled(account, |txn| transfer_of(txn) != "x");
 }
 
-/// One id sent twice with other terms (A→B 70 and A→B 100), each applied on its own branch of
-/// A — a cluster's two coordinators both took a write on one revision. The 70 was decided
-/// `done`; the other caller's marker (another attempt, −100) sits on the planted branch. A's
-/// merge keeps the decided terms: 70 moves once, the 100 never. `marker_pending`: the decided
-/// marker still pending on A's winning branch (its settle not written yet); else settled.
-/// (Before that rule such an account could not be merged at all: "two leaves hold different
-/// deltas", for good; found on a real 3-node CouchDB cluster.)
+/// One id sent twice with other terms (A→B 70 and A→B 100), each caller applying on its own
+/// branch of A and of B — a cluster's two coordinators both took a write on one revision. The
+/// 70 was decided `done`; the other caller's markers (another attempt, −100 on A, +100 on B)
+/// sit on the planted branches. The two terms hold two entry keys, so each account's merge
+/// joins both markers side by side; the sweeper then undoes the 100's (its terms are not those
+/// of the document that stands): the 70 moves once, the 100 never, and each account keeps the
+/// 70 settled and the 100 undone. `marker_pending`: the decided marker still pending on A's
+/// winning branch (its settle not written yet); else settled. (Before entry keys, such an
+/// account could not be merged at all: "two leaves hold different deltas", for good; found on
+/// a real 3-node CouchDB cluster.)
 async fn other_terms_on_two_branches(test: &str, planted: Planted, marker_pending: bool) {
     let mut w = World::new(test, &[("A", 1_000), ("B", 0)]).await;
     w.x_done().await;
     let named = w.doc("txn:x").await["markers"]["source"].clone();
     assert!(named.is_string(), "a one-write done names its markers");
+    let (decided, other) = (key("x", "A", "B", 70), key("x", "A", "B", 100));
+    assert_ne!(decided, other, "other terms, another key");
     let db = w.db.clone();
     if marker_pending {
         // The decided marker back on A, its settle not written yet: the same balance.
         let mut a = w.doc("account:A").await;
-        a["pending"] =
-            json!([{"txn": "x", "delta": -70, "at": now_ms(), "attempt": named, "peer": "B"}]);
+        a["pending"] = json!([{
+            "txn": decided, "delta": -70, "at": now_ms(), "attempt": named, "peer": "B",
+        }]);
         drop_entries_of_x(&mut a);
         let url = support::raw_url(&format!("{db}/{}", enc("account:A")));
         let put = support::auth(support::raw().put(url).json(&a))
@@ -479,25 +491,42 @@ async fn other_terms_on_two_branches(test: &str, planted: Planted, marker_pendin
             .unwrap();
         assert!(put.status().is_success(), "{}", put.text().await.unwrap());
     }
-    // The other caller's branch: x applied with its own terms on the parent revision.
-    let other = json!([{
-        "txn": "x", "delta": -100, "at": now_ms(), "attempt": "00000000beef", "peer": "B",
-    }]);
-    let rev = w
-        .plant("account:A", planted, |doc| {
-            // The current balance counts x's −70 (its marker, or settled): without it, −100.
-            let without_x = doc["balance"].as_i64().unwrap() + 70;
-            doc["balance"] = json!(without_x - 100);
-            doc["pending"] = other;
-            drop_entries_of_x(doc);
-        })
-        .await;
-    assert_pick(&w, "account:A", &rev, planted).await;
+    // The other caller's branches: x applied with its own terms on the parent revisions (which
+    // hold nothing of the 70).
+    for (account, sign, peer) in [("account:A", -1, "B"), ("account:B", 1, "A")] {
+        let marker = json!([{
+            "txn": other, "delta": sign * 100, "at": now_ms(), "attempt": "00000000beef",
+            "peer": peer,
+        }]);
+        let rev = w
+            .plant(account, planted, |doc| {
+                // The current balance counts x's 70 (its marker, or settled): without it, the
+                // 100 instead.
+                let without_x = doc["balance"].as_i64().unwrap() - sign * 70;
+                doc["balance"] = json!(without_x + sign * 100);
+                doc["pending"] = marker;
+                drop_entries_of_x(doc);
+            })
+            .await;
+        assert_pick(&w, account, &rev, planted).await;
+    }
     let passes = w.sweep().await;
     let states = w.assert_whole(&passes).await;
     assert_eq!(states["x"], State::Done);
+    assert_eq!(w.l.transfer("x").await.unwrap().amount.minor(), 70);
     assert_eq!(w.l.account("A").await.unwrap().balance.minor(), 930);
     assert_eq!(w.l.account("B").await.unwrap().balance.minor(), 70);
+    // Both terms were on each merged account: the decided one settled, the other undone.
+    for account in ["account:A", "account:B"] {
+        let doc = w.doc(account).await;
+        let entries = support::settled_entries(&doc);
+        for want in [(decided.clone(), false), (other.clone(), true)] {
+            assert!(
+                entries.contains(&want),
+                "{account} lacks {want:?}: {doc}\nsweep passes: {passes:#?}"
+            );
+        }
+    }
 }
 
 #[tokio::test]
@@ -531,7 +560,8 @@ async fn a_retry_blocked_by_its_own_transfers_conflict_resolves_it_and_answers()
     // A's other branch: another attempt of x still pending there (the same terms).
     w.plant("account:A", Planted::Wins, |doc| {
         doc["pending"] = json!([{
-            "txn": "x", "delta": -70, "at": now_ms(), "attempt": "00000000beef", "peer": "B",
+            "txn": key("x", "A", "B", 70), "delta": -70, "at": now_ms(),
+            "attempt": "00000000beef", "peer": "B",
         }]);
         drop_entries_of_x(doc);
     })
@@ -626,15 +656,16 @@ async fn account_branches_settled_and_undone_follow_the_transfer() {
     w.transfer("t1", "A", "B", 100, 5).await;
     assert_eq!(w.l.transfer("t1").await.unwrap().state, State::Done);
     let settled = w.doc("account:A").await;
+    let t1 = key("t1", "A", "B", 100);
     assert_eq!(
         support::settled_entries(&settled),
-        [("t1".to_owned(), false)],
+        [(t1.clone(), false)],
         "{settled}"
     );
     let rev = w
         .plant("account:A", Planted::Wins, |doc| {
             let at = doc["settled"][0]["at"].clone();
-            doc["settled"] = json!([{"at": at, "undone": ["t1"]}]);
+            doc["settled"] = json!([{"at": at, "undone": [t1]}]);
             doc["balance"] = json!(1_000);
         })
         .await;
@@ -660,7 +691,11 @@ async fn a_settle_reading_a_copy_without_the_apply_leaves_the_transfer_committed
     let before_b = w.doc("account:B").await;
     assert_eq!(w.step("t1").await, State::Pending, "t1 applied");
     let applied_b = w.doc("account:B").await;
-    assert_eq!(applied_b["pending"][0]["txn"], "t1", "{applied_b}");
+    assert_eq!(
+        applied_b["pending"][0]["txn"],
+        key("t1", "A", "B", 100),
+        "{applied_b}"
+    );
     assert_eq!(w.step("t1").await, State::Committed);
 
     // The copy the settle reads: B as it was before the apply, the apply not there.
@@ -833,7 +868,11 @@ async fn committed_and_canceling(test: &str, planted: Planted) {
     w.transfer("t1", "A", "B", 100, 3).await;
     assert_eq!(w.l.transfer("t1").await.unwrap().state, State::Committed);
     let a = w.doc("account:A").await;
-    assert_eq!(a["pending"][0]["txn"], "t1", "accounts untouched: {a}");
+    assert_eq!(
+        a["pending"][0]["txn"],
+        key("t1", "A", "B", 100),
+        "accounts untouched: {a}"
+    );
     // The rival of the commit: a sibling of the committed revision, on the same (pending)
     // parent, that went to canceling instead.
     let rev = w
@@ -1023,7 +1062,7 @@ async fn a_withdrawn_debit_whose_worker_stalls_is_cancelled_by_the_sweeper() {
     assert_eq!(w.step("t1").await, State::Pending, "t1 applied");
     // The other copy: t2's debit checked against the same 1000.
     rival["balance"] = json!(200);
-    rival["pending"] = json!([{"txn": "t2", "delta": -800, "at": now_ms()}]);
+    rival["pending"] = json!([{"txn": key("t2", "A", "C", 800), "delta": -800, "at": now_ms()}]);
     w.plant_body("account:A", Planted::Loses, rival).await;
 
     let gate = Arc::new(tokio::sync::Notify::new());
@@ -1051,7 +1090,7 @@ async fn a_withdrawn_debit_whose_worker_stalls_is_cancelled_by_the_sweeper() {
         .expect("the stalled step did not reach its cancel in 60 s");
     let a = w.doc("account:A").await;
     assert!(
-        support::settled_entries(&a).contains(&("t1".to_owned(), true)),
+        support::settled_entries(&a).contains(&(key("t1", "A", "B", 800), true)),
         "t1's debit was taken back: {a}"
     );
     // The stalled worker's claim runs out (a lease is wall time: wait it out); a sweeper takes

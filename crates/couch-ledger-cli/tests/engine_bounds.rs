@@ -8,7 +8,8 @@ use std::time::Duration;
 use couch_ledger::testing::limits::{
     MARKERS_BYTES_MAX, MARKER_OVERHEAD_BYTES, PRUNE_CONFIRMED_MS, SETTLED_AGE_MIN_MS,
 };
-use couch_ledger::{Client, Ledger, PauseHook, RetryPolicy, State};
+use couch_ledger::testing::{entry_key, transfer_of};
+use couch_ledger::{Amount, Client, Ledger, PauseHook, RetryPolicy, State};
 use serde_json::{json, Value};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -51,10 +52,17 @@ async fn plant_settled(l: &Ledger, id: &str, settled: Vec<Value>) {
         .unwrap();
 }
 
+/// The key of the entries of transfer `id` as `request` makes it (A→B 10 EUR).
+fn key(id: &str) -> String {
+    entry_key(id, "A", "B", Amount::new(10).unwrap(), "EUR", None)
+}
+
+/// The transfers of an account document's settled entries (each entry's key without its
+/// digest).
 fn settled_ids(doc: &Value) -> Vec<String> {
     support::settled_entries(doc)
         .into_iter()
-        .map(|(txn, _)| txn)
+        .map(|(txn, _)| transfer_of(&txn).to_owned())
         .collect()
 }
 
@@ -145,12 +153,12 @@ async fn a_settled_entry_of_an_open_transfer_is_not_pruned() {
     .await;
     let old = now_ms() - i64::try_from(SETTLED_AGE_MIN_MS).unwrap() - 60_000;
     let mut settled = vec![
-        json!({"txn": "t-open", "at": old}),
-        json!({"txn": "t-done", "at": old}),
-        json!({"txn": "t-forked", "at": old}),
+        json!({"txn": key("t-open"), "at": old}),
+        json!({"txn": key("t-done"), "at": old}),
+        json!({"txn": key("t-forked"), "at": old}),
     ];
     // Enough old entries (of transfers that never existed) to make pruning worth a read.
-    settled.extend((0..40).map(|i| json!({"txn": format!("gone-{i}"), "at": old})));
+    settled.extend((0..40).map(|i| json!({"txn": key(&format!("gone-{i}")), "at": old})));
     plant_settled(&l, "A", settled).await;
 
     let ids = write_until(&l, "t-next", |ids| {
@@ -192,7 +200,9 @@ async fn entries_of_transfers_this_ledger_ended_are_pruned_without_a_read() {
     plant_settled(
         &l,
         "A",
-        ids.iter().map(|t| json!({"txn": t, "at": old})).collect(),
+        ids.iter()
+            .map(|t| json!({"txn": key(t), "at": old}))
+            .collect(),
     )
     .await;
     let reads = l.prune_reads();
@@ -211,7 +221,9 @@ async fn entries_of_transfers_this_ledger_ended_are_pruned_without_a_read() {
     plant_settled(
         &l,
         "A",
-        ids.iter().map(|t| json!({"txn": t, "at": old})).collect(),
+        ids.iter()
+            .map(|t| json!({"txn": key(t), "at": old}))
+            .collect(),
     )
     .await;
     let left = write_until(&other, "t-other", |ids| {
@@ -272,7 +284,8 @@ async fn an_account_under_a_burst_stays_under_the_cap() {
     // Young entries (never prunable) filling the cap but for room for two more markers.
     let id_len = 190;
     let per = id_len + MARKER_OVERHEAD_BYTES;
-    let burst_marker = "burst-00".len() + MARKER_OVERHEAD_BYTES;
+    let burst_key = entry_key("burst-00", "A", "B", Amount::new(1).unwrap(), "EUR", None);
+    let burst_marker = burst_key.len() + MARKER_OVERHEAD_BYTES;
     let n = (MARKERS_BYTES_MAX - 2 * burst_marker - burst_marker / 2) / per;
     let now = now_ms();
     let settled: Vec<Value> = (0..n)

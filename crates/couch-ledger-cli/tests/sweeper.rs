@@ -43,6 +43,12 @@ fn request(id: &str, from: &str, to: &str, value: i64) -> TransferRequest {
     }
 }
 
+/// The key of the entries of transfer `id` with these terms (EUR, no reversal) on its accounts:
+/// the `txn` of its markers and settled entries.
+fn key(id: &str, from: &str, to: &str, value: i64) -> String {
+    couch_ledger::testing::entry_key(id, from, to, amount(value), "EUR", None)
+}
+
 /// How long a test waits for a cluster's copies to catch up with a write (views, conflicts).
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -1035,13 +1041,15 @@ async fn a_members_sweeper_leaves_the_markers_of_a_transfer_it_cannot_resolve() 
     l.submit(request("t", "A", "B", 100), true).await.unwrap();
     let db = l.client().database().to_owned();
     let txn: Value = l.hot_client().get("txn:t").await.unwrap();
-    // The decision's markers, as a worker that stopped before converging left them.
+    // The decision's markers, as a worker that stopped before converging left them (under the
+    // key of the `done` leaf's terms, which the `cancelled` winner does not own).
+    let ours = key("t", "A", "B", 100);
     for (account, delta, peer, side) in [("A", -100, "B", "source"), ("B", 100, "A", "destination")]
     {
         let id = format!("account:{account}");
         let mut doc: Value = l.hot_client().get(&id).await.unwrap();
         doc["settled"] = json!([]);
-        doc["pending"] = json!([{"txn": "t", "delta": delta, "at": 1,
+        doc["pending"] = json!([{"txn": ours, "delta": delta, "at": 1,
             "attempt": txn["markers"][side], "peer": peer}]);
         l.hot_client().put(&id, &doc).await.unwrap();
     }
@@ -1147,37 +1155,162 @@ async fn a_done_leaf_undone_by_its_own_terms_cancel_keeps_its_terms() {
     assert_at_rest(&l).await;
 }
 
-/// One id sent at once with other terms: the one-write terms (A → B, 100) decided `done`, while
-/// a merge of B had dropped their marker as a stray against the other terms' document it read
-/// (stepwise, A → B, 101) and kept that terms' marker (+101), recording nothing (an undone entry
-/// would end that marker too). The `done` was created after, on a copy that lacked the document,
-/// and the conflict holds it beside the other terms' `canceling`. Keeping `done`, the furthest
-/// along, counted it on A only: B's 100 lost (simulator, `SIM_TWO_TERMS=1 SIM_BASE=8000` seed
-/// 0x1f7d). B shows the other terms' marker in place of the `done` one: those terms stand.
+/// One id sent at once with other terms: the one-write terms (A → B, 100) decided `done`, their
+/// markers still pending on A and B, and beside them the other terms' stepwise markers (A → B,
+/// 101: each terms' entries hold a key of their own, so both sit side by side), whose document
+/// is `canceling` on a leaf losing to `done`. Nothing is settled and nothing taken back, so
+/// the terms furthest along stand: the `done` is kept, its markers settled, and the other
+/// terms' markers, whose key is not that of the document that stands, are undone by the
+/// sweeper.
 #[tokio::test]
-async fn a_done_leaf_whose_marker_the_other_terms_displaced_loses_to_them() {
-    let (l, db) = done_then_displaced("displaced", "canceling", true).await;
+async fn a_done_leaf_beside_the_other_terms_markers_keeps_its_terms_and_theirs_are_undone() {
+    let l = support::ledger_with("beside_other_terms", |b| b.settled_entries()).await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    let db = l.client().database().to_owned();
+    let done: Value = l.hot_client().get("txn:t").await.unwrap();
+    let at = done["created_at"].clone();
+    let (ours, theirs) = (key("t", "A", "B", 100), key("t", "A", "B", 101));
+    for (account, sign, side, peer) in [("A", -1, "source", "B"), ("B", 1, "destination", "A")] {
+        let pending = json!([
+            {"txn": ours, "delta": sign * 100, "at": at, "attempt": done["markers"][side],
+             "peer": peer},
+            {"txn": theirs, "delta": sign * 101, "at": at},
+        ]);
+        let opening = if account == "A" { 1_000 } else { 0 };
+        set_account(&l, account, opening + sign * 201, pending, json!([])).await;
+    }
+    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
+        doc["state"] = json!("canceling");
+        doc["value"] = json!(101);
+        doc["reason"] = json!("insufficient_funds");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+
     support::sweep_to_rest(&l, WAIT).await;
     let t = l.transfer("t").await.unwrap();
-    assert_eq!(
-        (t.state, t.amount.minor()),
-        (State::Cancelled, 101),
-        "{t:?}"
-    );
+    assert_eq!((t.state, t.amount.minor()), (State::Done, 100), "{t:?}");
     let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
     assert!(doc.get("_conflicts").is_none(), "{doc}");
-    assert_eq!(balance(&l, "A").await, 1_000);
-    assert_eq!(balance(&l, "B").await, 0);
+    for account in ["A", "B"] {
+        let pending = l.account(account).await.unwrap().pending;
+        assert!(pending.is_empty(), "{account}: {pending:?}");
+    }
+    assert_eq!(balance(&l, "A").await, 900);
+    assert_eq!(balance(&l, "B").await, 100);
     assert_at_rest(&l).await;
 }
 
-/// The same, but the other terms `committed` and A holds nothing of them (a merge dropped their
-/// stepwise marker against the `done` leaf it read): kept, they could settle B and never A, and
-/// kept, `done` moves nothing on B. Neither terms agree with the accounts: a person decides.
+/// One id sent at once with other terms, both decided `done` (A → B and A → C, 100), each
+/// created on some copies: A and B hold the entry of the A → B terms' key settled, C holds
+/// nothing. A decision of those terms was read standing alone and moved money, so they stand
+/// whichever leaf CouchDB makes the winner: by rank alone (two `done` leaves) the winner would
+/// be kept, and with the A → C leaf winning that counted the transfer on accounts that never
+/// moved (simulator, `SIM_TWO_TERMS=1 SIM_BASE=8000` seed 0x1f54).
 #[tokio::test]
-async fn committed_other_terms_an_account_holds_nothing_of_are_left_to_a_person() {
-    let (l, db) = done_then_displaced("displaced_committed", "committed", false).await;
-    assert_left_to_a_person(&l, &db, (1_000, 101)).await;
+async fn the_terms_whose_key_the_accounts_settled_stand_whichever_leaf_wins() {
+    for (name, hash) in [("wins", "f"), ("loses", "0")] {
+        let (l, db) = two_done_terms(&format!("acted_on_{name}")).await;
+        plant_other_terms_done(&db, hash).await;
+        // CouchDB's winner is the planted A → C leaf where its hash is the larger.
+        let winner: Value = get_raw(&db, "txn:t").await;
+        let expected = if hash == "f" { "C" } else { "B" };
+        assert_eq!(winner["destination"], expected, "{name}: {winner}");
+
+        let t = l.transfer("t").await.unwrap();
+        assert_eq!(
+            (t.state, t.destination.as_str()),
+            (State::Done, "B"),
+            "{name}: {t:?}"
+        );
+        let doc: Value = get_raw(&db, "txn:t?conflicts=true").await;
+        assert!(doc.get("_conflicts").is_none(), "{name}: {doc}");
+        assert_eq!(doc["destination"], "B", "{name}: {doc}");
+        support::sweep_to_rest(&l, WAIT).await;
+        let balances = (
+            balance(&l, "A").await,
+            balance(&l, "B").await,
+            balance(&l, "C").await,
+        );
+        assert_eq!(balances, (900, 100, 0), "{name}");
+        assert_at_rest(&l).await;
+    }
+}
+
+/// The same two `done` terms, but C holds the A → C terms' key settled too: the accounts moved
+/// money by both terms, and keeping either leaf leaves the other's money moved with no
+/// transfer to show for it. The resolution keeps neither: reading the transfer says a person
+/// must decide, and a sweeper's pass leaves the conflict as it is.
+#[tokio::test]
+async fn two_terms_both_settled_on_their_accounts_are_left_to_a_person() {
+    let (l, db) = two_done_terms("acted_on_both").await;
+    let at = settled_at_now();
+    set_account(
+        &l,
+        "C",
+        100,
+        json!([]),
+        json!([{"at": at, "txns": [key("t", "A", "C", 100)]}]),
+    )
+    .await;
+    plant_other_terms_done(&db, "f").await;
+
+    assert_left_to_a_person(&l, &db, (900, 100)).await;
+    let out = l.sweep_once(now_sweep(10)).await.unwrap();
+    assert_eq!(out.conflicts_resolved, 0, "{out:?}");
+    assert_left_to_a_person(&l, &db, (900, 100)).await;
+    assert_eq!(balance(&l, "C").await, 100);
+}
+
+/// A ledger (keeping settled entries, as on several copies) where `t` (A → B, 100, one-write)
+/// is `done`, A and B hold its key settled, and C is open with nothing of it. Returns the
+/// ledger and its database.
+async fn two_done_terms(name: &str) -> (Ledger, String) {
+    let l = support::ledger_with(name, |b| b.settled_entries()).await;
+    open(&l, "A", 1_000, Some(0)).await;
+    open(&l, "B", 0, Some(0)).await;
+    open(&l, "C", 0, Some(0)).await;
+    l.submit(request("t", "A", "B", 100), true).await.unwrap();
+    // Planted rather than read: whether the submit's own settles have landed yet is not what
+    // these tests are about.
+    let settled = json!([{"at": settled_at_now(), "txns": [key("t", "A", "B", 100)]}]);
+    set_account(&l, "A", 900, json!([]), settled.clone()).await;
+    set_account(&l, "B", 100, json!([]), settled).await;
+    let db = l.client().database().to_owned();
+    (l, db)
+}
+
+/// Plants the other terms' `done` leaf of `t` beside its current one: A → C, revision hash made
+/// of `digit` (a larger one wins), naming no markers (a stepwise `done`, written after both of
+/// its settles).
+async fn plant_other_terms_done(db: &str, digit: &str) {
+    support::plant_sibling(db, "txn:t", &digit.repeat(32), |doc| {
+        doc["state"] = json!("done");
+        doc["destination"] = json!("C");
+        doc.as_object_mut().unwrap().remove("markers");
+    })
+    .await;
+}
+
+/// Writes `account`'s balance, pending markers and settled entries as given.
+async fn set_account(l: &Ledger, account: &str, balance: i64, pending: Value, settled: Value) {
+    let id = format!("account:{account}");
+    let mut doc: Value = l.hot_client().get(&id).await.unwrap();
+    doc["balance"] = json!(balance);
+    doc["pending"] = pending;
+    doc["settled"] = settled;
+    l.hot_client().put(&id, &doc).await.unwrap();
+}
+
+/// A settled entry's `at` for an entry recorded now: the wall clock rounded up to the second.
+fn settled_at_now() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    (now / 1_000 + 1) * 1_000
 }
 
 /// `t` is not resolved: reading it says a person must decide, its conflict stays, and A and B
@@ -1193,83 +1326,37 @@ async fn assert_left_to_a_person(l: &Ledger, db: &str, balances: (i64, i64)) {
     assert_eq!((balance(l, "A").await, balance(l, "B").await), balances);
 }
 
-/// A ledger where `t` (A → B, 100, one-write) is `done`, and B holds the other terms' stepwise
-/// marker (+101) in place of its own; A holds the `done` terms' marker (`a_holds_done`) or
-/// nothing of `t`. Beside `done`, the other terms' leaf in `state`, losing to it by CouchDB's
-/// rule. Returns the ledger and its database.
-async fn done_then_displaced(name: &str, state: &str, a_holds_done: bool) -> (Ledger, String) {
-    let l = support::ledger_with(name, |b| b.settled_entries()).await;
-    open(&l, "A", 1_000, Some(0)).await;
-    open(&l, "B", 0, Some(0)).await;
-    l.submit(request("t", "A", "B", 100), true).await.unwrap();
-    let db = l.client().database().to_owned();
-    let done: Value = l.hot_client().get("txn:t").await.unwrap();
-    let named = done["markers"]["source"].clone();
-    let at = done["created_at"].clone();
-    let a = if a_holds_done {
-        (
-            900,
-            json!([{"txn": "t", "delta": -100, "at": at, "attempt": named, "peer": "B"}]),
-        )
-    } else {
-        (1_000, json!([]))
-    };
-    for (account, (balance, pending)) in [
-        ("A", a),
-        ("B", (101, json!([{"txn": "t", "delta": 101, "at": at}]))),
-    ] {
-        let id = format!("account:{account}");
-        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
-        doc["pending"] = pending;
-        doc["settled"] = json!([]);
-        doc["balance"] = json!(balance);
-        l.hot_client().put(&id, &doc).await.unwrap();
-    }
-    support::plant_sibling(&db, "txn:t", &"0".repeat(32), |doc| {
-        doc["state"] = json!(state);
-        doc["value"] = json!(101);
-        if state == "canceling" {
-            doc["reason"] = json!("conflicting_terms");
-        }
-        doc.as_object_mut().unwrap().remove("markers");
-    })
-    .await;
-    (l, db)
-}
-
-/// The same other terms, but only B shows the `done` marker taken back while A holds `t`
-/// settled (a merge of B that read the other terms' leaf where the copy holding `done` did not
-/// answer; a sweeper that had read that copy settled A). Keeping `done` leaves B's credit out,
-/// keeping the other terms leaves A's debit in: the resolution picks neither and says a person
-/// must decide, the conflict left as it is.
+/// `t`'s `done` leaf (A → B, 100) beside the other terms' `cancelled` leaf (A → C), as in
+/// `a_done_leaf_whose_markers_were_taken_back_loses_to_the_other_terms`, but only B shows
+/// the `done` terms' marker taken back while A holds their key settled (a merge of B that read
+/// the other terms' leaf where the copy holding `done` did not answer; a sweeper that had read
+/// that copy settled A). Keeping `done` leaves B's credit out, keeping the other terms leaves
+/// A's debit in: the resolution picks neither and says a person must decide, the conflict left
+/// as it is.
 #[tokio::test]
 async fn a_done_leaf_settled_on_one_account_and_taken_back_on_the_other_is_left_to_a_person() {
     let (l, db) = done_then_undone("taken_back_half").await;
-    let mut a: Value = l.hot_client().get("account:A").await.unwrap();
-    let at = a["settled"][0]["at"].clone();
-    a["settled"] = json!([{"at": at, "txns": ["t"]}]);
-    a["balance"] = json!(900);
-    l.hot_client().put("account:A", &a).await.unwrap();
+    let settled = json!([{"at": settled_at_now(), "txns": [key("t", "A", "B", 100)]}]);
+    set_account(&l, "A", 900, json!([]), settled).await;
     plant_other_terms_cancelled(&db, "0").await;
     assert_left_to_a_person(&l, &db, (900, 0)).await;
 }
 
 /// Plants the other terms' leaf of `t` beside its current one: A → C, `cancelled` with
-/// `conflicting_terms` (its caller met the first terms' marker), revision hash made of `digit`
-/// (a larger one wins).
+/// `unknown_account` (C is never opened), revision hash made of `digit` (a larger one wins).
 async fn plant_other_terms_cancelled(db: &str, digit: &str) {
     support::plant_sibling(db, "txn:t", &digit.repeat(32), |doc| {
         doc["state"] = json!("cancelled");
         doc["destination"] = json!("C");
-        doc["reason"] = json!("conflicting_terms");
+        doc["reason"] = json!("unknown_account");
         doc.as_object_mut().unwrap().remove("markers");
     })
     .await;
 }
 
 /// A ledger where `t` (A → B, 100) is `done`, and A and B as a convergence to a `cancelled`
-/// leaf of it left them: its markers undone (an undone entry naming no attempt), the money
-/// back. Returns it and its database.
+/// leaf (of its own terms or of others) left them: the key of its terms undone (an undone entry
+/// naming no attempt), the money back. Returns it and its database.
 async fn done_then_undone(name: &str) -> (Ledger, String) {
     // The accounts' undone entries are what a cluster's branches leave: a ledger on a single
     // node keeps none of one-write transfers and leaves such a fork to a person, so this one
@@ -1278,18 +1365,9 @@ async fn done_then_undone(name: &str) -> (Ledger, String) {
     open(&l, "A", 1_000, Some(0)).await;
     open(&l, "B", 0, Some(0)).await;
     l.submit(request("t", "A", "B", 100), true).await.unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64;
-    let at = (now / 1_000 + 1) * 1_000;
+    let undone = json!([{"at": settled_at_now(), "undone": [key("t", "A", "B", 100)]}]);
     for (account, opening) in [("A", 1_000), ("B", 0)] {
-        let id = format!("account:{account}");
-        let mut doc: Value = l.hot_client().get(&id).await.unwrap();
-        doc["settled"] = json!([{"at": at, "undone": ["t"]}]);
-        doc["pending"] = json!([]);
-        doc["balance"] = json!(opening);
-        l.hot_client().put(&id, &doc).await.unwrap();
+        set_account(&l, account, opening, json!([]), undone.clone()).await;
     }
     let db = l.client().database().to_owned();
     (l, db)
@@ -1301,7 +1379,7 @@ async fn plant_b_without_c2(db: &str, hash: &str) {
     support::plant_sibling(db, "account:B", hash, |doc| {
         doc["balance"] = json!(100);
         doc["pending"] = json!([]);
-        support::retain_settled(doc, |txn| txn != "c2");
+        support::retain_settled(doc, |txn| couch_ledger::testing::transfer_of(txn) != "c2");
     })
     .await;
 }
