@@ -673,7 +673,10 @@ fn judge(debit: OpResult, credit: OpResult) -> Verdict {
         Verdict::Cancel(Reason::CurrencyMismatch)
     } else if both.contains(&OpResult::Overflow) {
         Verdict::Cancel(Reason::BalanceOverflow)
-    } else if both.contains(&OpResult::Insufficient) || both.contains(&OpResult::Withdrawn) {
+    } else if both.contains(&OpResult::Insufficient)
+        || both.contains(&OpResult::Withdrawn)
+        || both.contains(&OpResult::Overdrawn)
+    {
         Verdict::Cancel(Reason::InsufficientFunds)
     } else if both.contains(&OpResult::NotApplied) {
         Verdict::Retry

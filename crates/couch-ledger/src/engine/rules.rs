@@ -155,6 +155,14 @@ impl Apply<'_> {
             return Ok(Some(OpResult::Finished));
         }
         if let Some(pos) = in_pending {
+            // A one-write attempt's marker of this key, adopted by a stepwise drive: a `done`
+            // decision may name it (a 202 whose leaf a resolution keeps), so it is not taken
+            // back before the transfer is decided: the drive cancels first, as the one-write
+            // path does (simulator, `SIM_HOT=1` seed 0xae: +144, the debit withdrawn under
+            // the `done` that named it).
+            if doc.pending[pos].attempt.is_some() && self.merged_overdraft(doc) {
+                return Ok(Some(OpResult::Overdrawn));
+            }
             // This op's issuer holds the transfer's lease and has not committed (it waits
             // for this answer): its debit is the one to take back.
             if self.merged_overdraft(doc) {

@@ -239,6 +239,23 @@ fn an_adopted_debit_on_an_account_a_merge_overdrew_is_refused_not_taken_back() {
     assert_eq!(doc.balance.minor(), -100);
 }
 
+/// A stepwise drive that adopted a one-write attempt's marker (the same key) on an account a
+/// merge left overdrawn: a `done` may name that marker, so nothing is taken back; the drive is
+/// told to cancel first (`Overdrawn`), as the one-write path is.
+#[test]
+fn a_stepwise_apply_leaves_a_one_write_debit_on_an_overdrawn_account_to_the_decision() {
+    let none = HashSet::new();
+    let mut doc = account(500, Some(0));
+    evaluate(Some(&mut doc), &once("t1", -300, 1, "b"), 1, &none).unwrap();
+    doc.balance = Amount::new(-100).unwrap();
+    assert_eq!(
+        evaluate(Some(&mut doc), &apply("t1", -300, true, None), 2, &none).unwrap(),
+        OpResult::Overdrawn
+    );
+    assert_eq!((doc.balance.minor(), doc.pending.len()), (-100, 1));
+    assert!(doc.settled.is_empty());
+}
+
 #[test]
 fn a_debit_found_on_an_account_a_merge_overdrew_is_taken_back() {
     let none = HashSet::new();
