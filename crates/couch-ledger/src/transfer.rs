@@ -980,8 +980,7 @@ impl Ledger {
         // One id sent with other terms at once, both written on a cluster (each on some copies
         // only, so neither writer was told its decision was final): the terms that stand are
         // those furthest toward an outcome, CouchDB's winner among equals. Markers of the other
-        // terms are then strays the accounts drop (`conflict::merge_account`, the settle's
-        // delta check).
+        // terms hold another key: the sweeper takes them back once this resolution stands.
         let mut standing = furthest_terms(&all, |_| true);
         if let Some(acted) = self.terms_acted_on(&all).await? {
             standing = acted;
@@ -1153,8 +1152,8 @@ impl Ledger {
 
     /// Whether the terms of leaf `standing` (of a transfer holding other terms' leaves too) are
     /// a one-write `done` whose markers its accounts took back: every `done` leaf of those terms
-    /// names attempts, and for each an account shows its marker undone and not held
-    /// ([`marker_taken_back`]) or the other terms' marker in its place ([`marker_displaced`]).
+    /// names attempts, and for each an account shows the marker of their key undone and not
+    /// held ([`marker_taken_back`]).
     /// A sweeper that read only the other terms' `cancelled` leaf (one copy, before the conflict
     /// reached it) converged the accounts to it; keeping `done` would leave the transfer
     /// counted on neither account (simulator, `SIM_TWO_TERMS=1

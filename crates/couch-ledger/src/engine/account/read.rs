@@ -287,15 +287,10 @@ impl AccountEngine {
 
     /// What the merge needs of the transfers `needed`, from their documents (one not there,
     /// or not about this account, is left out). `Break`: a transfer holds a conflict itself,
-    /// to be resolved first.
-    ///
-    /// Where the merge would drop a marker as holding other terms than the document
-    /// read ([`holds_other_terms`]), the document is read again from every copy first: the
-    /// read above (one copy) may show one leaf of a document whose rival leaf, with the
-    /// marker's terms, reached only the other copies and may be the one kept. Dropped against
-    /// that one leaf, the marker left no trace, and the resolution kept its `done` with the
-    /// account's side of it gone (a real 3-node cluster, one id sent with other terms at once:
-    /// B's credit of 100 lost).
+    /// to be resolved first. An entry's key names its terms, so a document read from one copy
+    /// that shows other terms than the key's (its rival leaf reached only the other copies)
+    /// makes that key a cancelled transfer's here, moving nothing, and the entry is kept until
+    /// the sweeper takes it back (docs/CLUSTER.md, "One id, two terms, two paths").
     async fn read_facts(
         &self,
         winner: &AccountDoc,
