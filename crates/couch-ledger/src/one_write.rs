@@ -579,9 +579,19 @@ impl Ledger {
         });
     }
 
-    /// Converges `accounts` to `doc`'s decision now.
+    /// Converges `accounts` now to `doc`, a decision read, once it stands alone on every copy
+    /// ([`Ledger::confirm_decision`]); until then nothing is settled or undone here, and the
+    /// sweeper converges the markers once it does. Settles and undos are what a resolution of
+    /// the document's leaves reads its outcome from, so acting on a leaf a rival may still
+    /// join splits the accounts between two outcomes.
     pub(crate) async fn converge_now(&self, doc: &TxnDoc, accounts: &[String]) {
-        self.converge(doc, accounts, false).await;
+        match self.confirm_decision(doc, Decided::Read).await {
+            Ok(()) => self.converge(doc, accounts, false).await,
+            Err(e) => tracing::info!(
+                txn = %doc.txn_id,
+                "a decision read is not yet alone on every copy; its markers are left to the sweeper: {e}"
+            ),
+        }
     }
 
     /// Converges `accounts` to `doc`'s decision: settles (held for the accounts' next writes when
@@ -684,7 +694,22 @@ impl Ledger {
                 TxnWritten::Written(rev) => {
                     fail_point!("once-after-decide", |_| Err(crash("once-after-decide")));
                     decided.rev = Some(rev);
-                    self.converge_in_background(decided.clone(), touched, Some(Arc::clone(pass)));
+                    // Written over `initial`: a rival created on a copy that lacked the document
+                    // may stand beside it, and a settle made now would not be seen by the
+                    // resolution that keeps the rival (it reads settled entries). Until the
+                    // decision stands alone on every copy its markers are the sweeper's.
+                    match self.confirm_decision(&decided, Decided::WrittenHere).await {
+                        Ok(()) => self.converge_in_background(
+                            decided.clone(),
+                            touched,
+                            Some(Arc::clone(pass)),
+                        ),
+                        Err(e) if e.is_unconfirmed() => tracing::info!(
+                            txn = %doc.txn_id,
+                            "decided, but not yet alone on every copy; its markers are left to a later pass"
+                        ),
+                        Err(e) => return Err(e),
+                    }
                     return Ok((decided, true));
                 }
                 // Not final: a later pass finds it decided, or in conflict, and goes on.
@@ -695,7 +720,7 @@ impl Ledger {
         // Someone else wrote first: follow what they wrote.
         let now = self.read_txn(&doc.txn_id).await?;
         if now.state.is_terminal() {
-            self.converge(&now, &touched, false).await;
+            self.converge_now(&now, &touched).await;
             return Ok((now, false));
         }
         if now.state == State::Initial {

@@ -2556,6 +2556,79 @@ mod tests {
         assert!(touched_an_account(&server).await, "no settle was sent");
     }
 
+    /// A server whose database states three copies, holding `txn:t1` a one-write `done` at
+    /// `2-d` (its markers named) as a read of one copy shows it; a seal is answered 201 at
+    /// `3-s`; a read of every copy shows `3-s` and, when `rival`, a `cancelled` leaf `1-r` of
+    /// other terms that a copy lacking the document took as a create.
+    async fn done_on_three_copies(rival: bool) -> wiremock::MockServer {
+        use wiremock::matchers::{method, path_regex, query_param};
+        use wiremock::{Mock, MockServer, ResponseTemplate};
+        let server = MockServer::start().await;
+        states_three_copies(&server).await;
+        let mut done = doc();
+        done["_rev"] = json!("2-d");
+        done["state"] = json!("done");
+        done["claim"] = Value::Null;
+        done["markers"] = json!({"source": "0123456789ab", "destination": "0123456789ab"});
+        let mut sealed = done.clone();
+        sealed["_rev"] = json!("3-s");
+        sealed["_revisions"] = json!({"start": 3, "ids": ["s", "d", "a"]});
+        let mut other_terms = doc();
+        other_terms["_rev"] = json!("1-r");
+        other_terms["state"] = json!("cancelled");
+        other_terms["value"] = json!(501);
+        other_terms["claim"] = Value::Null;
+        other_terms["_revisions"] = json!({"start": 1, "ids": ["r"]});
+        let every_copy: Vec<Value> = std::iter::once(sealed)
+            .chain(rival.then_some(other_terms))
+            .map(|leaf| json!({ "ok": leaf }))
+            .collect();
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(every_copy))
+            .mount(&server)
+            .await;
+        answers_bulk_docs(
+            &server,
+            201,
+            |d| json!({"ok": true, "id": d["_id"], "rev": "3-s"}),
+        )
+        .await;
+        server
+    }
+
+    /// A decision read (the sweeper's one-write drive that lost its CAS, a reversal, a call
+    /// whose terms differ) settles or undoes markers only once it stands alone on every copy.
+    /// A settle made beside a rival leaf the resolution may keep is not seen by that
+    /// resolution until it lands, and the accounts can end counting the terms of both leaves.
+    #[tokio::test]
+    async fn a_decision_read_moves_markers_only_once_it_stands_alone_on_every_copy() {
+        let mut d = doc();
+        d["_rev"] = json!("2-d");
+        d["state"] = json!("done");
+        d["claim"] = Value::Null;
+        d["markers"] = json!({"source": "0123456789ab", "destination": "0123456789ab"});
+        let done = TxnDoc::from_value(d).unwrap();
+        let accounts = ["a".to_owned(), "b".to_owned()];
+        let server = done_on_three_copies(true).await;
+        let l = ledger_of(&server);
+        l.converge_now(&done, &accounts).await;
+        assert!(
+            !touched_an_account(&server).await,
+            "settled beside a rival leaf of other terms"
+        );
+
+        let server = done_on_three_copies(false).await;
+        let l = ledger_of(&server);
+        l.converge_now(&done, &accounts).await;
+        assert!(
+            touched_an_account(&server).await,
+            "alone on every copy, and no settle was sent"
+        );
+    }
+
     /// A server whose database `db` states three copies, holding `txn:t1` in conflict: CouchDB's
     /// winner `pending` at `3-z`, and `committed` at `3-a` (further along, so the one a
     /// resolution keeps). `_bulk_docs` answers a write of a live document with `child`
