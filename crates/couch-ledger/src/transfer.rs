@@ -2382,7 +2382,7 @@ mod tests {
     /// `_bulk_docs` answers `status` with the sealing child at `3-s`, which `open_revs` then
     /// shows as the one leaf.
     async fn cancelled_on_three_copies(status: u16) -> wiremock::MockServer {
-        use wiremock::matchers::{method, path_regex, query_param};
+        use wiremock::matchers::{method, path_regex};
         use wiremock::{Mock, MockServer, ResponseTemplate};
         let server = MockServer::start().await;
         let mut cancelled = doc();
@@ -2394,13 +2394,7 @@ mod tests {
         let mut sealed = cancelled.clone();
         sealed["_rev"] = json!("3-s");
         sealed["_revisions"] = json!({"start": 3, "ids": ["s", "c", "a"]});
-        Mock::given(method("GET"))
-            .and(path_regex("/db/txn(:|%3A)t1$"))
-            .and(query_param("open_revs", "all"))
-            .and(query_param("r", "3"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(json!([{"ok": sealed}])))
-            .mount(&server)
-            .await;
+        every_copy_shows(&server, vec![json!({ "ok": sealed })]).await;
         Mock::given(method("GET"))
             .and(path_regex("/db/txn(:|%3A)t1$"))
             .respond_with(ResponseTemplate::new(200).set_body_json(cancelled))
@@ -2413,6 +2407,19 @@ mod tests {
         )
         .await;
         server
+    }
+
+    /// `txn:t1`'s leaves as a read of every copy (`open_revs=all`, `r` = 3) shows them.
+    async fn every_copy_shows(server: &wiremock::MockServer, leaves: Vec<Value>) {
+        use wiremock::matchers::{method, path_regex, query_param};
+        use wiremock::{Mock, ResponseTemplate};
+        Mock::given(method("GET"))
+            .and(path_regex("/db/txn(:|%3A)t1$"))
+            .and(query_param("open_revs", "all"))
+            .and(query_param("r", "3"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(leaves))
+            .mount(server)
+            .await;
     }
 
     /// What `cancel` sent to `_bulk_docs`: each document with the `w` of its request.
@@ -2482,7 +2489,7 @@ mod tests {
     /// answered 201 at `4-k`; a read of every copy shows `4-k` and, when `rival`, a `canceling`
     /// leaf `3-x` of the same `pending` that another copy took.
     async fn committed_on_three_copies(rival: bool) -> wiremock::MockServer {
-        use wiremock::matchers::{method, path_regex, query_param};
+        use wiremock::matchers::{method, path_regex};
         use wiremock::{Mock, MockServer, ResponseTemplate};
         let server = MockServer::start().await;
         states_three_copies(&server).await;
@@ -2500,13 +2507,7 @@ mod tests {
             .chain(rival.then_some(canceling))
             .map(|leaf| json!({ "ok": leaf }))
             .collect();
-        Mock::given(method("GET"))
-            .and(path_regex("/db/txn(:|%3A)t1$"))
-            .and(query_param("open_revs", "all"))
-            .and(query_param("r", "3"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(every_copy))
-            .mount(&server)
-            .await;
+        every_copy_shows(&server, every_copy).await;
         Mock::given(method("GET"))
             .and(path_regex("/db/txn(:|%3A)t1$"))
             .respond_with(ResponseTemplate::new(200).set_body_json(committed))
@@ -2561,8 +2562,7 @@ mod tests {
     /// `3-s`; a read of every copy shows `3-s` and, when `rival`, a `cancelled` leaf `1-r` of
     /// other terms that a copy lacking the document took as a create.
     async fn done_on_three_copies(rival: bool) -> wiremock::MockServer {
-        use wiremock::matchers::{method, path_regex, query_param};
-        use wiremock::{Mock, MockServer, ResponseTemplate};
+        use wiremock::MockServer;
         let server = MockServer::start().await;
         states_three_copies(&server).await;
         let mut done = doc();
@@ -2583,13 +2583,7 @@ mod tests {
             .chain(rival.then_some(other_terms))
             .map(|leaf| json!({ "ok": leaf }))
             .collect();
-        Mock::given(method("GET"))
-            .and(path_regex("/db/txn(:|%3A)t1$"))
-            .and(query_param("open_revs", "all"))
-            .and(query_param("r", "3"))
-            .respond_with(ResponseTemplate::new(200).set_body_json(every_copy))
-            .mount(&server)
-            .await;
+        every_copy_shows(&server, every_copy).await;
         answers_bulk_docs(
             &server,
             201,
