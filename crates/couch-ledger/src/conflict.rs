@@ -468,6 +468,12 @@ pub(crate) struct Evidence {
     pub(crate) settled: bool,
     /// Some account leaf holds it undone (the cancel path acted).
     pub(crate) undone: bool,
+    /// Every leaf on the commit path is a one-write `done` (it names its markers). Such a
+    /// decision beside another leaf was never told nor settled: telling and settling it wait
+    /// until it stands alone on every copy (`Ledger::confirm_decision`), and one created with
+    /// a 201 has no rival. A `committed` leaf may have been told (the background finish
+    /// answers `committed`).
+    pub(crate) commit_untold: bool,
 }
 
 impl Evidence {
@@ -482,8 +488,12 @@ impl Evidence {
 
 /// Of a transfer's leaf states, the index of the one to keep: the furthest along the graph;
 /// between the commit and the cancel path, the one the accounts acted on — the commit path
-/// when they show a settle or nothing (a commit may have been reported to a caller), the cancel
-/// path when they show only undos. `None` when the accounts show both (a person must decide).
+/// when they show a settle, or nothing while a commit may have been reported to a caller; the
+/// cancel path when they show only undos, or nothing beside a commit path of one-write `done`
+/// leaves only ([`Evidence::commit_untold`]): the cancel path's undos may be on their way (a
+/// stepwise drive undoes right after its `canceling` write), and kept over them that `done`
+/// would end counted on neither account, as nothing settles a one-write marker undone.
+/// `None` when the accounts show both (a person must decide).
 ///
 /// `leaves` are each leaf's state and revision. Between leaves equally far along, the one kept
 /// is CouchDB's winner among them (the longer revision path, then the greater revision id),
@@ -500,7 +510,8 @@ pub(crate) fn choose_transfer_leaf(leaves: &[(State, &str)], evidence: Evidence)
         match (evidence.settled, evidence.undone) {
             (true, true) => return None,
             (false, true) => false,
-            _ => true,
+            (false, false) => !evidence.commit_untold,
+            (true, false) => true,
         }
     } else {
         true

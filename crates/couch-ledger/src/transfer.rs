@@ -1233,7 +1233,13 @@ impl Ledger {
         }
         let d = &leaves[0];
         let key = d.entry_key();
-        let mut evidence = Evidence::default();
+        let mut evidence = Evidence {
+            commit_untold: leaves
+                .iter()
+                .filter(|l| matches!(l.state, State::Committed | State::Done))
+                .all(|l| l.state == State::Done && l.markers.is_some()),
+            ..Evidence::default()
+        };
         let mut pending: [Vec<crate::account_doc::Marker>; 2] = [Vec::new(), Vec::new()];
         let mut settled = [false, false];
         for (side, account) in [&d.source, &d.destination].into_iter().enumerate() {

@@ -360,9 +360,34 @@ fn the_transfer_leaf_kept_is_the_furthest_and_a_fork_follows_the_accounts() {
         choose_transfer_leaf(&[(Canceling, "1-a"), (Committed, "1-b")], none),
         Some(1)
     );
+    // The accounts show nothing, and the commit path is a one-write `done` only: never told
+    // nor settled beside another leaf, so the cancel path, whose undos may be on their way.
+    let untold = Evidence {
+        commit_untold: true,
+        ..none
+    };
+    assert_eq!(
+        choose_transfer_leaf(&[(Done, "2-a"), (Canceling, "2-b")], untold),
+        Some(1)
+    );
+    assert_eq!(
+        choose_transfer_leaf(&[(Done, "2-a"), (Canceling, "2-b")], none),
+        Some(0),
+        "a committed path that may have been told is kept"
+    );
+    let settled_untold = Evidence {
+        settled: true,
+        commit_untold: true,
+        ..none
+    };
+    assert_eq!(
+        choose_transfer_leaf(&[(Done, "2-a"), (Canceling, "2-b")], settled_untold),
+        Some(0)
+    );
     let undone = Evidence {
         settled: false,
         undone: true,
+        commit_untold: false,
     };
     assert_eq!(
         choose_transfer_leaf(&[(Canceling, "1-a"), (Committed, "1-b")], undone),
@@ -375,6 +400,7 @@ fn the_transfer_leaf_kept_is_the_furthest_and_a_fork_follows_the_accounts() {
     let both = Evidence {
         settled: true,
         undone: true,
+        commit_untold: false,
     };
     assert_eq!(
         choose_transfer_leaf(&[(Done, "1-a"), (Cancelled, "1-b")], both),
