@@ -932,7 +932,9 @@ impl Ledger {
     ///
     /// The cancel path's undos need no such wait: an undo follows a `canceling` leaf that some
     /// copy took already, and a commit confirmed later reads that leaf beside its own (or, sealed
-    /// first, refuses it everywhere), so no settle can join an undo. Waiting there instead left
+    /// first, refuses it everywhere), so no settle can join an undo. A resolution made while
+    /// the undos are on their way sees nothing on the accounts; it keeps the cancel path over a
+    /// one-write `done` (`Evidence::commit_untold` in conflict.rs). Waiting there instead left
     /// a stepwise marker of other terms in place for good once the resolution dropped its
     /// `canceling` leaf: only that drive's undo takes such a marker back (`SIM_TWO_TERMS=1
     /// SIM_BASE=5000` 0x13f8 and 0x145d: an account in conflict to the end).
