@@ -35,6 +35,10 @@ pub struct Config {
     /// waiting for it ([`PATIENCE_MS`]): answered 202 though no rival wrote, the copy taking it
     /// (or refusing it for a rival's that came first) a moment later — a cluster under load.
     pub late_copy_one_in: u32,
+    /// How late such a copy takes the write, at most (ms past the coordinator's patience).
+    pub late_copy_ms: u64,
+    /// Whether a process may die after one of its account writes (off once the run heals).
+    pub process_crashes: bool,
     /// Per mille of requests answered 503 before anything is done.
     pub transient_permille: u32,
     /// Per mille of requests whose answer is lost after the server acted on them (the client
@@ -52,6 +56,8 @@ impl Default for Config {
             repl_ms: (5, 400),
             slow_copy_one_in: 10,
             late_copy_one_in: 0,
+            late_copy_ms: 1500,
+            process_crashes: true,
             transient_permille: 0,
             lost_reply_permille: 0,
         }
@@ -359,10 +365,11 @@ impl Cluster {
             let n = s.config.nodes;
             let slow = s.config.slow_copy_one_in.max(1);
             let late = s.config.late_copy_one_in;
+            let late_ms = s.config.late_copy_ms.max(11);
             let mut delays: Vec<(u64, usize)> = (0..n)
                 .map(|node| {
                     let ms = if late > 0 && s.rng.u32(..late) == 0 {
-                        s.rng.u64(PATIENCE_MS + 10..PATIENCE_MS + 1500)
+                        s.rng.u64(PATIENCE_MS + 10..PATIENCE_MS + late_ms)
                     } else if s.rng.u32(..slow) == 0 {
                         s.rng.u64(10..60)
                     } else {

@@ -32,6 +32,12 @@ pub struct SimTransport {
     pub admin: bool,
     next: AtomicUsize,
     pub dead: Arc<AtomicBool>,
+    /// Per mille of this process's account writes (`_bulk_docs` carrying an account) after
+    /// which it dies, the server having taken the write: a worker stopped between its apply and
+    /// its decision, or between its decision and its settles, as a fail point would stop it.
+    crash_after_account_write: u32,
+    /// Called once when such a write kills the process (its slot is taken by a new process).
+    on_crash: Option<Arc<dyn Fn() + Send + Sync>>,
 }
 
 impl SimTransport {
@@ -42,12 +48,53 @@ impl SimTransport {
             admin,
             next: AtomicUsize::new(0),
             dead: Arc::new(AtomicBool::new(false)),
+            crash_after_account_write: 0,
+            on_crash: None,
+        })
+    }
+
+    /// A process that dies after `permille` per mille of its account writes, calling
+    /// `on_crash` when it does.
+    pub fn crashing(
+        cluster: Arc<Cluster>,
+        route: Route,
+        admin: bool,
+        permille: u32,
+        on_crash: impl Fn() + Send + Sync + 'static,
+    ) -> Arc<SimTransport> {
+        Arc::new(SimTransport {
+            cluster,
+            route,
+            admin,
+            next: AtomicUsize::new(0),
+            dead: Arc::new(AtomicBool::new(false)),
+            crash_after_account_write: permille,
+            on_crash: Some(Arc::new(on_crash)),
         })
     }
 }
 
+/// Whether `request`, just taken by the server, kills a process that dies after `permille` per
+/// mille of its account writes (`dead` set when it does).
+fn dies_after(cluster: &Cluster, dead: &AtomicBool, permille: u32, request: &WireRequest) -> bool {
+    if permille == 0 || request.method != "POST" || !request.path.ends_with("/_bulk_docs") {
+        return false;
+    }
+    let body = request.body.as_deref().unwrap_or_default();
+    let account = body.windows(ACCOUNT_TYPE.len()).any(|w| w == ACCOUNT_TYPE);
+    if !account {
+        return false;
+    }
+    let mut s = cluster.lock();
+    s.config.process_crashes && s.rng.u32(..1000) < permille && !dead.swap(true, Ordering::Relaxed)
+}
+
+const ACCOUNT_TYPE: &[u8] = br#""type":"account""#;
+
 impl Transport for SimTransport {
     fn exchange(&self, request: WireRequest) -> Exchange {
+        let crash_permille = self.crash_after_account_write;
+        let on_crash = self.on_crash.clone();
         let cluster = Arc::clone(&self.cluster);
         let dead = Arc::clone(&self.dead);
         let admin = self.admin;
@@ -86,6 +133,11 @@ impl Transport for SimTransport {
                 ));
             }
             let answer = handle(&cluster, &request, admin).await;
+            if dies_after(&cluster, &dead, crash_permille, &request) {
+                if let Some(on_crash) = &on_crash {
+                    on_crash();
+                }
+            }
             if dead.load(Ordering::Relaxed) {
                 return std::future::pending().await;
             }

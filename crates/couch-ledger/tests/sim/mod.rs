@@ -105,12 +105,13 @@ fn print_failure(out: &Outcome, long: bool) {
         println!("  - {v}");
     }
     println!(
-        "  replay: SIM_SEED={:#x}{}{}{}{}{} cargo test --release --features failpoints --test simulation",
+        "  replay: SIM_SEED={:#x}{}{}{}{}{}{} cargo test --release --features failpoints --test simulation",
         out.seed,
         if long { " SIM_LONG=1" } else { "" },
         if run::two_terms_drawn() { "" } else { " SIM_TWO_TERMS=0" },
         if run::trio_drawn() { " SIM_TRIO=1" } else { "" },
         if run::hot_drawn() { " SIM_HOT=1" } else { "" },
+        run::recovery_setting(),
         run::pass_limit().map_or(String::new(), |n| format!(" SIM_PASS_LIMIT={n}"))
     );
 }

@@ -6,7 +6,7 @@
 //! the oracle checks the money.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -98,6 +98,9 @@ struct Plan {
     two_terms: bool,
     /// Busy accounts near their minimum on a loaded cluster.
     hot: bool,
+    /// Workers dying between their apply and their decision, the same ids sent again through
+    /// a stepwise process while the sweeper decides them.
+    recovery: bool,
     split: bool,
     slots: Vec<ProcessPlan>,
     accounts: Vec<(String, i64, Option<i64>)>,
@@ -105,6 +108,9 @@ struct Plan {
     duration_s: u64,
     same_id_permille: u32,
     other_terms_permille: u32,
+    /// Per mille of the transfers a one-write process sends that a stepwise process sends
+    /// again seconds later, with the same terms or others (the recovery shape).
+    resend_permille: u32,
     no_wait_permille: u32,
     reverse_permille: u32,
     payments: usize,
@@ -122,6 +128,9 @@ struct ProcessPlan {
     stepwise: bool,
     background: bool,
     server_default: bool,
+    /// Per mille of its account writes after which the process dies (the server took the
+    /// write), a new process taking its place.
+    crash_permille: u32,
 }
 
 /// What a caller was told.
@@ -177,10 +186,10 @@ struct Run {
     slots: Arc<Mutex<Vec<Slot>>>,
     told: Arc<Mutex<Vec<Told>>>,
     started: Instant,
-    crashes: u64,
+    crashes: Arc<AtomicU64>,
 }
 
-fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
+fn draw_plan(seed: u64, rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
     let mut config = Config {
         q: rng.u64(1..=4),
         repl_ms: (rng.u64(1..20), rng.u64(50..3000)),
@@ -203,6 +212,7 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
             stepwise: rng.u32(..5) == 0,
             background: rng.u32(..3) == 0,
             server_default: rng.u32(..6) == 0,
+            crash_permille: 0,
         })
         .collect();
     let accounts = (0..rng.usize(3..=7))
@@ -243,6 +253,7 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
         forensics: false,
         two_terms: false,
         hot: false,
+        recovery: false,
         split: rng.bool(),
         slots,
         accounts,
@@ -254,6 +265,7 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
             p if two_terms_drawn() => p,
             _ => 0,
         },
+        resend_permille: 0,
         no_wait_permille: rng.u32(0..80),
         reverse_permille: rng.u32(0..60),
         payments: rng.usize(0..12),
@@ -272,6 +284,12 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
         // A loaded cluster: some copy writes answered after the coordinator stopped waiting.
         config.late_copy_one_in = rng.u32(5..30);
     }
+    // Drawn from a generator of its own, so that the seeds which do not take this shape draw
+    // exactly what they drew before it existed.
+    let mut own = fastrand::Rng::with_seed(seed ^ 0x7265_636f_7665_7279);
+    if !long && recovery_drawn(&mut own) {
+        recovery(&mut own, &mut plan, &mut config);
+    }
     if trio_drawn() {
         trio(&mut plan, &mut config);
     }
@@ -283,6 +301,26 @@ fn draw_plan(rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
 /// replays the draws of the seeds cited from before it was drawn by default.
 pub fn two_terms_drawn() -> bool {
     std::env::var("SIM_TWO_TERMS").map_or(true, |v| v != "0")
+}
+
+/// Whether this short run takes the recovery shape: one in six by default, every one with
+/// `SIM_RECOVERY=1`, none with `SIM_RECOVERY=0` (which replays the draws of the seeds cited
+/// from before it existed).
+fn recovery_drawn(rng: &mut fastrand::Rng) -> bool {
+    match std::env::var("SIM_RECOVERY").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => rng.u32(..6) == 0,
+    }
+}
+
+/// The `SIM_RECOVERY` setting to replay a seed with, when it is not the default.
+pub fn recovery_setting() -> &'static str {
+    match std::env::var("SIM_RECOVERY").as_deref() {
+        Ok("0") => " SIM_RECOVERY=0",
+        Ok("1") => " SIM_RECOVERY=1",
+        _ => "",
+    }
 }
 
 /// Whether every short run takes the hot shape (`SIM_HOT=1`), rather than one in six
@@ -372,12 +410,61 @@ fn two_terms(plan: &mut Plan, config: &mut Config) {
         stepwise,
         background: false,
         server_default: true,
+        crash_permille: 0,
     };
     config.default_w = 1;
     plan.two_terms = true;
     plan.slots = vec![process(false), process(true)];
     plan.other_terms_permille = 400;
     plan.same_id_permille = 100;
+}
+
+/// Where the sweeper's recovery meets a caller sending the id again (docs/CLUSTER.md, "Telling a
+/// decision on a cluster"): one-write workers that die after an account write (between their
+/// apply and their decision, or their decision and their settles), the sweeper giving the
+/// undecided transfer its document and deciding it, and many of those ids sent again through a
+/// stepwise process seconds later, with the same terms or others — while copies take writes
+/// seconds late, or a node is away, so that the re-send's create can land on a copy that lacks
+/// the sweeper's document and stand beside it, for a reader to resolve.
+fn recovery(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
+    plan.recovery = true;
+    plan.hot = false;
+    plan.two_terms = false;
+    config.late_copy_one_in = rng.u32(2..6);
+    config.late_copy_ms = rng.u64(1_500..8_000);
+    config.repl_ms = (rng.u64(1..20), rng.u64(2_000..8_000));
+    let worker = |rng: &mut fastrand::Rng| ProcessPlan {
+        route: Route::RoundRobin,
+        admin: rng.u32(..4) != 0,
+        stepwise: false,
+        background: rng.u32(..3) == 0,
+        server_default: rng.u32(..3) == 0,
+        crash_permille: rng.u32(20..150),
+    };
+    let stepwise = |rng: &mut fastrand::Rng| ProcessPlan {
+        route: Route::RoundRobin,
+        admin: true,
+        stepwise: true,
+        background: false,
+        server_default: rng.u32(..3) == 0,
+        crash_permille: 0,
+    };
+    plan.slots = (0..rng.usize(1..=2)).map(|_| worker(rng)).collect();
+    for _ in 0..rng.usize(1..=2) {
+        plan.slots.push(stepwise(rng));
+    }
+    plan.duration_s = rng.u64(10..30);
+    plan.transfers = rng.usize(20..70);
+    plan.sweep_every_s = rng.u64(1..3);
+    plan.resend_permille = rng.u32(300..800);
+    plan.other_terms_permille = 0;
+    plan.crashes.clear();
+    plan.outages.clear();
+    if rng.bool() {
+        let at = rng.u64(1..plan.duration_s / 2 + 1);
+        plan.outages
+            .push((rng.usize(..config.nodes), at, rng.u64(3..15)));
+    }
 }
 
 /// The load of the measured node loss: two service processes through the balancer, six busy
@@ -391,6 +478,7 @@ fn forensics(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
         stepwise: false,
         background: false,
         server_default: false,
+        crash_permille: 0,
     };
     config.default_w = 2;
     plan.forensics = true;
@@ -411,7 +499,7 @@ fn forensics(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
 impl Run {
     fn new(seed: u64, long: bool) -> Run {
         let mut rng = fastrand::Rng::with_seed(seed ^ 0x5eed_c0ff_ee00_0001);
-        let (mut plan, config) = draw_plan(&mut rng, long);
+        let (mut plan, config) = draw_plan(seed, &mut rng, long);
         let n_slots = plan.slots.len();
         for c in &mut plan.crashes {
             c.0 = rng.usize(..n_slots);
@@ -427,7 +515,7 @@ impl Run {
             slots: Arc::new(Mutex::new(Vec::new())),
             told: Arc::new(Mutex::new(Vec::new())),
             started: Instant::now(),
-            crashes: 0,
+            crashes: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -444,19 +532,32 @@ impl Run {
         (ledger, transport)
     }
 
+    /// What starts and replaces the run's processes.
+    fn procs(&self) -> Procs {
+        Procs {
+            cluster: Arc::clone(&self.cluster),
+            slots: Arc::clone(&self.slots),
+            split: self.plan.split,
+            every: Duration::from_secs(self.plan.sweep_every_s),
+            crashes: Arc::clone(&self.crashes),
+        }
+    }
+
     fn violation(&self, out: &mut Outcome, what: impl Into<String>) {
         out.violations.push(what.into());
     }
 
     fn scenario(&self) -> String {
         format!(
-            "{}{} layout, q={}, w={}, {} processes ({}), {} accounts, {} transfers over {} s, outages {:?}, crashes {:?}, lost replies {}‰, 503s {}‰, late copies 1 in {}",
+            "{}{} layout, q={}, w={}, {} processes ({}), {} accounts, {} transfers over {} s, outages {:?}, crashes {:?}, lost replies {}‰, 503s {}‰, late copies 1 in {} (≤ {} ms){}",
             if trio_drawn() {
                 "trio, "
             } else if self.plan.forensics {
                 "forensics, "
             } else if self.plan.two_terms {
                 "two terms, "
+            } else if self.plan.recovery {
+                "recovery, "
             } else if self.plan.hot {
                 "hot, "
             } else if self.long {
@@ -472,7 +573,7 @@ impl Run {
                 .slots
                 .iter()
                 .map(|p| format!(
-                    "{}{}{}{}{}",
+                    "{}{}{}{}{}{}",
                     match p.route {
                         Route::RoundRobin => "rr".to_owned(),
                         Route::Pinned(n) => format!("node{n}"),
@@ -481,6 +582,11 @@ impl Run {
                     if p.stepwise { " stepwise" } else { "" },
                     if p.background { " background" } else { "" },
                     if p.server_default { " w-default" } else { "" },
+                    if p.crash_permille > 0 {
+                        format!(" dies after {}‰ of account writes", p.crash_permille)
+                    } else {
+                        String::new()
+                    },
                 ))
                 .collect::<Vec<_>>()
                 .join("; "),
@@ -492,6 +598,12 @@ impl Run {
             self.config.lost_reply_permille,
             self.config.transient_permille,
             self.config.late_copy_one_in,
+            self.config.late_copy_ms,
+            if self.plan.resend_permille > 0 {
+                format!(", {}‰ resent stepwise", self.plan.resend_permille)
+            } else {
+                String::new()
+            },
         )
     }
 
@@ -516,6 +628,7 @@ impl Run {
             stepwise: false,
             background: false,
             server_default: false,
+            crash_permille: 0,
         };
         let (setup, _) = self.ledger(admin);
         if let Err(e) = setup.init().await {
@@ -553,8 +666,9 @@ impl Run {
             s.config.transient_permille = transient;
         }
         self.started = Instant::now();
-        for p in self.plan.slots.clone() {
-            let (ledger, transport) = self.ledger(p);
+        let procs = self.procs();
+        for (i, p) in self.plan.slots.clone().into_iter().enumerate() {
+            let (ledger, transport) = procs.process(i, p);
             self.slots.lock().unwrap().push(Slot {
                 plan: p,
                 ledger,
@@ -577,7 +691,7 @@ impl Run {
         out.lost_replies = stats.lost_replies;
         out.requests = stats.requests;
         out.trace = stats.trace;
-        out.crashes = self.crashes;
+        out.crashes = self.crashes.load(Ordering::Relaxed);
         out
     }
 
@@ -599,42 +713,14 @@ impl Run {
                 cluster.start_node(node);
             });
         }
+        let procs = self.procs();
         for (slot, at) in self.plan.crashes.clone() {
-            let slots = Arc::clone(&self.slots);
-            let cluster = Arc::clone(&self.cluster);
-            let split = self.plan.split;
-            let every = Duration::from_secs(self.plan.sweep_every_s);
+            let procs = procs.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(Duration::from_secs(at)).await;
-                let plan = {
-                    let mut s = slots.lock().unwrap();
-                    let slot = &mut s[slot];
-                    slot.transport.dead.store(true, Ordering::Relaxed);
-                    for t in slot.tasks.drain(..) {
-                        t.abort();
-                    }
-                    slot.plan
-                };
-                // A new process takes the slot a moment later.
-                tokio::time::sleep(Duration::from_secs(2)).await;
-                let transport = SimTransport::new(Arc::clone(&cluster), plan.route, plan.admin);
-                let client = Client::builder()
-                    .url("http://couchdb.sim:5984")
-                    .database(LEDGER_DB)
-                    .request_timeout(Duration::from_secs(10))
-                    .transport(transport.clone())
-                    .build()
-                    .expect("client");
-                let ledger = process_ledger(client, split, plan);
-                {
-                    let mut s = slots.lock().unwrap();
-                    s[slot].ledger = ledger;
-                    s[slot].transport = transport;
-                }
-                spawn_sweeper(&slots, slot, every);
+                procs.replace(slot).await;
             });
         }
-        self.crashes = self.plan.crashes.len() as u64;
     }
 
     /// Registers a caller task with its slot, so a crash of that process stops it.
@@ -699,6 +785,27 @@ impl Run {
                 let (to, value) = match elsewhere {
                     Some(k) if self.rng.bool() => (self.plan.accounts[k].0.clone(), amount),
                     _ => (destination.clone(), amount + 1),
+                };
+                self.submit(other, later, &id, &source, &to, value, true, eur);
+            }
+            if self.plan.resend_permille > 0
+                && !self.plan.slots[slot].stepwise
+                && self.rng.u32(..1000) < self.plan.resend_permille
+            {
+                // Sent again through a stepwise process, around when the sweeper recovers
+                // it if its worker died (its markers are past the lease then).
+                let stepwise: Vec<usize> = (0..n_slots)
+                    .filter(|&k| self.plan.slots[k].stepwise)
+                    .collect();
+                let other = stepwise[self.rng.usize(..stepwise.len())];
+                let later = at + Duration::from_millis(self.rng.u64(1_000..16_000));
+                let elsewhere = (0..n_accounts)
+                    .map(|k| (d + 1 + k) % n_accounts)
+                    .find(|&k| k != s && k != d);
+                let (to, value) = match (self.rng.u32(..3), elsewhere) {
+                    (0, _) => (destination.clone(), amount + 1),
+                    (1, Some(k)) => (self.plan.accounts[k].0.clone(), amount),
+                    _ => (destination.clone(), amount),
                 };
                 self.submit(other, later, &id, &source, &to, value, true, eur);
             }
@@ -832,6 +939,7 @@ impl Run {
             s.config.transient_permille = 0;
             // The load is over: every copy answers in time again.
             s.config.late_copy_one_in = 0;
+            s.config.process_crashes = false;
         }
         let n = self.config.nodes;
         for node in 0..n {
@@ -861,6 +969,7 @@ impl Run {
             stepwise: false,
             background: false,
             server_default: false,
+            crash_permille: 0,
         };
         let (finisher, _) = self.ledger(finisher_plan);
         let mut rested = false;
@@ -1139,6 +1248,74 @@ impl Run {
                 },
             }
         }
+    }
+}
+
+/// What the run's processes need to be started, and started again after a crash.
+#[derive(Clone)]
+struct Procs {
+    cluster: Arc<Cluster>,
+    slots: Arc<Mutex<Vec<Slot>>>,
+    split: bool,
+    every: Duration,
+    crashes: Arc<AtomicU64>,
+}
+
+impl Procs {
+    /// A new process for `slot`, as `plan` says: one that may die after an account write
+    /// tells a task of its own, which replaces it.
+    fn process(&self, slot: usize, plan: ProcessPlan) -> (Ledger, Arc<SimTransport>) {
+        let transport = if plan.crash_permille > 0 {
+            let (died, mut deaths) = tokio::sync::mpsc::unbounded_channel::<()>();
+            let procs = self.clone();
+            tokio::spawn(async move {
+                if deaths.recv().await.is_some() {
+                    procs.replace(slot).await;
+                }
+            });
+            SimTransport::crashing(
+                Arc::clone(&self.cluster),
+                plan.route,
+                plan.admin,
+                plan.crash_permille,
+                move || {
+                    let _ = died.send(());
+                },
+            )
+        } else {
+            SimTransport::new(Arc::clone(&self.cluster), plan.route, plan.admin)
+        };
+        let client = Client::builder()
+            .url("http://couchdb.sim:5984")
+            .database(LEDGER_DB)
+            .request_timeout(Duration::from_secs(10))
+            .transport(transport.clone())
+            .build()
+            .expect("client");
+        (process_ledger(client, self.split, plan), transport)
+    }
+
+    /// The process in `slot` dies (its requests never come back, its tasks stop); a new one
+    /// takes the slot a moment later, with a sweeper of its own.
+    async fn replace(self, slot: usize) {
+        let plan = {
+            let mut s = self.slots.lock().unwrap();
+            let slot = &mut s[slot];
+            slot.transport.dead.store(true, Ordering::Relaxed);
+            for t in slot.tasks.drain(..) {
+                t.abort();
+            }
+            slot.plan
+        };
+        self.crashes.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (ledger, transport) = self.process(slot, plan);
+        {
+            let mut s = self.slots.lock().unwrap();
+            s[slot].ledger = ledger;
+            s[slot].transport = transport;
+        }
+        spawn_sweeper(&self.slots, slot, self.every);
     }
 }
 
