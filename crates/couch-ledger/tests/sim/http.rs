@@ -36,8 +36,9 @@ pub struct SimTransport {
     /// which it dies, the server having taken the write: a worker stopped between its apply and
     /// its decision, or between its decision and its settles, as a fail point would stop it.
     crash_after_account_write: u32,
-    /// Called once when such a write kills the process (its slot is taken by a new process).
-    on_crash: Option<Arc<dyn Fn() + Send + Sync>>,
+    /// Called once, with the write's body, when such a write kills the process (its slot is
+    /// taken by a new process).
+    on_crash: Option<Arc<dyn Fn(&[u8]) + Send + Sync>>,
 }
 
 impl SimTransport {
@@ -60,7 +61,7 @@ impl SimTransport {
         route: Route,
         admin: bool,
         permille: u32,
-        on_crash: impl Fn() + Send + Sync + 'static,
+        on_crash: impl Fn(&[u8]) + Send + Sync + 'static,
     ) -> Arc<SimTransport> {
         Arc::new(SimTransport {
             cluster,
@@ -135,7 +136,7 @@ impl Transport for SimTransport {
             let answer = handle(&cluster, &request, admin).await;
             if dies_after(&cluster, &dead, crash_permille, &request) {
                 if let Some(on_crash) = &on_crash {
-                    on_crash();
+                    on_crash(request.body.as_deref().unwrap_or_default());
                 }
             }
             if dead.load(Ordering::Relaxed) {

@@ -187,6 +187,7 @@ struct Run {
     told: Arc<Mutex<Vec<Told>>>,
     started: Instant,
     crashes: Arc<AtomicU64>,
+    terms: Arc<Mutex<BTreeMap<String, Terms>>>,
 }
 
 fn draw_plan(seed: u64, rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
@@ -516,6 +517,7 @@ impl Run {
             told: Arc::new(Mutex::new(Vec::new())),
             started: Instant::now(),
             crashes: Arc::new(AtomicU64::new(0)),
+            terms: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
 
@@ -540,6 +542,11 @@ impl Run {
             split: self.plan.split,
             every: Duration::from_secs(self.plan.sweep_every_s),
             crashes: Arc::clone(&self.crashes),
+            told: Arc::clone(&self.told),
+            started: self.started,
+            terms: Arc::clone(&self.terms),
+            resend_permille: self.plan.resend_permille,
+            accounts: self.plan.accounts.iter().map(|a| a.0.clone()).collect(),
         }
     }
 
@@ -730,15 +737,7 @@ impl Run {
         at: Duration,
         f: impl FnOnce(Ledger) -> tokio::task::JoinHandle<()> + Send + 'static,
     ) {
-        let slots = Arc::clone(&self.slots);
-        let started = self.started;
-        let handle = tokio::spawn(async move {
-            tokio::time::sleep_until(started + at).await;
-            let ledger = slots.lock().unwrap()[slot].ledger.clone();
-            let inner = f(ledger);
-            slots.lock().unwrap()[slot].tasks.push(inner);
-        });
-        drop(handle);
+        self.procs().spawn_on(slot, at, f);
     }
 
     fn schedule_work(&mut self, eur: Currency, orders: &[&str]) {
@@ -760,6 +759,14 @@ impl Run {
             let slot = self.rng.usize(..n_slots);
             let source = self.plan.accounts[s].0.clone();
             let destination = self.plan.accounts[d].0.clone();
+            self.terms.lock().unwrap().insert(
+                id.clone(),
+                Terms {
+                    source: source.clone(),
+                    destination: destination.clone(),
+                    amount,
+                },
+            );
             self.submit(slot, at, &id, &source, &destination, amount, wait, eur);
             sent += 1;
             if self.rng.u32(..1000) < self.plan.same_id_permille {
@@ -792,8 +799,7 @@ impl Run {
                 && !self.plan.slots[slot].stepwise
                 && self.rng.u32(..1000) < self.plan.resend_permille
             {
-                // Sent again through a stepwise process, around when the sweeper recovers
-                // it if its worker died (its markers are past the lease then).
+                // Sent again through a stepwise process, seconds later.
                 let stepwise: Vec<usize> = (0..n_slots)
                     .filter(|&k| self.plan.slots[k].stepwise)
                     .collect();
@@ -904,30 +910,8 @@ impl Run {
         wait: bool,
         eur: Currency,
     ) {
-        let told = Arc::clone(&self.told);
-        let request = TransferRequest {
-            id: Some(id.to_owned()),
-            source: source.to_owned(),
-            destination: destination.to_owned(),
-            amount: Amount::new(amount).expect("amount"),
-            currency: eur,
-            meta: Default::default(),
-        };
-        let (source, destination) = (source.to_owned(), destination.to_owned());
-        self.spawn_on(slot, at, move |ledger| {
-            tokio::spawn(async move {
-                if let Ok(o) = ledger.submit(request, wait).await {
-                    told.lock().unwrap().push(Told::Transfer {
-                        id: o.id,
-                        source,
-                        destination,
-                        amount,
-                        state: o.state,
-                        reverses: None,
-                    });
-                }
-            })
-        });
+        self.procs()
+            .submit(slot, at, id, source, destination, amount, wait, eur);
     }
 
     /// Every fault healed: nodes up, no lost answers, no more crashes; callers finish; the
@@ -1259,6 +1243,22 @@ struct Procs {
     split: bool,
     every: Duration,
     crashes: Arc<AtomicU64>,
+    told: Arc<Mutex<Vec<Told>>>,
+    started: Instant,
+    /// The terms each transfer id was first sent with, for the re-sends after a crash.
+    terms: Arc<Mutex<BTreeMap<String, Terms>>>,
+    /// Per mille of the transfers whose marker a dying process wrote that another process
+    /// sends again about when the sweeper recovers them (the recovery shape).
+    resend_permille: u32,
+    accounts: Vec<String>,
+}
+
+/// A transfer's source, destination and amount, as a caller sent them.
+#[derive(Debug, Clone)]
+struct Terms {
+    source: String,
+    destination: String,
+    amount: i64,
 }
 
 impl Procs {
@@ -1266,10 +1266,11 @@ impl Procs {
     /// tells a task of its own, which replaces it.
     fn process(&self, slot: usize, plan: ProcessPlan) -> (Ledger, Arc<SimTransport>) {
         let transport = if plan.crash_permille > 0 {
-            let (died, mut deaths) = tokio::sync::mpsc::unbounded_channel::<()>();
+            let (died, mut deaths) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
             let procs = self.clone();
             tokio::spawn(async move {
-                if deaths.recv().await.is_some() {
+                if let Some(write) = deaths.recv().await {
+                    procs.resend_after_crash(slot, &write);
                     procs.replace(slot).await;
                 }
             });
@@ -1278,8 +1279,8 @@ impl Procs {
                 plan.route,
                 plan.admin,
                 plan.crash_permille,
-                move || {
-                    let _ = died.send(());
+                move |write: &[u8]| {
+                    let _ = died.send(write.to_vec());
                 },
             )
         } else {
@@ -1293,6 +1294,118 @@ impl Procs {
             .build()
             .expect("client");
         (process_ledger(client, self.split, plan), transport)
+    }
+
+    /// Registers a caller task with its slot, so a crash of that process stops it.
+    fn spawn_on(
+        &self,
+        slot: usize,
+        at: Duration,
+        f: impl FnOnce(Ledger) -> tokio::task::JoinHandle<()> + Send + 'static,
+    ) {
+        let slots = Arc::clone(&self.slots);
+        let started = self.started;
+        let handle = tokio::spawn(async move {
+            tokio::time::sleep_until(started + at).await;
+            let ledger = slots.lock().unwrap()[slot].ledger.clone();
+            let inner = f(ledger);
+            slots.lock().unwrap()[slot].tasks.push(inner);
+        });
+        drop(handle);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn submit(
+        &self,
+        slot: usize,
+        at: Duration,
+        id: &str,
+        source: &str,
+        destination: &str,
+        amount: i64,
+        wait: bool,
+        eur: Currency,
+    ) {
+        let told = Arc::clone(&self.told);
+        let request = TransferRequest {
+            id: Some(id.to_owned()),
+            source: source.to_owned(),
+            destination: destination.to_owned(),
+            amount: Amount::new(amount).expect("amount"),
+            currency: eur,
+            meta: Default::default(),
+        };
+        let (source, destination) = (source.to_owned(), destination.to_owned());
+        self.spawn_on(slot, at, move |ledger| {
+            tokio::spawn(async move {
+                if let Ok(o) = ledger.submit(request, wait).await {
+                    told.lock().unwrap().push(Told::Transfer {
+                        id: o.id,
+                        source,
+                        destination,
+                        amount,
+                        state: o.state,
+                        reverses: None,
+                    });
+                }
+            })
+        });
+    }
+
+    /// The transfers whose pending markers the account write `write` of a dying process holds,
+    /// sent again (some of them, as the plan says) through another process, with their terms or
+    /// others, about when the sweeper recovers them: their markers are past the lease then, and
+    /// a pass gives the undecided ones their document `initial` and decides it
+    /// (docs/CLUSTER.md, "Telling a decision on a cluster").
+    fn resend_after_crash(&self, slot: usize, write: &[u8]) {
+        if self.resend_permille == 0 {
+            return;
+        }
+        let Ok(body) = serde_json::from_slice::<Value>(write) else {
+            return;
+        };
+        let mut ids: Vec<String> = body
+            .get("docs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|d| d.get("pending").and_then(Value::as_array))
+            .flatten()
+            .filter_map(|m| m.get("txn").and_then(Value::as_str))
+            .map(|key| key.split('~').next().unwrap_or(key).to_owned())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        let n_slots = self.slots.lock().unwrap().len();
+        let now = self.started.elapsed();
+        let eur = Currency::from_code("EUR").expect("EUR");
+        for id in ids {
+            let Some(t) = self.terms.lock().unwrap().get(&id).cloned() else {
+                continue;
+            };
+            let (resend, other, later, change, pick) = {
+                let mut s = self.cluster.lock();
+                (
+                    s.rng.u32(..1000) < self.resend_permille,
+                    (slot + 1 + s.rng.usize(..n_slots.max(2) - 1)) % n_slots,
+                    now + LEASE + Duration::from_millis(s.rng.u64(0..5_000)),
+                    s.rng.u32(..3),
+                    s.rng.usize(..self.accounts.len()),
+                )
+            };
+            if !resend {
+                continue;
+            }
+            let elsewhere = (0..self.accounts.len())
+                .map(|k| &self.accounts[(pick + k) % self.accounts.len()])
+                .find(|a| **a != t.source && **a != t.destination);
+            let (to, value) = match (change, elsewhere) {
+                (0, _) => (t.destination.clone(), t.amount + 1),
+                (1, Some(a)) => (a.clone(), t.amount),
+                _ => (t.destination.clone(), t.amount),
+            };
+            self.submit(other, later, &id, &t.source, &to, value, true, eur);
+        }
     }
 
     /// The process in `slot` dies (its requests never come back, its tasks stop); a new one
