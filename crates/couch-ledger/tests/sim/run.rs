@@ -1352,8 +1352,8 @@ impl Procs {
         });
     }
 
-    /// The transfers whose pending markers the account write `write` of a dying process holds,
-    /// sent again (some of them, as the plan says) through another process, with their terms or
+    /// The transfers whose pending markers the account write `write` of a dying process applied,
+    /// sent again (three in four, in the recovery shape) through another process, with their terms or
     /// others, about when the sweeper recovers them: their markers are past the lease then, and
     /// a pass gives the undecided ones their document `initial` and decides it
     /// (docs/CLUSTER.md, "Telling a decision on a cluster").
@@ -1371,11 +1371,18 @@ impl Procs {
             .flatten()
             .filter_map(|d| d.get("pending").and_then(Value::as_array))
             .flatten()
+            // The markers this write applied (the others were there before it).
+            .filter(|m| {
+                m.get("at")
+                    .and_then(Value::as_i64)
+                    .is_some_and(|at| at >= couch_ledger_now_ms() - 1_000)
+            })
             .filter_map(|m| m.get("txn").and_then(Value::as_str))
             .map(|key| key.split('~').next().unwrap_or(key).to_owned())
             .collect();
         ids.sort();
         ids.dedup();
+        tracing::info!(target: "sim", slot, ?ids, "a process died after an account write");
         let n_slots = self.slots.lock().unwrap().len();
         let now = self.started.elapsed();
         let eur = Currency::from_code("EUR").expect("EUR");
@@ -1386,7 +1393,7 @@ impl Procs {
             let (resend, other, later, change, pick) = {
                 let mut s = self.cluster.lock();
                 (
-                    s.rng.u32(..1000) < self.resend_permille,
+                    s.rng.u32(..4) != 0,
                     (slot + 1 + s.rng.usize(..n_slots.max(2) - 1)) % n_slots,
                     now + LEASE + Duration::from_millis(s.rng.u64(0..5_000)),
                     s.rng.u32(..3),
@@ -1404,6 +1411,7 @@ impl Procs {
                 (1, Some(a)) => (a.clone(), t.amount),
                 _ => (t.destination.clone(), t.amount),
             };
+            tracing::info!(target: "sim", %id, slot = other, at = ?later, %to, value, "re-sent after its process died");
             self.submit(other, later, &id, &t.source, &to, value, true, eur);
         }
     }
