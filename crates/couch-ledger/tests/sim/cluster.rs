@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use couch_ledger::testing::WireRequest;
+
 use serde_json::{json, Map, Value};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -134,7 +136,13 @@ pub struct Cluster {
     state: Mutex<State>,
     /// Woken by every change (longpoll `_changes`).
     pub changed: Notify,
+    /// Shown every request a node acted on, before its answer goes back: a run times a fault
+    /// with what the processes write through it.
+    watcher: Mutex<Option<Watcher>>,
 }
+
+/// What a run's [`Cluster::watch`] calls.
+pub type Watcher = Arc<dyn Fn(&WireRequest) + Send + Sync>;
 
 /// One document's outcome on one copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,7 +180,21 @@ impl Cluster {
                 uuids: 0,
             }),
             changed: Notify::new(),
+            watcher: Mutex::new(None),
         })
+    }
+
+    /// Shows every request a node acts on from now on to `watcher` (none: to nobody).
+    pub fn watch(&self, watcher: Option<Watcher>) {
+        *self.watcher.lock().unwrap_or_else(|e| e.into_inner()) = watcher;
+    }
+
+    /// The watcher, if a run set one.
+    pub fn watcher(&self) -> Option<Watcher> {
+        self.watcher
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn lock(&self) -> MutexGuard<'_, State> {

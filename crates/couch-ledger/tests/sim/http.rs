@@ -134,6 +134,9 @@ impl Transport for SimTransport {
                 ));
             }
             let answer = handle(&cluster, &request, admin).await;
+            if let Some(watcher) = cluster.watcher() {
+                watcher(&request);
+            }
             if dies_after(&cluster, &dead, crash_permille, &request) {
                 if let Some(on_crash) = &on_crash {
                     on_crash(request.body.as_deref().unwrap_or_default());

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use couch_ledger::testing::WireRequest;
 use couch_ledger::{
     AccountSpec, Amount, Client, Currency, Ledger, Payment, Purchase, RecordStatus, State,
     SweepOptions, TransferRequest, VerifyOptions, WriteQuorum,
@@ -188,6 +189,7 @@ struct Run {
     started: Instant,
     crashes: Arc<AtomicU64>,
     terms: Arc<Mutex<BTreeMap<String, Terms>>>,
+    awaiting: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
 fn draw_plan(seed: u64, rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
@@ -518,6 +520,7 @@ impl Run {
             started: Instant::now(),
             crashes: Arc::new(AtomicU64::new(0)),
             terms: Arc::new(Mutex::new(BTreeMap::new())),
+            awaiting: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
 
@@ -547,6 +550,7 @@ impl Run {
             terms: Arc::clone(&self.terms),
             resend_permille: self.plan.resend_permille,
             accounts: self.plan.accounts.iter().map(|a| a.0.clone()).collect(),
+            awaiting: Arc::clone(&self.awaiting),
         }
     }
 
@@ -686,6 +690,13 @@ impl Run {
         let n_slots = self.plan.slots.len();
         for slot in 0..n_slots {
             self.spawn_sweeper(slot);
+        }
+        if self.plan.recovery {
+            let procs = self.procs();
+            self.cluster
+                .watch(Some(Arc::new(move |request: &WireRequest| {
+                    procs.watch(request)
+                })));
         }
         self.schedule_faults();
         self.schedule_work(eur, &orders);
@@ -924,6 +935,9 @@ impl Run {
             // The load is over: every copy answers in time again.
             s.config.late_copy_one_in = 0;
             s.config.process_crashes = false;
+            drop(s);
+            // (It holds the processes, which hold the cluster.)
+            self.cluster.watch(None);
         }
         let n = self.config.nodes;
         for node in 0..n {
@@ -1251,6 +1265,9 @@ struct Procs {
     /// sends again about when the sweeper recovers them (the recovery shape).
     resend_permille: u32,
     accounts: Vec<String>,
+    /// Transfers a dying process applied, by id, to be sent again (through another process
+    /// than this one) as soon as a sweeper creates their document `initial`.
+    awaiting: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
 /// A transfer's source, destination and amount, as a caller sent them.
@@ -1383,37 +1400,102 @@ impl Procs {
         ids.sort();
         ids.dedup();
         tracing::info!(target: "sim", slot, ?ids, "a process died after an account write");
-        let n_slots = self.slots.lock().unwrap().len();
         let now = self.started.elapsed();
-        let eur = Currency::from_code("EUR").expect("EUR");
         for id in ids {
-            let Some(t) = self.terms.lock().unwrap().get(&id).cloned() else {
-                continue;
-            };
-            let (resend, other, later, change, pick) = {
+            let (how, later) = {
                 let mut s = self.cluster.lock();
                 (
-                    s.rng.u32(..4) != 0,
-                    (slot + 1 + s.rng.usize(..n_slots.max(2) - 1)) % n_slots,
+                    s.rng.u32(..4),
                     now + LEASE + Duration::from_millis(s.rng.u64(0..5_000)),
-                    s.rng.u32(..3),
-                    s.rng.usize(..self.accounts.len()),
                 )
             };
-            if !resend {
+            match how {
+                0 => {}
+                1 => self.resend(&id, slot, later),
+                _ => {
+                    self.awaiting.lock().unwrap().insert(id, slot);
+                }
+            }
+        }
+    }
+
+    /// Watches the writes of every process: a sweeper's create of the document `initial` of a
+    /// transfer a dying process applied (its recovery, the next step being its one-write
+    /// decision) has the id sent again through another process a moment later, so that the
+    /// re-send's create can land on a copy the sweeper's has not reached yet.
+    fn watch(&self, request: &WireRequest) {
+        if !matches!(request.method.as_str(), "PUT" | "POST")
+            || self.awaiting.lock().unwrap().is_empty()
+        {
+            return;
+        }
+        let Some(body) = request
+            .body
+            .as_deref()
+            .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+        else {
+            return;
+        };
+        let docs = match body.get("docs").and_then(Value::as_array) {
+            Some(docs) => docs.clone(),
+            None => vec![body],
+        };
+        // A `PUT` names its document in the path.
+        let in_path = request
+            .path
+            .rsplit('/')
+            .next()
+            .map(|seg| seg.replace("%3A", ":").replace("%3a", ":"));
+        for d in docs {
+            let created_initial = d.get("_rev").is_none_or(Value::is_null)
+                && d.get("state").and_then(Value::as_str) == Some("initial");
+            let named = d
+                .get("_id")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .or_else(|| in_path.clone());
+            let Some(id) = named.as_deref().and_then(|i| i.strip_prefix("txn:")) else {
+                continue;
+            };
+            if !created_initial {
                 continue;
             }
-            let elsewhere = (0..self.accounts.len())
-                .map(|k| &self.accounts[(pick + k) % self.accounts.len()])
-                .find(|a| **a != t.source && **a != t.destination);
-            let (to, value) = match (change, elsewhere) {
-                (0, _) => (t.destination.clone(), t.amount + 1),
-                (1, Some(a)) => (a.clone(), t.amount),
-                _ => (t.destination.clone(), t.amount),
+            let Some(died) = self.awaiting.lock().unwrap().remove(id) else {
+                continue;
             };
-            tracing::info!(target: "sim", %id, slot = other, at = ?later, %to, value, "re-sent after its process died");
-            self.submit(other, later, &id, &t.source, &to, value, true, eur);
+            let later =
+                self.started.elapsed() + Duration::from_millis(self.cluster.lock().rng.u64(0..150));
+            tracing::info!(target: "sim", %id, "a sweeper recovers a dead process's transfer");
+            self.resend(id, died, later);
         }
+    }
+
+    /// Sends `id` again at `later` through another process than `died`'s, with its terms or
+    /// others.
+    fn resend(&self, id: &str, died: usize, later: Duration) {
+        let Some(t) = self.terms.lock().unwrap().get(id).cloned() else {
+            return;
+        };
+        let n_slots = self.slots.lock().unwrap().len();
+        let (other, change, pick) = {
+            let mut s = self.cluster.lock();
+            (
+                (died + 1 + s.rng.usize(..n_slots.max(2) - 1)) % n_slots,
+                s.rng.u32(..3),
+                s.rng.usize(..self.accounts.len()),
+            )
+        };
+        let elsewhere = (0..self.accounts.len())
+            .map(|k| &self.accounts[(pick + k) % self.accounts.len()])
+            .find(|a| **a != t.source && **a != t.destination);
+        let (to, value) = match (change, elsewhere) {
+            (0, _) => (t.destination.clone(), t.amount + 1),
+            (1, Some(a)) => (a.clone(), t.amount),
+            _ => (t.destination.clone(), t.amount),
+        };
+        tracing::info!(target: "sim", %id, slot = other, at = ?later, %to, value, "re-sent after its process died");
+        let eur = Currency::from_code("EUR").expect("EUR");
+        self.submit(other, later, id, &t.source, &to, value, true, eur);
     }
 
     /// The process in `slot` dies (its requests never come back, its tasks stop); a new one
