@@ -32,13 +32,20 @@ pub struct SimTransport {
     pub admin: bool,
     next: AtomicUsize,
     pub dead: Arc<AtomicBool>,
-    /// Per mille of this process's account writes (`_bulk_docs` carrying an account) after
-    /// which it dies, the server having taken the write: a worker stopped between its apply and
-    /// its decision, or between its decision and its settles, as a fail point would stop it.
-    crash_after_account_write: u32,
-    /// Called once, with the write's body, when such a write kills the process (its slot is
-    /// taken by a new process).
-    on_crash: Option<Arc<dyn Fn(&[u8]) + Send + Sync>>,
+    /// A process that may die right after a write the server took: a worker stopped between
+    /// two steps, as a fail point would stop it.
+    crash: Option<Arc<Crash>>,
+}
+
+/// When a process dies after a write, and what is told when it does.
+pub struct Crash {
+    /// Per mille of the writes `fatal` picks after which the process dies.
+    pub permille: u32,
+    /// Whether a `_bulk_docs` body is a write this process may die after.
+    pub fatal: Box<dyn Fn(&[u8]) -> bool + Send + Sync>,
+    /// Called once, with the write's body, when one kills the process (its slot is taken by a
+    /// new process).
+    pub on_crash: Box<dyn Fn(&[u8]) + Send + Sync>,
 }
 
 impl SimTransport {
@@ -49,19 +56,16 @@ impl SimTransport {
             admin,
             next: AtomicUsize::new(0),
             dead: Arc::new(AtomicBool::new(false)),
-            crash_after_account_write: 0,
-            on_crash: None,
+            crash: None,
         })
     }
 
-    /// A process that dies after `permille` per mille of its account writes, calling
-    /// `on_crash` when it does.
+    /// A process that may die after a `_bulk_docs` write, as `crash` says.
     pub fn crashing(
         cluster: Arc<Cluster>,
         route: Route,
         admin: bool,
-        permille: u32,
-        on_crash: impl Fn(&[u8]) + Send + Sync + 'static,
+        crash: Crash,
     ) -> Arc<SimTransport> {
         Arc::new(SimTransport {
             cluster,
@@ -69,33 +73,36 @@ impl SimTransport {
             admin,
             next: AtomicUsize::new(0),
             dead: Arc::new(AtomicBool::new(false)),
-            crash_after_account_write: permille,
-            on_crash: Some(Arc::new(on_crash)),
+            crash: Some(Arc::new(crash)),
         })
     }
 }
 
-/// Whether `request`, just taken by the server, kills a process that dies after `permille` per
-/// mille of its account writes (`dead` set when it does).
-fn dies_after(cluster: &Cluster, dead: &AtomicBool, permille: u32, request: &WireRequest) -> bool {
-    if permille == 0 || request.method != "POST" || !request.path.ends_with("/_bulk_docs") {
+/// Whether `request`, just taken by the server, kills a process that dies as `crash` says
+/// (`dead` set when it does, `on_crash` called).
+fn dies_after(cluster: &Cluster, dead: &AtomicBool, crash: &Crash, request: &WireRequest) -> bool {
+    if request.method != "POST" || !request.path.ends_with("/_bulk_docs") {
         return false;
     }
     let body = request.body.as_deref().unwrap_or_default();
-    let account = body.windows(ACCOUNT_TYPE.len()).any(|w| w == ACCOUNT_TYPE);
-    if !account {
+    if !(crash.fatal)(body) {
         return false;
     }
-    let mut s = cluster.lock();
-    s.config.process_crashes && s.rng.u32(..1000) < permille && !dead.swap(true, Ordering::Relaxed)
+    let dies = {
+        let mut s = cluster.lock();
+        s.config.process_crashes
+            && s.rng.u32(..1000) < crash.permille
+            && !dead.swap(true, Ordering::Relaxed)
+    };
+    if dies {
+        (crash.on_crash)(body);
+    }
+    dies
 }
-
-const ACCOUNT_TYPE: &[u8] = br#""type":"account""#;
 
 impl Transport for SimTransport {
     fn exchange(&self, request: WireRequest) -> Exchange {
-        let crash_permille = self.crash_after_account_write;
-        let on_crash = self.on_crash.clone();
+        let crash = self.crash.clone();
         let cluster = Arc::clone(&self.cluster);
         let dead = Arc::clone(&self.dead);
         let admin = self.admin;
@@ -137,10 +144,8 @@ impl Transport for SimTransport {
             if let Some(watcher) = cluster.watcher() {
                 watcher(&request);
             }
-            if dies_after(&cluster, &dead, crash_permille, &request) {
-                if let Some(on_crash) = &on_crash {
-                    on_crash(request.body.as_deref().unwrap_or_default());
-                }
+            if let Some(crash) = &crash {
+                dies_after(&cluster, &dead, crash, &request);
             }
             if dead.load(Ordering::Relaxed) {
                 return std::future::pending().await;

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::sim::cluster::{Cluster, Config};
-use crate::sim::http::{Route, SimTransport};
+use crate::sim::http::{Crash, Route, SimTransport};
 
 /// The wall clock's start in every run (2026-11-26), so runs replay exactly.
 const EPOCH_MS: i64 = 1_795_000_000_000;
@@ -129,8 +129,9 @@ struct ProcessPlan {
     stepwise: bool,
     background: bool,
     server_default: bool,
-    /// Per mille of its account writes after which the process dies (the server took the
-    /// write), a new process taking its place.
+    /// Per mille of its account writes applying a one-write marker after which the process
+    /// dies (the server took the write, the decision is not made), a new process taking its
+    /// place.
     crash_permille: u32,
 }
 
@@ -442,7 +443,7 @@ fn recovery(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
         stepwise: false,
         background: rng.u32(..3) == 0,
         server_default: rng.u32(..3) == 0,
-        crash_permille: rng.u32(20..150),
+        crash_permille: rng.u32(100..500),
     };
     let stepwise = |rng: &mut fastrand::Rng| ProcessPlan {
         route: Route::RoundRobin,
@@ -594,7 +595,7 @@ impl Run {
                     if p.background { " background" } else { "" },
                     if p.server_default { " w-default" } else { "" },
                     if p.crash_permille > 0 {
-                        format!(" dies after {}‰ of account writes", p.crash_permille)
+                        format!(" dies after {}‰ of its applies", p.crash_permille)
                     } else {
                         String::new()
                     },
@@ -1270,6 +1271,30 @@ struct Procs {
     awaiting: Arc<Mutex<BTreeMap<String, usize>>>,
 }
 
+/// The transfers of the one-write markers (those naming an attempt) the account write `write`
+/// applied: its markers stamped within the last second (the others were there before it).
+fn applied_markers(write: &[u8]) -> Vec<String> {
+    let Ok(body) = serde_json::from_slice::<Value>(write) else {
+        return Vec::new();
+    };
+    body.get("docs")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|d| d.get("type").and_then(Value::as_str) == Some("account"))
+        .filter_map(|d| d.get("pending").and_then(Value::as_array))
+        .flatten()
+        .filter(|m| {
+            m.get("attempt").is_some_and(|a| !a.is_null())
+                && m.get("at")
+                    .and_then(Value::as_i64)
+                    .is_some_and(|at| at >= couch_ledger_now_ms() - 1_000)
+        })
+        .filter_map(|m| m.get("txn").and_then(Value::as_str))
+        .map(|key| key.split('~').next().unwrap_or(key).to_owned())
+        .collect()
+}
+
 /// A transfer's source, destination and amount, as a caller sent them.
 #[derive(Debug, Clone)]
 struct Terms {
@@ -1295,9 +1320,12 @@ impl Procs {
                 Arc::clone(&self.cluster),
                 plan.route,
                 plan.admin,
-                plan.crash_permille,
-                move |write: &[u8]| {
-                    let _ = died.send(write.to_vec());
+                Crash {
+                    permille: plan.crash_permille,
+                    fatal: Box::new(|write: &[u8]| !applied_markers(write).is_empty()),
+                    on_crash: Box::new(move |write: &[u8]| {
+                        let _ = died.send(write.to_vec());
+                    }),
                 },
             )
         } else {
@@ -1378,25 +1406,7 @@ impl Procs {
         if self.resend_permille == 0 {
             return;
         }
-        let Ok(body) = serde_json::from_slice::<Value>(write) else {
-            return;
-        };
-        let mut ids: Vec<String> = body
-            .get("docs")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(|d| d.get("pending").and_then(Value::as_array))
-            .flatten()
-            // The markers this write applied (the others were there before it).
-            .filter(|m| {
-                m.get("at")
-                    .and_then(Value::as_i64)
-                    .is_some_and(|at| at >= couch_ledger_now_ms() - 1_000)
-            })
-            .filter_map(|m| m.get("txn").and_then(Value::as_str))
-            .map(|key| key.split('~').next().unwrap_or(key).to_owned())
-            .collect();
+        let mut ids = applied_markers(write);
         ids.sort();
         ids.dedup();
         tracing::info!(target: "sim", slot, ?ids, "a process died after an account write");
