@@ -7,7 +7,8 @@
 //!   node down for minutes); `SIM_SEED=S` replays one seed (decimal or `0x…`), `SIM_LONG=1`
 //!   as a long run; `SIM_THREADS` (default 2); `SIM_TRIO=1` draws the shape of the open hole
 //!   (docs/CLUSTER.md), which the CI seeds leave out; `SIM_TWO_TERMS=0` leaves out one id
-//!   resent with other terms, which every other run draws;
+//!   resent with other terms, which every other run draws; `SIM_RECOVERY=1` draws the
+//!   recovery shape in every short run (`=0`: in none; by default one in six);
 //!   `SIM_PASS_LIMIT=N` makes every sweep pass look at N transfers and markers at most.
 
 mod sim;
