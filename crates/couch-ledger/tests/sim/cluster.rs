@@ -189,6 +189,14 @@ impl Cluster {
         *self.watcher.lock().unwrap_or_else(|e| e.into_inner()) = watcher;
     }
 
+    /// Whether some copy of `db` lacks document `id` now.
+    pub fn some_copy_lacks(&self, db: &str, id: &str) -> bool {
+        self.lock()
+            .dbs
+            .get(db)
+            .is_some_and(|d| d.copies.iter().any(|c| !c.docs.contains_key(id)))
+    }
+
     /// The watcher, if a run set one.
     pub fn watcher(&self) -> Option<Watcher> {
         self.watcher
