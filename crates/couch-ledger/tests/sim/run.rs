@@ -434,7 +434,7 @@ fn recovery(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
     plan.recovery = true;
     plan.hot = false;
     plan.two_terms = false;
-    config.late_copy_one_in = rng.u32(2..6);
+    config.late_copy_one_in = rng.u32(2..4);
     config.late_copy_ms = rng.u64(1_500..8_000);
     config.repl_ms = (rng.u64(1..20), rng.u64(2_000..8_000));
     let worker = |rng: &mut fastrand::Rng| ProcessPlan {
@@ -454,9 +454,7 @@ fn recovery(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
         crash_permille: 0,
     };
     plan.slots = (0..rng.usize(1..=2)).map(|_| worker(rng)).collect();
-    for _ in 0..rng.usize(1..=2) {
-        plan.slots.push(stepwise(rng));
-    }
+    plan.slots.push(stepwise(rng));
     plan.duration_s = rng.u64(10..30);
     plan.transfers = rng.usize(20..70);
     plan.sweep_every_s = rng.u64(1..3);
@@ -1473,9 +1471,14 @@ impl Procs {
             let Some(died) = self.awaiting.lock().unwrap().remove(id) else {
                 continue;
             };
+            // At once while a copy lacks the document (a create can land there), else a few
+            // seconds on.
+            let db = request.path.split('/').next().unwrap_or_default();
+            let lacking = self.cluster.some_copy_lacks(db, &format!("txn:{id}"));
+            let ms = if lacking { 0..20 } else { 500..5_000 };
             let later =
-                self.started.elapsed() + Duration::from_millis(self.cluster.lock().rng.u64(0..150));
-            tracing::info!(target: "sim", %id, "a sweeper recovers a dead process's transfer");
+                self.started.elapsed() + Duration::from_millis(self.cluster.lock().rng.u64(ms));
+            tracing::info!(target: "sim", %id, lacking, "a sweeper recovers a dead process's transfer");
             self.resend(id, died, later);
         }
     }
