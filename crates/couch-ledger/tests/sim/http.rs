@@ -37,15 +37,21 @@ pub struct SimTransport {
     crash: Option<Arc<Crash>>,
 }
 
+/// A test of a write's body.
+pub type WriteTest = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
+/// What is done with a write's body.
+pub type WriteHook = Box<dyn Fn(&[u8]) + Send + Sync>;
+
 /// When a process dies after a write, and what is told when it does.
 pub struct Crash {
     /// Per mille of the writes `fatal` picks after which the process dies.
     pub permille: u32,
     /// Whether a `_bulk_docs` body is a write this process may die after.
-    pub fatal: Box<dyn Fn(&[u8]) -> bool + Send + Sync>,
+    pub fatal: WriteTest,
     /// Called once, with the write's body, when one kills the process (its slot is taken by a
     /// new process).
-    pub on_crash: Box<dyn Fn(&[u8]) + Send + Sync>,
+    pub on_crash: WriteHook,
 }
 
 impl SimTransport {
