@@ -56,14 +56,7 @@ pub struct Crash {
 
 impl SimTransport {
     pub fn new(cluster: Arc<Cluster>, route: Route, admin: bool) -> Arc<SimTransport> {
-        Arc::new(SimTransport {
-            cluster,
-            route,
-            admin,
-            next: AtomicUsize::new(0),
-            dead: Arc::new(AtomicBool::new(false)),
-            crash: None,
-        })
+        Self::with(cluster, route, admin, None)
     }
 
     /// A process that may die after a `_bulk_docs` write, as `crash` says.
@@ -73,13 +66,22 @@ impl SimTransport {
         admin: bool,
         crash: Crash,
     ) -> Arc<SimTransport> {
+        Self::with(cluster, route, admin, Some(Arc::new(crash)))
+    }
+
+    fn with(
+        cluster: Arc<Cluster>,
+        route: Route,
+        admin: bool,
+        crash: Option<Arc<Crash>>,
+    ) -> Arc<SimTransport> {
         Arc::new(SimTransport {
             cluster,
             route,
             admin,
             next: AtomicUsize::new(0),
             dead: Arc::new(AtomicBool::new(false)),
-            crash: Some(Arc::new(crash)),
+            crash,
         })
     }
 }

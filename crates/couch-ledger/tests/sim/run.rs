@@ -155,6 +155,17 @@ enum Told {
     },
 }
 
+/// A client of the simulated cluster's ledger database through `transport`.
+fn sim_client(transport: &Arc<SimTransport>) -> Client {
+    Client::builder()
+        .url("http://couchdb.sim:5984")
+        .database(LEDGER_DB)
+        .request_timeout(Duration::from_secs(10))
+        .transport(transport.clone())
+        .build()
+        .expect("client")
+}
+
 /// A process's ledger on `client`'s database, as its plan says: split or not, stepwise or
 /// one-write, finishing in the background or not, the write quorum; the run's lease.
 fn process_ledger(client: Client, split: bool, plan: ProcessPlan) -> Ledger {
@@ -525,13 +536,7 @@ impl Run {
 
     fn ledger(&self, plan: ProcessPlan) -> (Ledger, Arc<SimTransport>) {
         let transport = SimTransport::new(Arc::clone(&self.cluster), plan.route, plan.admin);
-        let client = Client::builder()
-            .url("http://couchdb.sim:5984")
-            .database(LEDGER_DB)
-            .request_timeout(Duration::from_secs(10))
-            .transport(transport.clone())
-            .build()
-            .expect("client");
+        let client = sim_client(&transport);
         let ledger = process_ledger(client, self.plan.split, plan);
         (ledger, transport)
     }
@@ -740,17 +745,8 @@ impl Run {
         }
     }
 
-    /// Registers a caller task with its slot, so a crash of that process stops it.
-    fn spawn_on(
-        &self,
-        slot: usize,
-        at: Duration,
-        f: impl FnOnce(Ledger) -> tokio::task::JoinHandle<()> + Send + 'static,
-    ) {
-        self.procs().spawn_on(slot, at, f);
-    }
-
     fn schedule_work(&mut self, eur: Currency, orders: &[&str]) {
+        let procs = self.procs();
         let n_accounts = self.plan.accounts.len();
         let n_slots = self.plan.slots.len();
         let span_ms = self.plan.duration_s * 1000;
@@ -777,13 +773,13 @@ impl Run {
                     amount,
                 },
             );
-            self.submit(slot, at, &id, &source, &destination, amount, wait, eur);
+            procs.submit(slot, at, &id, &source, &destination, amount, wait, eur);
             sent += 1;
             if self.rng.u32(..1000) < self.plan.same_id_permille {
                 // The same transfer again through another process, a moment later.
                 let other = self.rng.usize(..n_slots);
                 let later = at + Duration::from_millis(self.rng.u64(0..300));
-                self.submit(other, later, &id, &source, &destination, amount, true, eur);
+                procs.submit(other, later, &id, &source, &destination, amount, true, eur);
             }
             if self.rng.u32(..1000) < self.plan.other_terms_permille {
                 let (other, later) = if self.plan.two_terms {
@@ -803,7 +799,7 @@ impl Run {
                     Some(k) if self.rng.bool() => (self.plan.accounts[k].0.clone(), amount),
                     _ => (destination.clone(), amount + 1),
                 };
-                self.submit(other, later, &id, &source, &to, value, true, eur);
+                procs.submit(other, later, &id, &source, &to, value, true, eur);
             }
             if self.plan.resend_permille > 0
                 && !self.plan.slots[slot].stepwise
@@ -823,14 +819,14 @@ impl Run {
                     (1, Some(k)) => (self.plan.accounts[k].0.clone(), amount),
                     _ => (destination.clone(), amount),
                 };
-                self.submit(other, later, &id, &source, &to, value, true, eur);
+                procs.submit(other, later, &id, &source, &to, value, true, eur);
             }
             if !wait && self.rng.bool() {
                 let other = self.rng.usize(..n_slots);
                 let later = at + Duration::from_millis(self.rng.u64(0..3000));
                 let id2 = id.clone();
                 let told = Arc::clone(&self.told);
-                self.spawn_on(other, later, move |ledger| {
+                procs.spawn_on(other, later, move |ledger| {
                     tokio::spawn(async move {
                         if let Ok(o) = ledger.cancel(&id2).await {
                             if o.state == State::Cancelled {
@@ -853,7 +849,7 @@ impl Run {
                 let id2 = id.clone();
                 let told = Arc::clone(&self.told);
                 let (src, dst) = (source.clone(), destination.clone());
-                self.spawn_on(other, later, move |ledger| {
+                procs.spawn_on(other, later, move |ledger| {
                     tokio::spawn(async move {
                         if let Ok(o) = ledger.reverse(&id2).await {
                             told.lock().unwrap().push(Told::Transfer {
@@ -883,7 +879,7 @@ impl Run {
                 let told = Arc::clone(&self.told);
                 let order = order.clone();
                 let reference = reference.clone();
-                self.spawn_on(slot, at, move |ledger| {
+                procs.spawn_on(slot, at, move |ledger| {
                     tokio::spawn(async move {
                         let p = Payment {
                             order_id: order.clone(),
@@ -906,22 +902,6 @@ impl Run {
             }
         }
         let _ = sent;
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn submit(
-        &self,
-        slot: usize,
-        at: Duration,
-        id: &str,
-        source: &str,
-        destination: &str,
-        amount: i64,
-        wait: bool,
-        eur: Currency,
-    ) {
-        self.procs()
-            .submit(slot, at, id, source, destination, amount, wait, eur);
     }
 
     /// Every fault healed: nodes up, no lost answers, no more crashes; callers finish; the
@@ -1329,13 +1309,7 @@ impl Procs {
         } else {
             SimTransport::new(Arc::clone(&self.cluster), plan.route, plan.admin)
         };
-        let client = Client::builder()
-            .url("http://couchdb.sim:5984")
-            .database(LEDGER_DB)
-            .request_timeout(Duration::from_secs(10))
-            .transport(transport.clone())
-            .build()
-            .expect("client");
+        let client = sim_client(&transport);
         (process_ledger(client, self.split, plan), transport)
     }
 
