@@ -86,15 +86,15 @@ impl SimTransport {
     }
 }
 
-/// Whether `request`, just taken by the server, kills a process that dies as `crash` says
-/// (`dead` set when it does, `on_crash` called).
-fn dies_after(cluster: &Cluster, dead: &AtomicBool, crash: &Crash, request: &WireRequest) -> bool {
+/// Kills the process if `request`, just taken by the server, is a write it dies after as
+/// `crash` says (`dead` set, `on_crash` called).
+fn die_after(cluster: &Cluster, dead: &AtomicBool, crash: &Crash, request: &WireRequest) {
     if request.method != "POST" || !request.path.ends_with("/_bulk_docs") {
-        return false;
+        return;
     }
     let body = request.body.as_deref().unwrap_or_default();
     if !(crash.fatal)(body) {
-        return false;
+        return;
     }
     let dies = {
         let mut s = cluster.lock();
@@ -105,7 +105,6 @@ fn dies_after(cluster: &Cluster, dead: &AtomicBool, crash: &Crash, request: &Wir
     if dies {
         (crash.on_crash)(body);
     }
-    dies
 }
 
 impl Transport for SimTransport {
@@ -153,7 +152,7 @@ impl Transport for SimTransport {
                 watcher(&request);
             }
             if let Some(crash) = &crash {
-                dies_after(&cluster, &dead, crash, &request);
+                die_after(&cluster, &dead, crash, &request);
             }
             if dead.load(Ordering::Relaxed) {
                 return std::future::pending().await;

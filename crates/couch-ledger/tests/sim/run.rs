@@ -811,14 +811,12 @@ impl Run {
                     .collect();
                 let other = stepwise[self.rng.usize(..stepwise.len())];
                 let later = at + Duration::from_millis(self.rng.u64(1_000..16_000));
-                let elsewhere = (0..n_accounts)
-                    .map(|k| (d + 1 + k) % n_accounts)
-                    .find(|&k| k != s && k != d);
-                let (to, value) = match (self.rng.u32(..3), elsewhere) {
-                    (0, _) => (destination.clone(), amount + 1),
-                    (1, Some(k)) => (self.plan.accounts[k].0.clone(), amount),
-                    _ => (destination.clone(), amount),
+                let first = Terms {
+                    source: source.clone(),
+                    destination: destination.clone(),
+                    amount,
                 };
+                let (to, value) = first.resent(self.rng.u32(..3), &procs.accounts, d + 1);
                 procs.submit(other, later, &id, &source, &to, value, true, eur);
             }
             if !wait && self.rng.bool() {
@@ -1281,6 +1279,23 @@ struct Terms {
     amount: i64,
 }
 
+impl Terms {
+    /// The destination and amount a re-send of these terms goes with, as `change` says: one
+    /// minor unit more (0), the same amount to the first other account of `accounts` from
+    /// `from` on (1, where there is one), or the same terms.
+    fn resent(&self, change: u32, accounts: &[String], from: usize) -> (String, i64) {
+        let n = accounts.len();
+        let elsewhere = (0..n)
+            .map(|k| &accounts[(from + k) % n])
+            .find(|a| **a != self.source && **a != self.destination);
+        match (change, elsewhere) {
+            (0, _) => (self.destination.clone(), self.amount + 1),
+            (1, Some(a)) => (a.clone(), self.amount),
+            _ => (self.destination.clone(), self.amount),
+        }
+    }
+}
+
 impl Procs {
     /// A new process for `slot`, as `plan` says: one that may die after an account write
     /// tells a task of its own, which replaces it.
@@ -1472,14 +1487,7 @@ impl Procs {
                 s.rng.usize(..self.accounts.len()),
             )
         };
-        let elsewhere = (0..self.accounts.len())
-            .map(|k| &self.accounts[(pick + k) % self.accounts.len()])
-            .find(|a| **a != t.source && **a != t.destination);
-        let (to, value) = match (change, elsewhere) {
-            (0, _) => (t.destination.clone(), t.amount + 1),
-            (1, Some(a)) => (a.clone(), t.amount),
-            _ => (t.destination.clone(), t.amount),
-        };
+        let (to, value) = t.resent(change, &self.accounts, pick);
         tracing::info!(target: "sim", %id, slot = other, at = ?later, %to, value, "re-sent after its process died");
         let eur = Currency::from_code("EUR").expect("EUR");
         self.submit(other, later, id, &t.source, &to, value, true, eur);
