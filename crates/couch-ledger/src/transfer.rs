@@ -584,6 +584,17 @@ pub(crate) struct Drive {
     confirmed: bool,
 }
 
+/// What a take-over's claim came to ([`Ledger::claim_transfer`]).
+enum Claimed {
+    /// Answered 201: the drive, from the claim every copy took.
+    Driving(Drive),
+    /// Answered 202: on some copies, maybe not on every one. The document written (without
+    /// its revision) and its deadline, not driven.
+    Uncertain(Drive),
+    /// Someone else's write is there.
+    Taken,
+}
+
 impl Drive {
     pub(crate) fn new(doc: TxnDoc, deadline: Instant) -> Drive {
         Drive {
@@ -1763,6 +1774,15 @@ impl Ledger {
     /// Claims a transfer nobody is working on (`initial` → `pending` on the way), by CAS.
     /// `None` when another worker wrote first.
     pub(crate) async fn take_over(&self, doc: &TxnDoc) -> Result<Option<Drive>> {
+        Ok(match self.claim_transfer(doc).await? {
+            Claimed::Driving(drive) => Some(drive),
+            Claimed::Uncertain(_) | Claimed::Taken => None,
+        })
+    }
+
+    /// Writes this worker's claim over `doc` (and `initial` → `pending`), for
+    /// [`Ledger::take_over`]; a claim answered 202 comes back undriven, with its deadline.
+    async fn claim_transfer(&self, doc: &TxnDoc) -> Result<Claimed> {
         debug_assert!(!doc.state.is_terminal());
         let (claim, deadline) = self.new_claim();
         let mut new = doc.clone();
@@ -1772,8 +1792,8 @@ impl Ledger {
         }
         new.claim = Some(claim);
         new.last_modified = now_ms();
-        match self.write_txn(&new).await? {
-            Some(rev) => {
+        match self.write_txn_outcome(&new).await? {
+            TxnWritten::Written(rev) => {
                 new.rev = Some(rev.clone());
                 if begin {
                     fail_point!("txn-after-begin", |_| Err(crash("txn-after-begin")));
@@ -1781,9 +1801,35 @@ impl Ledger {
                 let mut drive = Drive::new(new, deadline);
                 // Answered 201: every copy took this child of what was read.
                 drive.written = Some(rev);
-                Ok(Some(drive))
+                Ok(Claimed::Driving(drive))
             }
-            None => Ok(None),
+            TxnWritten::Uncertain => Ok(Claimed::Uncertain(Drive::new(new, deadline))),
+            TxnWritten::Taken => Ok(Claimed::Taken),
+        }
+    }
+
+    /// `cancel`'s drive to the end, told once it stands alone on every copy.
+    async fn cancel_drive(&self, drive: Drive) -> Result<TransferOutcome> {
+        let end = self.drive(drive).await?;
+        self.confirm_decision(&end.doc, end.decided).await?;
+        Ok(end.doc.outcome(RecordStatus::Exists))
+    }
+
+    /// After a write of `cancel` answered 202 (`written`, under this call's claim): the drive
+    /// from the document as a read shows it, when that is this write (on the copies read,
+    /// maybe not on every one), as a drive goes on after its own 202 ([`Ledger::cas`]); else
+    /// the document read, to decide again from. Writing the claim again instead added a
+    /// revision per try while a copy was away (every write at `w` = n answered 202), 32 of
+    /// them before `cancel` gave up, past the copies' `_revs_limit` (the simulator's steered
+    /// run `cancel-while-a-node-is-away`). The drive's own steps follow whatever else comes:
+    /// its undos need no confirming, and its end is told only once it stands alone on every
+    /// copy ([`Ledger::confirm_decision`]).
+    async fn own_after_202(&self, written: Drive) -> Result<Result<Drive, TxnDoc>> {
+        let now = self.read_txn(&written.doc.txn_id).await?;
+        if now.state == written.doc.state && now.claim == written.doc.claim {
+            Ok(Ok(Drive::new(now, written.deadline)))
+        } else {
+            Ok(Err(now))
         }
     }
 
@@ -1961,28 +2007,29 @@ impl Ledger {
                     new.mark_decided(new.last_modified);
                     new.claim = (!next.is_terminal()).then_some(claim);
                     let written = match self.write_txn_outcome(&new).await? {
-                        TxnWritten::Written(rev) => Some(rev),
+                        TxnWritten::Written(rev) => rev,
                         // `cancelled` straight from `initial` is a decision: final only where
                         // every copy took it.
                         TxnWritten::Uncertain if next.is_terminal() => return Err(unconfirmed(id)),
-                        TxnWritten::Uncertain | TxnWritten::Taken => None,
-                    };
-                    match written {
-                        Some(rev) => {
-                            new.rev = Some(rev);
-                            if next.is_terminal() {
-                                self.confirm_decision(&new, Decided::WrittenHere).await?;
-                                return Ok(new.outcome(RecordStatus::Exists));
+                        TxnWritten::Uncertain => {
+                            match self.own_after_202(Drive::new(new, deadline)).await? {
+                                Ok(drive) => return self.cancel_drive(drive).await,
+                                Err(now) => doc = now,
                             }
-                            fail_point!("txn-after-canceling", |_| Err(crash(
-                                "txn-after-canceling"
-                            )));
-                            let end = self.drive(Drive::new(new, deadline)).await?;
-                            self.confirm_decision(&end.doc, end.decided).await?;
-                            return Ok(end.doc.outcome(RecordStatus::Exists));
+                            continue;
                         }
-                        None => doc = self.read_txn(id).await?,
+                        TxnWritten::Taken => {
+                            doc = self.read_txn(id).await?;
+                            continue;
+                        }
+                    };
+                    new.rev = Some(written);
+                    if next.is_terminal() {
+                        self.confirm_decision(&new, Decided::WrittenHere).await?;
+                        return Ok(new.outcome(RecordStatus::Exists));
                     }
+                    fail_point!("txn-after-canceling", |_| Err(crash("txn-after-canceling")));
+                    return self.cancel_drive(Drive::new(new, deadline)).await;
                 }
                 Err(TransitionError::AlreadyCancelled) => {
                     // Read, not written here: maybe another call's 202 beside a rival `done`.
@@ -1994,13 +2041,13 @@ impl Ledger {
                     ..
                 }) => {
                     // Already being cancelled: help it to the end.
-                    match self.take_over(&doc).await? {
-                        Some(drive) => {
-                            let end = self.drive(drive).await?;
-                            self.confirm_decision(&end.doc, end.decided).await?;
-                            return Ok(end.doc.outcome(RecordStatus::Exists));
-                        }
-                        None => doc = self.read_txn(id).await?,
+                    match self.claim_transfer(&doc).await? {
+                        Claimed::Driving(drive) => return self.cancel_drive(drive).await,
+                        Claimed::Uncertain(written) => match self.own_after_202(written).await? {
+                            Ok(drive) => return self.cancel_drive(drive).await,
+                            Err(now) => doc = now,
+                        },
+                        Claimed::Taken => doc = self.read_txn(id).await?,
                     }
                 }
                 Err(e) => return Err(e.into()),
