@@ -10,6 +10,8 @@
 //!   resent with other terms, which every other run draws; `SIM_RECOVERY=1` draws the
 //!   recovery shape in every short run (`=0`: in none; by default one in six);
 //!   `SIM_PASS_LIMIT=N` makes every sweep pass look at N transfers and markers at most.
+//! - After the seeds, the steered runs (`sim/run/steered.rs`): one interleaving each, scripted
+//!   where the seeds do not draw it; `SIM_STEERED=<name>` runs one alone.
 
 mod sim;
 

@@ -9,7 +9,7 @@
 //! the conflicts of one copy only, a view may read a copy that lags, a write answered `202` may
 //! still have reached every copy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -129,6 +129,10 @@ pub struct State {
     pub rng: fastrand::Rng,
     pub stats: Stats,
     uuids: u64,
+    /// Documents a copy neither takes nor shows nor exchanges with the others, by database,
+    /// id and node: a steered run's way to let copies of one document diverge while the rest
+    /// of the database stays in step (as late writes and a slow internal replication may).
+    cut: BTreeSet<(String, String, usize)>,
 }
 
 /// The cluster, shared by every simulated process.
@@ -150,6 +154,8 @@ pub enum CopyWrite {
     Ok(Rev),
     Conflict,
     Forbidden,
+    /// The copy is cut off from the document ([`Cluster::cut`]): no answer.
+    Silent,
 }
 
 /// A document to write, as a request gave it.
@@ -178,6 +184,7 @@ impl Cluster {
                 rng: fastrand::Rng::with_seed(seed),
                 stats: Stats::default(),
                 uuids: 0,
+                cut: BTreeSet::new(),
             }),
             changed: Notify::new(),
             watcher: Mutex::new(None),
@@ -187,6 +194,25 @@ impl Cluster {
     /// Shows every request a node acts on from now on to `watcher` (none: to nobody).
     pub fn watch(&self, watcher: Option<Watcher>) {
         *self.watcher.lock().unwrap_or_else(|e| e.into_inner()) = watcher;
+    }
+
+    /// Cuts node `node`'s copy of `id` in `db` off: it takes no write of the document, shows
+    /// it to no read, exchanges it with no other copy, until [`Cluster::join`].
+    pub fn cut(&self, db: &str, id: &str, node: usize) {
+        self.lock().cut.insert((db.to_owned(), id.to_owned(), node));
+    }
+
+    /// Ends a [`Cluster::cut`]: the copy and the others exchange the document at once.
+    pub fn join(&self, db: &str, id: &str, node: usize) {
+        let n = {
+            let mut s = self.lock();
+            s.cut.remove(&(db.to_owned(), id.to_owned(), node));
+            s.config.nodes
+        };
+        for other in (0..n).filter(|o| *o != node) {
+            self.sync_now(db, id, other, node);
+            self.sync_now(db, id, node, other);
+        }
     }
 
     /// Whether some copy of `db` lacks document `id` now.
@@ -343,12 +369,22 @@ impl Cluster {
         if !s.nodes[node].up {
             return Vec::new();
         }
+        let cut: BTreeSet<String> = s
+            .cut
+            .iter()
+            .filter(|(d, _, n)| d == db && *n == node)
+            .map(|(_, id, _)| id.clone())
+            .collect();
         let Some(d) = s.dbs.get_mut(db) else {
             return Vec::new();
         };
         let limit = d.revs_limit;
         let copy = &mut d.copies[node];
         for w in docs {
+            if cut.contains(&w.id) {
+                out.push(CopyWrite::Silent);
+                continue;
+            }
             if w.deleted && !admin {
                 // The ledger's validation lets only an admin delete a ledger document.
                 out.push(CopyWrite::Forbidden);
@@ -427,6 +463,7 @@ impl Cluster {
             for (k, r) in results.into_iter().enumerate() {
                 match r {
                     CopyWrite::Ok(rev) => oks[k].push(rev),
+                    CopyWrite::Silent => {}
                     other => refusals[k].push(other),
                 }
             }
@@ -498,6 +535,12 @@ impl Cluster {
         let changed = {
             let mut s = self.lock();
             if !s.nodes[from].up || !s.nodes[to].up {
+                return false;
+            }
+            if [from, to]
+                .iter()
+                .any(|n| s.cut.contains(&(db.to_owned(), id.to_owned(), *n)))
+            {
                 return false;
             }
             let Some(d) = s.dbs.get_mut(db) else {
@@ -574,10 +617,13 @@ impl Cluster {
 
     // ---- reads ----------------------------------------------------------------------------
 
-    /// The copies a quorum read asks: `r` live ones at random (all live ones if fewer).
-    pub fn read_copies(&self, r: usize) -> Vec<usize> {
+    /// The copies a quorum read of `id` in `db` asks: `r` live ones at random (all live ones
+    /// if fewer), none cut off from the document.
+    pub fn read_copies(&self, db: &str, id: &str, r: usize) -> Vec<usize> {
         let mut s = self.lock();
-        let mut live: Vec<usize> = (0..s.config.nodes).filter(|n| s.nodes[*n].up).collect();
+        let mut live: Vec<usize> = (0..s.config.nodes)
+            .filter(|n| s.nodes[*n].up && !s.cut.contains(&(db.to_owned(), id.to_owned(), *n)))
+            .collect();
         s.rng.shuffle(&mut live);
         live.truncate(r.max(1));
         live
@@ -587,7 +633,7 @@ impl Cluster {
     /// conflicts; the copies read are repaired toward each other a moment later when they
     /// disagree. `None` when no copy read holds it.
     pub fn read_doc(self: &Arc<Self>, db: &str, id: &str, r: usize) -> Option<(Tree, usize)> {
-        let copies = self.read_copies(r);
+        let copies = self.read_copies(db, id, r);
         let (best, disagree) = {
             let s = self.lock();
             let d = s.dbs.get(db)?;

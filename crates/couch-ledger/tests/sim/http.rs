@@ -597,7 +597,7 @@ fn trees_read(
     id: &str,
     r: usize,
 ) -> Result<Vec<crate::sim::tree::Tree>, WireReply> {
-    let copies = cluster.read_copies(r);
+    let copies = cluster.read_copies(db, id, r);
     let s = cluster.lock();
     let Some(d) = s.dbs.get(db) else {
         return Err(not_found("Database does not exist."));

@@ -26,6 +26,9 @@ pub fn main() -> i32 {
     tree::checks::run();
     views::checks::run();
     let started = Instant::now();
+    if let Ok(name) = std::env::var("SIM_STEERED") {
+        return i32::from(steered(Some(&name)) > 0);
+    }
     if let Some(seed) = env_u64("SIM_SEED") {
         let long = std::env::var("SIM_LONG").is_ok_and(|v| v == "1");
         let out = run_seed(seed, long);
@@ -54,8 +57,49 @@ pub fn main() -> i32 {
         let results = run_group(small, base, long_every, threads);
         failed += report(&results, started, small, "pass_limit=1 ");
     }
+    failed += steered(None);
     not_drawn();
     i32::from(failed > 0)
+}
+
+/// Runs the steered runs (`only`: the one of that name), prints their line and what each
+/// found wrong; their violations.
+fn steered(only: Option<&str>) -> usize {
+    let started = Instant::now();
+    let names: Vec<&str> = run::STEERED
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| only.is_none_or(|o| o == *name))
+        .collect();
+    if names.is_empty() {
+        let known: Vec<&str> = run::STEERED.iter().map(|(name, _)| *name).collect();
+        println!(
+            "SIMULATION no steered run is named {:?}; the steered runs: {}",
+            only.unwrap_or_default(),
+            known.join(", ")
+        );
+        return 1;
+    }
+    let mut violations = 0;
+    for name in &names {
+        let out = run::run_steered(name);
+        if !out.violations.is_empty() {
+            println!("SIMULATION steered run {name} FAILED ({})", out.scenario);
+            for v in out.violations.iter().take(20) {
+                println!("  - {v}");
+            }
+            println!(
+                "  replay: SIM_STEERED={name} cargo test --release --features failpoints --test simulation"
+            );
+        }
+        violations += out.violations.len();
+    }
+    println!(
+        "SIMULATION steered runs={} violations={violations} ({:.1} s)",
+        names.len(),
+        started.elapsed().as_secs_f64()
+    );
+    violations
 }
 
 /// Runs seeds `base..base + seeds` on `threads` threads; every `long_every`-th a long run.

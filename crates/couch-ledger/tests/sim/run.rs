@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use couch_ledger::testing::WireRequest;
 use couch_ledger::{
-    AccountSpec, Amount, Client, Currency, Ledger, Payment, Purchase, RecordStatus, State,
-    SweepOptions, TransferRequest, VerifyOptions, WriteQuorum,
+    AccountSpec, Amount, Client, Currency, Ledger, PauseHook, Payment, Purchase, RecordStatus,
+    State, SweepOptions, TransferRequest, VerifyOptions, WriteQuorum,
 };
 use serde_json::Value;
 use tokio::task::JoinHandle;
@@ -22,11 +22,16 @@ use tokio::time::Instant;
 use crate::sim::cluster::{Cluster, Config};
 use crate::sim::http::{Crash, Route, SimTransport};
 
+mod steered;
+pub use steered::{run_steered, STEERED};
+
 /// The wall clock's start in every run (2026-11-26), so runs replay exactly.
 const EPOCH_MS: i64 = 1_795_000_000_000;
 const LEDGER_DB: &str = "ledger";
 const HOT_DB: &str = "ledger_hot";
 const LEASE: Duration = Duration::from_secs(10);
+/// The orders every run records a purchase of, and pays.
+const ORDERS: [&str; 2] = ["o1", "o2"];
 
 /// What a run did and what it found wrong.
 #[derive(Debug, Default, Clone)]
@@ -46,6 +51,15 @@ pub struct Outcome {
 
 /// Runs seed `seed` on a fresh paused runtime of this thread.
 pub fn run_seed(seed: u64, long: bool) -> Outcome {
+    on_sim_runtime(seed, move || Run::new(seed, long).play())
+}
+
+/// Runs what `play` makes on a fresh paused runtime of this thread, the simulated wall clock
+/// starting at [`EPOCH_MS`] and its randomness from `seed`.
+fn on_sim_runtime<F>(seed: u64, play: impl FnOnce() -> F) -> Outcome
+where
+    F: std::future::Future<Output = Outcome>,
+{
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -54,19 +68,24 @@ pub fn run_seed(seed: u64, long: bool) -> Outcome {
     let play = async move {
         couch_ledger::testing::simulate_wall_clock(Some(EPOCH_MS), seed);
         START.with(|s| s.set(Some(Instant::now())));
-        Run::new(seed, long).play().await
+        play().await
     };
+    with_sim_log(|| rt.block_on(play))
+}
+
+/// Runs `f` with the ledger's own log on, stamped with the simulated time, when `SIM_LOG`
+/// names a filter.
+fn with_sim_log<T>(f: impl FnOnce() -> T) -> T {
     match std::env::var("SIM_LOG") {
-        // The ledger's own log, stamped with the simulated time.
         Ok(filter) => {
             let subscriber = tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
                 .with_timer(SimTime)
                 .with_writer(std::io::stderr)
                 .finish();
-            tracing::subscriber::with_default(subscriber, || rt.block_on(play))
+            tracing::subscriber::with_default(subscriber, f)
         }
-        Err(_) => rt.block_on(play),
+        Err(_) => f(),
     }
 }
 
@@ -91,7 +110,7 @@ thread_local! {
 }
 
 /// The shape of one run, drawn from its seed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Plan {
     /// The shape of the measured node loss (docs/CLUSTER.md, "A node that came back").
     forensics: bool,
@@ -133,6 +152,40 @@ struct ProcessPlan {
     /// dies (the server took the write, the decision is not made), a new process taking its
     /// place.
     crash_permille: u32,
+    stall: Stall,
+}
+
+/// A process that stops for a while right before some of its protocol writes, after its lease
+/// check (the ledger's pause hook), as a process does in a pause of its runtime or its machine:
+/// `permille` of those writes, each for up to `ms`. It lets the steps of one transfer's drivers
+/// (a decision and its settles, a cancel and its undos) interleave with another process's reads
+/// and resolutions in orders the network's own delays rarely give.
+#[derive(Debug, Clone, Copy, Default)]
+struct Stall {
+    permille: u32,
+    ms: u64,
+}
+
+/// The pause hook of a process stalling as `stall` says, drawn from the cluster's random
+/// generator while process faults are on.
+fn stall_hook(cluster: &Arc<Cluster>, slot: usize, stall: Stall) -> Option<PauseHook> {
+    if stall.permille == 0 {
+        return None;
+    }
+    let cluster = Arc::clone(cluster);
+    Some(PauseHook(Arc::new(move |phase: &'static str| {
+        let ms = {
+            let mut s = cluster.lock();
+            (s.config.process_crashes && s.rng.u32(..1000) < stall.permille)
+                .then(|| s.rng.u64(..stall.ms))
+        };
+        Box::pin(async move {
+            if let Some(ms) = ms {
+                tracing::info!(target: "sim", slot, phase, ms, "a process stalls before a write");
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+            }
+        })
+    })))
 }
 
 /// What a caller was told.
@@ -167,12 +220,21 @@ fn sim_client(transport: &Arc<SimTransport>) -> Client {
 }
 
 /// A process's ledger on `client`'s database, as its plan says: split or not, stepwise or
-/// one-write, finishing in the background or not, the write quorum; the run's lease.
-fn process_ledger(client: Client, split: bool, plan: ProcessPlan) -> Ledger {
+/// one-write, finishing in the background or not, the write quorum; the run's lease; its
+/// stalls' hook.
+fn process_ledger(
+    client: Client,
+    split: bool,
+    plan: ProcessPlan,
+    stall: Option<PauseHook>,
+) -> Ledger {
     let mut ledger = Ledger::builder(client)
         .stepwise_transfers(plan.stepwise)
         .background_finish(plan.background)
         .lease(LEASE);
+    if let Some(hook) = stall {
+        ledger = ledger.pause_hook(hook);
+    }
     if split {
         ledger = ledger.hot_database(HOT_DB);
     }
@@ -228,6 +290,7 @@ fn draw_plan(seed: u64, rng: &mut fastrand::Rng, long: bool) -> (Plan, Config) {
             background: rng.u32(..3) == 0,
             server_default: rng.u32(..6) == 0,
             crash_permille: 0,
+            stall: Stall::default(),
         })
         .collect();
     let accounts = (0..rng.usize(3..=7))
@@ -426,6 +489,7 @@ fn two_terms(plan: &mut Plan, config: &mut Config) {
         background: false,
         server_default: true,
         crash_permille: 0,
+        stall: Stall::default(),
     };
     config.default_w = 1;
     plan.two_terms = true;
@@ -448,6 +512,10 @@ fn recovery(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
     config.late_copy_one_in = rng.u32(2..4);
     config.late_copy_ms = rng.u64(1_500..8_000);
     config.repl_ms = (rng.u64(1..20), rng.u64(2_000..8_000));
+    let stall = |rng: &mut fastrand::Rng| Stall {
+        permille: rng.u32(50..300),
+        ms: rng.u64(500..15_000),
+    };
     let worker = |rng: &mut fastrand::Rng| ProcessPlan {
         route: Route::RoundRobin,
         admin: rng.u32(..4) != 0,
@@ -455,6 +523,7 @@ fn recovery(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
         background: rng.u32(..3) == 0,
         server_default: rng.u32(..3) == 0,
         crash_permille: rng.u32(100..500),
+        stall: stall(rng),
     };
     let stepwise = |rng: &mut fastrand::Rng| ProcessPlan {
         route: Route::RoundRobin,
@@ -463,6 +532,7 @@ fn recovery(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
         background: false,
         server_default: rng.u32(..3) == 0,
         crash_permille: 0,
+        stall: stall(rng),
     };
     plan.slots = (0..rng.usize(1..=2)).map(|_| worker(rng)).collect();
     plan.slots.push(stepwise(rng));
@@ -492,6 +562,7 @@ fn forensics(rng: &mut fastrand::Rng, plan: &mut Plan, config: &mut Config) {
         background: false,
         server_default: false,
         crash_permille: 0,
+        stall: Stall::default(),
     };
     config.default_w = 2;
     plan.forensics = true;
@@ -517,6 +588,11 @@ impl Run {
         for c in &mut plan.crashes {
             c.0 = rng.usize(..n_slots);
         }
+        Run::with(seed, long, rng, plan, config)
+    }
+
+    /// A run of `plan` on a cluster of `config`.
+    fn with(seed: u64, long: bool, rng: fastrand::Rng, plan: Plan, config: Config) -> Run {
         let cluster = Cluster::new(config.clone(), seed);
         Run {
             seed,
@@ -537,7 +613,7 @@ impl Run {
     fn ledger(&self, plan: ProcessPlan) -> (Ledger, Arc<SimTransport>) {
         let transport = SimTransport::new(Arc::clone(&self.cluster), plan.route, plan.admin);
         let client = sim_client(&transport);
-        let ledger = process_ledger(client, self.plan.split, plan);
+        let ledger = process_ledger(client, self.plan.split, plan, None);
         (ledger, transport)
     }
 
@@ -588,7 +664,7 @@ impl Run {
                 .slots
                 .iter()
                 .map(|p| format!(
-                    "{}{}{}{}{}{}",
+                    "{}{}{}{}{}{}{}",
                     match p.route {
                         Route::RoundRobin => "rr".to_owned(),
                         Route::Pinned(n) => format!("node{n}"),
@@ -599,6 +675,14 @@ impl Run {
                     if p.server_default { " w-default" } else { "" },
                     if p.crash_permille > 0 {
                         format!(" dies after {}‰ of its applies", p.crash_permille)
+                    } else {
+                        String::new()
+                    },
+                    if p.stall.permille > 0 {
+                        format!(
+                            " stalls before {}‰ of its writes (≤ {} ms)",
+                            p.stall.permille, p.stall.ms
+                        )
                     } else {
                         String::new()
                     },
@@ -628,58 +712,9 @@ impl Run {
             scenario: self.scenario(),
             ..Outcome::default()
         };
-        // Set up with every fault off: the ledger's databases, design documents, accounts.
-        let (lost, transient) = {
-            let mut s = self.cluster.lock();
-            let l = s.config.lost_reply_permille;
-            let t = s.config.transient_permille;
-            s.config.lost_reply_permille = 0;
-            s.config.transient_permille = 0;
-            (l, t)
-        };
-        let admin = ProcessPlan {
-            route: Route::RoundRobin,
-            admin: true,
-            stepwise: false,
-            background: false,
-            server_default: false,
-            crash_permille: 0,
-        };
-        let (setup, _) = self.ledger(admin);
-        if let Err(e) = setup.init().await {
-            self.violation(&mut out, format!("init failed: {e}"));
+        let Some(eur) = self.set_up(&mut out).await else {
             return out;
-        }
-        let eur = Currency::from_code("EUR").expect("EUR");
-        for (id, opening, min) in &self.plan.accounts {
-            let spec = AccountSpec {
-                account_id: id.clone(),
-                currency: eur,
-                opening: Amount::new(*opening).expect("amount"),
-                min_balance: min.map(|m| Amount::new(m).expect("amount")),
-                meta: Default::default(),
-            };
-            if let Err(e) = setup.create_account(spec).await {
-                self.violation(&mut out, format!("creating account {id} failed: {e}"));
-                return out;
-            }
-        }
-        let orders = ["o1", "o2"];
-        for o in orders {
-            let text = format!(
-                r#"{{"order_id":"{o}","account_id":"c1","basket":[{{"product_id":"p","title":"t","category":"c","price":100.00,"tax":0,"quantity":1}}],"delivery":{{"option":"std","price":0,"address":{{"street":"s"}}}},"pretax":100.00,"tax":0,"total":100.00}}"#
-            );
-            let purchase = Purchase::from_json(&text, Some(eur)).expect("purchase");
-            if let Err(e) = setup.record_purchase(&purchase).await {
-                self.violation(&mut out, format!("recording purchase {o} failed: {e}"));
-                return out;
-            }
-        }
-        {
-            let mut s = self.cluster.lock();
-            s.config.lost_reply_permille = lost;
-            s.config.transient_permille = transient;
-        }
+        };
         self.started = Instant::now();
         let procs = self.procs();
         for (i, p) in self.plan.slots.clone().into_iter().enumerate() {
@@ -703,9 +738,71 @@ impl Run {
                 })));
         }
         self.schedule_faults();
-        self.schedule_work(eur, &orders);
+        self.schedule_work(eur, &ORDERS);
         // The workload's time, then its stragglers.
         tokio::time::sleep(Duration::from_secs(self.plan.duration_s + 5)).await;
+        self.wrap_up(out, eur).await
+    }
+
+    /// With every fault off: the ledger's databases, design documents, accounts and orders.
+    /// `None` (and a violation) when one of them could not be made.
+    async fn set_up(&mut self, out: &mut Outcome) -> Option<Currency> {
+        let (lost, transient) = {
+            let mut s = self.cluster.lock();
+            let l = s.config.lost_reply_permille;
+            let t = s.config.transient_permille;
+            s.config.lost_reply_permille = 0;
+            s.config.transient_permille = 0;
+            (l, t)
+        };
+        let admin = ProcessPlan {
+            route: Route::RoundRobin,
+            admin: true,
+            stepwise: false,
+            background: false,
+            server_default: false,
+            crash_permille: 0,
+            stall: Stall::default(),
+        };
+        let (setup, _) = self.ledger(admin);
+        if let Err(e) = setup.init().await {
+            self.violation(out, format!("init failed: {e}"));
+            return None;
+        }
+        let eur = Currency::from_code("EUR").expect("EUR");
+        for (id, opening, min) in &self.plan.accounts {
+            let spec = AccountSpec {
+                account_id: id.clone(),
+                currency: eur,
+                opening: Amount::new(*opening).expect("amount"),
+                min_balance: min.map(|m| Amount::new(m).expect("amount")),
+                meta: Default::default(),
+            };
+            if let Err(e) = setup.create_account(spec).await {
+                self.violation(out, format!("creating account {id} failed: {e}"));
+                return None;
+            }
+        }
+        for o in ORDERS {
+            let text = format!(
+                r#"{{"order_id":"{o}","account_id":"c1","basket":[{{"product_id":"p","title":"t","category":"c","price":100.00,"tax":0,"quantity":1}}],"delivery":{{"option":"std","price":0,"address":{{"street":"s"}}}},"pretax":100.00,"tax":0,"total":100.00}}"#
+            );
+            let purchase = Purchase::from_json(&text, Some(eur)).expect("purchase");
+            if let Err(e) = setup.record_purchase(&purchase).await {
+                self.violation(out, format!("recording purchase {o} failed: {e}"));
+                return None;
+            }
+        }
+        {
+            let mut s = self.cluster.lock();
+            s.config.lost_reply_permille = lost;
+            s.config.transient_permille = transient;
+        }
+        Some(eur)
+    }
+
+    /// Every fault healed, the work finished, the oracle's verdict, the run's counts.
+    async fn wrap_up(&mut self, mut out: Outcome, eur: Currency) -> Outcome {
         self.heal_and_finish(&mut out, eur).await;
         let stats = self.cluster.stats();
         out.node_restarts = stats.node_restarts;
@@ -945,6 +1042,7 @@ impl Run {
             background: false,
             server_default: false,
             crash_permille: 0,
+            stall: Stall::default(),
         };
         let (finisher, _) = self.ledger(finisher_plan);
         let mut rested = false;
@@ -1325,7 +1423,8 @@ impl Procs {
             SimTransport::new(Arc::clone(&self.cluster), plan.route, plan.admin)
         };
         let client = sim_client(&transport);
-        (process_ledger(client, self.split, plan), transport)
+        let stall = stall_hook(&self.cluster, slot, plan.stall);
+        (process_ledger(client, self.split, plan, stall), transport)
     }
 
     /// Registers a caller task with its slot, so a crash of that process stops it.

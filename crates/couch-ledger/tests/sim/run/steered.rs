@@ -1,0 +1,407 @@
+//! Steered runs: one interleaving, scripted step by step on the simulated cluster, where the
+//! seeded runs do not draw it. Each holds real ledger processes at named protocol steps (the
+//! ledger's pause hook, awaited after the lease check and right before a write), stops and
+//! starts nodes or cuts one document's copy off from the others, so that copies diverge exactly
+//! as the interleaving needs, then heals every fault, lets the sweeper finish and asks the same
+//! oracle as every seed.
+//!
+//! A script that cannot reach its interleaving (a step did not come within its deadline) is a
+//! violation too: a change of the protocol that moves the interleaving elsewhere must move the
+//! script with it, not leave it passing without testing anything.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use couch_ledger::{Amount, Currency, Ledger, PauseHook, State, SweepOptions, TransferRequest};
+use tokio::sync::Notify;
+
+use super::{
+    on_sim_runtime, process_ledger, sim_client, Outcome, Plan, ProcessPlan, Run, Slot, Stall, Told,
+};
+use crate::sim::cluster::Config;
+use crate::sim::http::{Route, SimTransport};
+
+/// The steered runs by name, each with what it checks.
+pub const STEERED: [(&str, &str); 2] = [
+    (
+        "cancel-while-a-node-is-away",
+        "a pending transfer cancelled while one copy of three is away (every transfer write answered 202)",
+    ),
+    (
+        "cancel-beside-untold-done",
+        "a one-write done and a stepwise cancel of the same terms forked; resolved while the cancel's undos are on their way",
+    ),
+];
+
+/// At most this many revisions of one transfer while a node is away: CouchDB stems a
+/// document's history to its `_revs_limit` (20 by default), and a copy that comes back at a
+/// revision older than that cannot join the others' history; it stands as a conflict of its own
+/// (docs/CLUSTER.md, F7).
+const REVISIONS_WHILE_AWAY_MAX: u64 = 10;
+
+/// How long a script waits for a process to reach a step.
+const STEP_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Runs the steered run `name` on a fresh paused runtime of this thread.
+pub fn run_steered(name: &str) -> Outcome {
+    let seed = STEERED
+        .iter()
+        .position(|(n, _)| *n == name)
+        .expect("a steered run of that name") as u64;
+    let name = name.to_owned();
+    on_sim_runtime(seed, move || async move {
+        match name.as_str() {
+            "cancel-while-a-node-is-away" => cancel_while_a_node_is_away(seed).await,
+            "cancel-beside-untold-done" => cancel_beside_untold_done(seed).await,
+            other => unreachable!("no steered run {other}"),
+        }
+    })
+}
+
+/// Holds of named steps: a process reaching a held step waits there until it is released.
+#[derive(Default)]
+struct Steer {
+    holds: Mutex<HashMap<&'static str, Arc<Hold>>>,
+}
+
+#[derive(Default)]
+struct Hold {
+    reached: Notify,
+    released: Notify,
+}
+
+impl Steer {
+    /// The pause hook of a process steered by `steer`.
+    fn hook(steer: &Arc<Steer>) -> PauseHook {
+        let steer = Arc::clone(steer);
+        PauseHook(Arc::new(move |phase: &'static str| {
+            let hold = steer.holds.lock().unwrap().get(phase).cloned();
+            Box::pin(async move {
+                if let Some(hold) = hold {
+                    tracing::info!(target: "sim", phase, "held at a steered step");
+                    hold.reached.notify_one();
+                    hold.released.notified().await;
+                    tracing::info!(target: "sim", phase, "released");
+                }
+            })
+        }))
+    }
+
+    /// The next process to reach `phase` waits there.
+    fn hold_at(&self, phase: &'static str) {
+        self.holds
+            .lock()
+            .unwrap()
+            .insert(phase, Arc::new(Hold::default()));
+    }
+
+    /// Waits until a process waits at `phase`; `false` past the deadline.
+    async fn reached(&self, phase: &'static str) -> bool {
+        let hold = self.holds.lock().unwrap().get(phase).cloned();
+        match hold {
+            Some(hold) => tokio::time::timeout(STEP_DEADLINE, hold.reached.notified())
+                .await
+                .is_ok(),
+            None => false,
+        }
+    }
+
+    /// The process waiting at `phase` goes on; later ones pass it.
+    fn release(&self, phase: &'static str) {
+        if let Some(hold) = self.holds.lock().unwrap().remove(phase) {
+            hold.released.notify_one();
+        }
+    }
+}
+
+/// A quiet cluster (no lost answers, no late copies, no process faults but the script's) of
+/// three nodes, one shard, and two accounts.
+fn quiet_run(seed: u64) -> Run {
+    let config = Config {
+        q: 1,
+        repl_ms: (5, 50),
+        slow_copy_one_in: 0,
+        ..Config::default()
+    };
+    let plan = Plan {
+        accounts: vec![
+            ("a".to_owned(), 1_000, Some(0)),
+            ("b".to_owned(), 0, Some(0)),
+        ],
+        transfers: 1,
+        sweep_every_s: 1,
+        ..Plan::default()
+    };
+    Run::with(seed, false, fastrand::Rng::with_seed(seed), plan, config)
+}
+
+/// A process of the run on `route`, stepwise or not, steered by `steer` when given; in a slot
+/// of its own, so that the wrap-up stops what it still runs.
+fn process(run: &Run, route: Route, stepwise: bool, steer: Option<&Arc<Steer>>) -> (usize, Ledger) {
+    let plan = ProcessPlan {
+        route,
+        admin: true,
+        stepwise,
+        background: false,
+        server_default: false,
+        crash_permille: 0,
+        stall: Stall::default(),
+    };
+    let transport = SimTransport::new(Arc::clone(&run.cluster), route, true);
+    let ledger = process_ledger(sim_client(&transport), false, plan, steer.map(Steer::hook));
+    let mut slots = run.slots.lock().unwrap();
+    slots.push(Slot {
+        plan,
+        ledger: ledger.clone(),
+        transport,
+        tasks: Vec::new(),
+    });
+    (slots.len() - 1, ledger)
+}
+
+/// `a` → `b`, 100, under id `x`.
+fn request(eur: Currency) -> TransferRequest {
+    TransferRequest {
+        id: Some("x".to_owned()),
+        source: "a".to_owned(),
+        destination: "b".to_owned(),
+        amount: Amount::new(100).expect("amount"),
+        currency: eur,
+        meta: Default::default(),
+    }
+}
+
+/// Records what a caller of `x` was told.
+fn tell(run: &Run, state: State) {
+    run.told.lock().unwrap().push(Told::Transfer {
+        id: "x".to_owned(),
+        source: "a".to_owned(),
+        destination: "b".to_owned(),
+        amount: 100,
+        state,
+        reverses: None,
+    });
+}
+
+/// The run's set-up done and its clock started: the run, its outcome so far, and EUR; `Err`
+/// with the outcome when the set-up failed.
+async fn started(seed: u64, what: &str) -> Result<(Run, Outcome, Currency), Outcome> {
+    let mut run = quiet_run(seed);
+    let mut out = Outcome {
+        seed,
+        scenario: format!("steered: {what}"),
+        ..Outcome::default()
+    };
+    let Some(eur) = run.set_up(&mut out).await else {
+        return Err(out);
+    };
+    run.started = tokio::time::Instant::now();
+    Ok((run, out, eur))
+}
+
+/// Starts a stepwise submit of `x` through `ledger` and waits until it holds before its commit
+/// (both accounts applied); `false` if it never came there.
+async fn submitted_held_before_commit(
+    run: &Run,
+    slot: usize,
+    ledger: &Ledger,
+    steer: &Steer,
+    eur: Currency,
+) -> bool {
+    steer.hold_at("commit");
+    let ledger = ledger.clone();
+    let submitting = tokio::spawn(async move {
+        let _ = ledger.submit(request(eur), true).await;
+    });
+    run.slots.lock().unwrap()[slot].tasks.push(submitting);
+    steer.reached("commit").await
+}
+
+/// The revisions of `txn:x` on the first copy that holds it: its winner's position.
+fn revisions_of_x(run: &Run) -> u64 {
+    let s = run.cluster.lock();
+    s.dbs
+        .get(super::LEDGER_DB)
+        .and_then(|d| d.copies.iter().find_map(|c| c.docs.get("txn:x")))
+        .and_then(|e| e.tree.winner())
+        .map_or(0, |w| w.pos)
+}
+
+/// Sweep passes of `resolver` (none of them old enough to take anything over) until every copy
+/// holds `txn:x` as one live leaf; `false` if that never came within the deadline.
+async fn resolved(run: &Run, resolver: &Ledger) -> bool {
+    let until = tokio::time::Instant::now() + STEP_DEADLINE;
+    while tokio::time::Instant::now() < until {
+        let _ = resolver
+            .sweep_once(SweepOptions {
+                limit: 200,
+                stale_after: Duration::from_secs(3_600),
+            })
+            .await;
+        let live_leaves = {
+            let s = run.cluster.lock();
+            s.dbs.get(super::LEDGER_DB).map_or(0, |d| {
+                d.copies
+                    .iter()
+                    .filter_map(|c| c.docs.get("txn:x"))
+                    .map(|e| {
+                        let leaves = e.tree.leaves();
+                        leaves.iter().filter(|r| !e.tree.is_deleted(r)).count()
+                    })
+                    .max()
+                    .unwrap_or(0)
+            })
+        };
+        if live_leaves == 1 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}
+
+/// A `cancel` of a `pending` transfer while one node of three is away: every transfer write
+/// (`w` = n) is answered 202, so no take-over of the document is ever sure of every copy. The
+/// cancel answers within its deadline, `cancelled` or `unconfirmed` (the sweeper finishes
+/// once the node is back), and writes the document a few times only, not once per try: past
+/// the copies' `_revs_limit` the copy that comes back cannot join the history.
+async fn cancel_while_a_node_is_away(seed: u64) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, STEERED[0].1).await {
+        Ok(s) => s,
+        Err(out) => return out,
+    };
+    let cluster = Arc::clone(&run.cluster);
+    let steer = Arc::new(Steer::default());
+    let (slot, stepwise) = process(&run, Route::RoundRobin, true, Some(&steer));
+    cluster.stop_node(2);
+    // Out of the balancer's rotation.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    if !submitted_held_before_commit(&run, slot, &stepwise, &steer, eur).await {
+        run.violation(
+            &mut out,
+            "script: the stepwise submit never came to its commit",
+        );
+        return run.wrap_up(out, eur).await;
+    }
+    let before = revisions_of_x(&run);
+    match tokio::time::timeout(STEP_DEADLINE, stepwise.cancel("x")).await {
+        Ok(Ok(o)) => {
+            tracing::info!(target: "sim", state = %o.state, "the cancel answered");
+            tell(&run, o.state);
+        }
+        Ok(Err(e)) if e.is_unconfirmed() => {
+            tracing::info!(target: "sim", "the cancel answered: {e}");
+        }
+        Ok(Err(e)) => run.violation(&mut out, format!("cancel answered an error: {e}")),
+        Err(_) => run.violation(&mut out, "cancel did not answer within a minute"),
+    }
+    let written = revisions_of_x(&run).saturating_sub(before);
+    if written > REVISIONS_WHILE_AWAY_MAX {
+        run.violation(
+            &mut out,
+            format!("cancel wrote {written} revisions of x while a node was away"),
+        );
+    }
+    steer.release("commit");
+    run.wrap_up(out, eur).await
+}
+
+/// A one-write `done` beside a stepwise `canceling` of the same terms, resolved while the
+/// cancel's undos are on their way (docs/CLUSTER.md, "A drive settles only a commit that
+/// stands alone on every copy"). The accounts' copies stay in step throughout; only the
+/// transfer document's copies diverge:
+///
+/// 1. A one-write process applies `x` with an attempt of its own and is held before its
+///    decision.
+/// 2. Copies 0 and 1 cut off from `txn:x`: a stepwise process creates it on copy 2 (202s, which
+///    it follows), adopts the markers on the accounts, and is held before its commit; a
+///    `cancel` of `x` through it writes `canceling` and is held before its undos.
+/// 3. Copy 2 cut off instead: the one-write decision creates `x` `done` on copies 0 and 1,
+///    answered 202 (not on every copy): untold, unsettled.
+/// 4. Every copy back: `x` is a fork of `done` and `canceling`, and the accounts show neither a
+///    settle nor an undo of it. A sweep pass resolves the fork; then the cancel's undos land,
+///    and the sweeper finishes. Kept over the undos, the `done` would end counted on neither
+///    account: nothing settles a one-write marker undone.
+async fn cancel_beside_untold_done(seed: u64) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, STEERED[1].1).await {
+        Ok(s) => s,
+        Err(out) => return out,
+    };
+    let cluster = Arc::clone(&run.cluster);
+    let db = super::LEDGER_DB;
+    let doc = "txn:x";
+    let steer_stepwise = Arc::new(Steer::default());
+    let steer_one_write = Arc::new(Steer::default());
+    let (stepwise_slot, stepwise) = process(&run, Route::RoundRobin, true, Some(&steer_stepwise));
+    let (_, one_write) = process(&run, Route::RoundRobin, false, Some(&steer_one_write));
+    let (_, resolver) = process(&run, Route::RoundRobin, false, None);
+
+    // 1.
+    steer_one_write.hold_at("decide");
+    let deciding = {
+        let ledger = one_write.clone();
+        tokio::spawn(async move { ledger.submit(request(eur), true).await })
+    };
+    if !steer_one_write.reached("decide").await {
+        run.violation(
+            &mut out,
+            "script: the one-write submit never came to its decision",
+        );
+        return run.wrap_up(out, eur).await;
+    }
+
+    // 2.
+    cluster.cut(db, doc, 0);
+    cluster.cut(db, doc, 1);
+    if !submitted_held_before_commit(&run, stepwise_slot, &stepwise, &steer_stepwise, eur).await {
+        run.violation(
+            &mut out,
+            "script: the stepwise submit never came to its commit",
+        );
+        return run.wrap_up(out, eur).await;
+    }
+    steer_stepwise.hold_at("undo");
+    let cancelling = {
+        let ledger = stepwise.clone();
+        tokio::spawn(async move { ledger.cancel("x").await })
+    };
+    if !steer_stepwise.reached("undo").await {
+        run.violation(&mut out, "script: the cancel never came to its undos");
+        return run.wrap_up(out, eur).await;
+    }
+
+    // 3.
+    cluster.cut(db, doc, 2);
+    cluster.join(db, doc, 0);
+    cluster.join(db, doc, 1);
+    steer_one_write.release("decide");
+    match tokio::time::timeout(STEP_DEADLINE, deciding).await {
+        Ok(Ok(Ok(o))) => {
+            tracing::info!(target: "sim", state = %o.state, "the one-write submit answered");
+            tell(&run, o.state);
+        }
+        Ok(Ok(Err(e))) => tracing::info!(target: "sim", "the one-write submit answered: {e}"),
+        _ => {
+            run.violation(&mut out, "script: the one-write submit did not answer");
+            return run.wrap_up(out, eur).await;
+        }
+    }
+
+    // 4.
+    cluster.join(db, doc, 2);
+    if !resolved(&run, &resolver).await {
+        run.violation(&mut out, "script: the fork of x was never resolved");
+    }
+    steer_stepwise.release("undo");
+    match tokio::time::timeout(STEP_DEADLINE, cancelling).await {
+        Ok(Ok(Ok(o))) => {
+            tracing::info!(target: "sim", state = %o.state, "the cancel answered");
+            tell(&run, o.state);
+        }
+        Ok(Ok(Err(e))) => tracing::info!(target: "sim", "the cancel answered: {e}"),
+        _ => tracing::info!(target: "sim", "the cancel did not answer"),
+    }
+    steer_stepwise.release("commit");
+    run.wrap_up(out, eur).await
+}
