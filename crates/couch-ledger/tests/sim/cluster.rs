@@ -215,6 +215,14 @@ impl Cluster {
         }
     }
 
+    /// Ends every [`Cluster::cut`].
+    pub fn join_all(&self) {
+        let cut: Vec<(String, String, usize)> = self.lock().cut.iter().cloned().collect();
+        for (db, id, node) in cut {
+            self.join(&db, &id, node);
+        }
+    }
+
     /// Whether some copy of `db` lacks document `id` now.
     pub fn some_copy_lacks(&self, db: &str, id: &str) -> bool {
         self.lock()

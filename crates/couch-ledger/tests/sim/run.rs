@@ -1017,6 +1017,7 @@ impl Run {
         for node in 0..n {
             self.cluster.start_node(node);
         }
+        self.cluster.join_all();
         // Let callers still running finish (each is bounded by the ledger's own deadlines).
         tokio::time::sleep(Duration::from_secs(120)).await;
         let stuck: usize = {

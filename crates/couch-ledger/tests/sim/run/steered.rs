@@ -10,10 +10,13 @@
 //! script with it, not leave it passing without testing anything.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use couch_ledger::{Amount, Currency, Ledger, PauseHook, State, SweepOptions, TransferRequest};
+use couch_ledger::{
+    Amount, Currency, Ledger, PauseHook, State, SweepOptions, TransferOutcome, TransferRequest,
+};
 use tokio::sync::Notify;
 
 use super::{
@@ -23,7 +26,7 @@ use crate::sim::cluster::Config;
 use crate::sim::http::{Route, SimTransport};
 
 /// The steered runs by name, each with what it checks.
-pub const STEERED: [(&str, &str); 2] = [
+pub const STEERED: [(&str, &str); 3] = [
     (
         "cancel-while-a-node-is-away",
         "a pending transfer cancelled while one copy of three is away (every transfer write answered 202)",
@@ -31,6 +34,10 @@ pub const STEERED: [(&str, &str); 2] = [
     (
         "cancel-beside-untold-done",
         "a one-write done and a stepwise cancel of the same terms forked; resolved while the cancel's undos are on their way",
+    ),
+    (
+        "cancel-beside-stepwise-commit",
+        "a stepwise commit and a cancel of one transfer forked; resolved for the commit while the cancel's undos are on their way, which land before the commit's settles",
     ),
 ];
 
@@ -54,6 +61,7 @@ pub fn run_steered(name: &str) -> Outcome {
         match name.as_str() {
             "cancel-while-a-node-is-away" => cancel_while_a_node_is_away(seed).await,
             "cancel-beside-untold-done" => cancel_beside_untold_done(seed).await,
+            "cancel-beside-stepwise-commit" => cancel_beside_stepwise_commit(seed).await,
             other => unreachable!("no steered run {other}"),
         }
     })
@@ -121,7 +129,9 @@ fn quiet_run(seed: u64) -> Run {
     let config = Config {
         q: 1,
         repl_ms: (5, 50),
-        slow_copy_one_in: 0,
+        // Every copy takes a write within a few milliseconds, before internal replication
+        // brings it the same revision (which it would then refuse as a child of no leaf).
+        slow_copy_one_in: u32::MAX,
         ..Config::default()
     };
     let plan = Plan {
@@ -170,6 +180,24 @@ fn request(eur: Currency) -> TransferRequest {
         currency: eur,
         meta: Default::default(),
     }
+}
+
+/// What `call` about `x` answered within the deadline (`None`: nothing): a state is recorded
+/// as told, and either is logged.
+async fn answer(
+    run: &Run,
+    who: &str,
+    call: impl Future<Output = couch_ledger::Result<TransferOutcome>>,
+) -> Option<couch_ledger::Result<TransferOutcome>> {
+    let answer = tokio::time::timeout(STEP_DEADLINE, call).await.ok()?;
+    match &answer {
+        Ok(o) => {
+            tracing::info!(target: "sim", who, state = %o.state, "answered");
+            tell(run, o.state);
+        }
+        Err(e) => tracing::info!(target: "sim", who, "answered: {e}"),
+    }
+    Some(answer)
 }
 
 /// Records what a caller of `x` was told.
@@ -285,16 +313,11 @@ async fn cancel_while_a_node_is_away(seed: u64) -> Outcome {
         return run.wrap_up(out, eur).await;
     }
     let before = revisions_of_x(&run);
-    match tokio::time::timeout(STEP_DEADLINE, stepwise.cancel("x")).await {
-        Ok(Ok(o)) => {
-            tracing::info!(target: "sim", state = %o.state, "the cancel answered");
-            tell(&run, o.state);
-        }
-        Ok(Err(e)) if e.is_unconfirmed() => {
-            tracing::info!(target: "sim", "the cancel answered: {e}");
-        }
-        Ok(Err(e)) => run.violation(&mut out, format!("cancel answered an error: {e}")),
-        Err(_) => run.violation(&mut out, "cancel did not answer within a minute"),
+    match answer(&run, "the cancel", stepwise.cancel("x")).await {
+        Some(Ok(_)) => {}
+        Some(Err(e)) if e.is_unconfirmed() => {}
+        Some(Err(e)) => run.violation(&mut out, format!("cancel answered an error: {e}")),
+        None => run.violation(&mut out, "cancel did not answer within a minute"),
     }
     let written = revisions_of_x(&run).saturating_sub(before);
     if written > REVISIONS_WHILE_AWAY_MAX {
@@ -376,16 +399,13 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
     cluster.join(db, doc, 0);
     cluster.join(db, doc, 1);
     steer_one_write.release("decide");
-    match tokio::time::timeout(STEP_DEADLINE, deciding).await {
-        Ok(Ok(Ok(o))) => {
-            tracing::info!(target: "sim", state = %o.state, "the one-write submit answered");
-            tell(&run, o.state);
-        }
-        Ok(Ok(Err(e))) => tracing::info!(target: "sim", "the one-write submit answered: {e}"),
-        _ => {
-            run.violation(&mut out, "script: the one-write submit did not answer");
-            return run.wrap_up(out, eur).await;
-        }
+    let decided = async { deciding.await.expect("the one-write submit") };
+    if answer(&run, "the one-write submit", decided)
+        .await
+        .is_none()
+    {
+        run.violation(&mut out, "script: the one-write submit did not answer");
+        return run.wrap_up(out, eur).await;
     }
 
     // 4.
@@ -394,14 +414,92 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
         run.violation(&mut out, "script: the fork of x was never resolved");
     }
     steer_stepwise.release("undo");
-    match tokio::time::timeout(STEP_DEADLINE, cancelling).await {
-        Ok(Ok(Ok(o))) => {
-            tracing::info!(target: "sim", state = %o.state, "the cancel answered");
-            tell(&run, o.state);
-        }
-        Ok(Ok(Err(e))) => tracing::info!(target: "sim", "the cancel answered: {e}"),
-        _ => tracing::info!(target: "sim", "the cancel did not answer"),
+    let cancelled = async { cancelling.await.expect("the cancel") };
+    if answer(&run, "the cancel", cancelled).await.is_none() {
+        run.violation(&mut out, "script: the cancel did not answer");
     }
     steer_stepwise.release("commit");
+    run.wrap_up(out, eur).await
+}
+
+/// A stepwise `committed` beside a `canceling` of the same transfer, resolved for the commit
+/// while the cancel's undos are on their way, the undos landing before the commit's settles:
+///
+/// 1. A stepwise process submits `x`, applies both markers, and is held before its commit.
+/// 2. Copy 2 cut off from `txn:x`: a `cancel` through a second stepwise process writes
+///    `canceling` on copies 0 and 1 (202, its own write read back) and is held before its
+///    undos.
+/// 3. Copies 0 and 1 cut off instead, copy 2 back: the first process commits there (202, read
+///    back) and is held before sealing its commit.
+/// 4. Every copy back: a sweep pass resolves the fork; the accounts show nothing, and a
+///    `committed` leaf may have been told, so the commit path is kept. The commit is sealed
+///    and read alone on every copy, and the first process is held before its settles.
+/// 5. The cancel's undos land, then its `cancelled` (a child of a leaf the resolution
+///    deleted), then the commit's settles. The transfer must end as its accounts say, and no
+///    caller be told an outcome that does not stand.
+async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, STEERED[2].1).await {
+        Ok(s) => s,
+        Err(out) => return out,
+    };
+    let cluster = Arc::clone(&run.cluster);
+    let db = super::LEDGER_DB;
+    let doc = "txn:x";
+    let steer_commit = Arc::new(Steer::default());
+    let steer_cancel = Arc::new(Steer::default());
+    let (commit_slot, committing) = process(&run, Route::RoundRobin, true, Some(&steer_commit));
+    let (_, cancelling) = process(&run, Route::RoundRobin, true, Some(&steer_cancel));
+    let (_, resolver) = process(&run, Route::RoundRobin, false, None);
+
+    // 1.
+    if !submitted_held_before_commit(&run, commit_slot, &committing, &steer_commit, eur).await {
+        run.violation(
+            &mut out,
+            "script: the stepwise submit never came to its commit",
+        );
+        return run.wrap_up(out, eur).await;
+    }
+
+    // 2.
+    cluster.cut(db, doc, 2);
+    steer_cancel.hold_at("undo");
+    let cancel = {
+        let ledger = cancelling.clone();
+        tokio::spawn(async move { ledger.cancel("x").await })
+    };
+    if !steer_cancel.reached("undo").await {
+        run.violation(&mut out, "script: the cancel never came to its undos");
+        return run.wrap_up(out, eur).await;
+    }
+
+    // 3.
+    cluster.cut(db, doc, 0);
+    cluster.cut(db, doc, 1);
+    cluster.join(db, doc, 2);
+    steer_commit.hold_at("seal");
+    steer_commit.release("commit");
+    if !steer_commit.reached("seal").await {
+        run.violation(&mut out, "script: the commit was never written");
+        return run.wrap_up(out, eur).await;
+    }
+
+    // 4.
+    cluster.join(db, doc, 0);
+    cluster.join(db, doc, 1);
+    if !resolved(&run, &resolver).await {
+        run.violation(&mut out, "script: the fork of x was never resolved");
+    }
+    steer_commit.hold_at("settle");
+    steer_commit.release("seal");
+    let sealed = steer_commit.reached("settle").await;
+    tracing::info!(target: "sim", sealed, "the commit sealed and held before its settles");
+
+    // 5.
+    steer_cancel.release("undo");
+    let cancelled = async { cancel.await.expect("the cancel") };
+    if answer(&run, "the cancel", cancelled).await.is_none() {
+        run.violation(&mut out, "script: the cancel did not answer");
+    }
+    steer_commit.release("settle");
     run.wrap_up(out, eur).await
 }
