@@ -21,12 +21,13 @@ use tokio::sync::Notify;
 
 use super::{
     on_sim_runtime, process_ledger, sim_client, Outcome, Plan, ProcessPlan, Run, Slot, Stall, Told,
+    LEDGER_DB,
 };
 use crate::sim::cluster::Config;
 use crate::sim::http::{Route, SimTransport};
 
 /// The steered runs by name, each with what it checks.
-pub const STEERED: [(&str, &str); 3] = [
+pub const STEERED: [(&str, &str); 4] = [
     (
         "cancel-while-a-node-is-away",
         "a pending transfer cancelled while one copy of three is away (every transfer write answered 202)",
@@ -39,6 +40,10 @@ pub const STEERED: [(&str, &str); 3] = [
         "cancel-beside-stepwise-commit",
         "a stepwise commit and a cancel of one transfer forked; resolved for the commit while the cancel's undos are on their way, which land before the commit's settles",
     ),
+    (
+        "decision-beside-other-terms",
+        "the sweeper's decision of a transfer left initial, over initial answered 201 while other terms of the id stood on a copy; resolved before its settles land",
+    ),
 ];
 
 /// At most this many revisions of one transfer while a node is away: CouchDB stems a
@@ -46,6 +51,9 @@ pub const STEERED: [(&str, &str); 3] = [
 /// revision older than that cannot join the others' history; it stands as a conflict of its own
 /// (docs/CLUSTER.md, F7).
 const REVISIONS_WHILE_AWAY_MAX: u64 = 10;
+
+/// The document of the transfer every steered run is about.
+const X: &str = "txn:x";
 
 /// How long a script waits for a process to reach a step.
 const STEP_DEADLINE: Duration = Duration::from_secs(60);
@@ -62,6 +70,7 @@ pub fn run_steered(name: &str) -> Outcome {
             "cancel-while-a-node-is-away" => cancel_while_a_node_is_away(seed).await,
             "cancel-beside-untold-done" => cancel_beside_untold_done(seed).await,
             "cancel-beside-stepwise-commit" => cancel_beside_stepwise_commit(seed).await,
+            "decision-beside-other-terms" => decision_beside_other_terms(seed).await,
             other => unreachable!("no steered run {other}"),
         }
     })
@@ -124,7 +133,7 @@ impl Steer {
 }
 
 /// A quiet cluster (no lost answers, no late copies, no process faults but the script's) of
-/// three nodes, one shard, and two accounts.
+/// three nodes, one shard, and three accounts.
 fn quiet_run(seed: u64) -> Run {
     let config = Config {
         q: 1,
@@ -138,6 +147,7 @@ fn quiet_run(seed: u64) -> Run {
         accounts: vec![
             ("a".to_owned(), 1_000, Some(0)),
             ("b".to_owned(), 0, Some(0)),
+            ("c".to_owned(), 0, Some(0)),
         ],
         transfers: 1,
         sweep_every_s: 1,
@@ -250,8 +260,8 @@ async fn submitted_held_before_commit(
 fn revisions_of_x(run: &Run) -> u64 {
     let s = run.cluster.lock();
     s.dbs
-        .get(super::LEDGER_DB)
-        .and_then(|d| d.copies.iter().find_map(|c| c.docs.get("txn:x")))
+        .get(LEDGER_DB)
+        .and_then(|d| d.copies.iter().find_map(|c| c.docs.get(X)))
         .and_then(|e| e.tree.winner())
         .map_or(0, |w| w.pos)
 }
@@ -269,10 +279,10 @@ async fn resolved(run: &Run, resolver: &Ledger) -> bool {
             .await;
         let live_leaves = {
             let s = run.cluster.lock();
-            s.dbs.get(super::LEDGER_DB).map_or(0, |d| {
+            s.dbs.get(LEDGER_DB).map_or(0, |d| {
                 d.copies
                     .iter()
-                    .filter_map(|c| c.docs.get("txn:x"))
+                    .filter_map(|c| c.docs.get(X))
                     .map(|e| {
                         let leaves = e.tree.leaves();
                         leaves.iter().filter(|r| !e.tree.is_deleted(r)).count()
@@ -352,8 +362,6 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
         Err(out) => return out,
     };
     let cluster = Arc::clone(&run.cluster);
-    let db = super::LEDGER_DB;
-    let doc = "txn:x";
     let steer_stepwise = Arc::new(Steer::default());
     let steer_one_write = Arc::new(Steer::default());
     let (stepwise_slot, stepwise) = process(&run, Route::RoundRobin, true, Some(&steer_stepwise));
@@ -375,8 +383,8 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
     }
 
     // 2.
-    cluster.cut(db, doc, 0);
-    cluster.cut(db, doc, 1);
+    cluster.cut(LEDGER_DB, X, 0);
+    cluster.cut(LEDGER_DB, X, 1);
     if !submitted_held_before_commit(&run, stepwise_slot, &stepwise, &steer_stepwise, eur).await {
         run.violation(
             &mut out,
@@ -395,9 +403,9 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
     }
 
     // 3.
-    cluster.cut(db, doc, 2);
-    cluster.join(db, doc, 0);
-    cluster.join(db, doc, 1);
+    cluster.cut(LEDGER_DB, X, 2);
+    cluster.join(LEDGER_DB, X, 0);
+    cluster.join(LEDGER_DB, X, 1);
     steer_one_write.release("decide");
     let decided = async { deciding.await.expect("the one-write submit") };
     if answer(&run, "the one-write submit", decided)
@@ -409,7 +417,7 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
     }
 
     // 4.
-    cluster.join(db, doc, 2);
+    cluster.join(LEDGER_DB, X, 2);
     if !resolved(&run, &resolver).await {
         run.violation(&mut out, "script: the fork of x was never resolved");
     }
@@ -443,8 +451,6 @@ async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
         Err(out) => return out,
     };
     let cluster = Arc::clone(&run.cluster);
-    let db = super::LEDGER_DB;
-    let doc = "txn:x";
     let steer_commit = Arc::new(Steer::default());
     let steer_cancel = Arc::new(Steer::default());
     let (commit_slot, committing) = process(&run, Route::RoundRobin, true, Some(&steer_commit));
@@ -461,7 +467,7 @@ async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
     }
 
     // 2.
-    cluster.cut(db, doc, 2);
+    cluster.cut(LEDGER_DB, X, 2);
     steer_cancel.hold_at("undo");
     let cancel = {
         let ledger = cancelling.clone();
@@ -473,9 +479,9 @@ async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
     }
 
     // 3.
-    cluster.cut(db, doc, 0);
-    cluster.cut(db, doc, 1);
-    cluster.join(db, doc, 2);
+    cluster.cut(LEDGER_DB, X, 0);
+    cluster.cut(LEDGER_DB, X, 1);
+    cluster.join(LEDGER_DB, X, 2);
     steer_commit.hold_at("seal");
     steer_commit.release("commit");
     if !steer_commit.reached("seal").await {
@@ -484,8 +490,8 @@ async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
     }
 
     // 4.
-    cluster.join(db, doc, 0);
-    cluster.join(db, doc, 1);
+    cluster.join(LEDGER_DB, X, 0);
+    cluster.join(LEDGER_DB, X, 1);
     if !resolved(&run, &resolver).await {
         run.violation(&mut out, "script: the fork of x was never resolved");
     }
@@ -501,5 +507,120 @@ async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
         run.violation(&mut out, "script: the cancel did not answer");
     }
     steer_commit.release("settle");
+    run.wrap_up(out, eur).await
+}
+
+/// The sweeper's one-write decision of a transfer left `initial`, written over `initial` and
+/// answered 201 while other terms of the id stood on a copy that had lacked the document, and
+/// a resolution made before its settles land (docs/CLUSTER.md, "Telling a decision on a
+/// cluster"):
+///
+/// 1. A one-write process applies `x` (a → b) and is held before its decision for good: it
+///    died there. Its markers age past the lease.
+/// 2. Copies 0 and 1 cut off from `txn:x`: another process sends `x` with other terms (a → c),
+///    creating it `done` on copy 2 (202), and sends it twice more (each call seals that
+///    decision on copy 2 again, 202): the longer history.
+/// 3. Copy 2 cut off instead, 0 and 1 back: a sweep pass recovers `x` from the first markers,
+///    creating it `initial` there (202, followed); a pass once that is stale decides it, held
+///    before its write.
+/// 4. Every copy back; the decision (`done`, a → b) over `initial` is taken by every copy
+///    (201). If it goes on to settle at once, it is held there while a sweep pass resolves `x`;
+///    then the settles land. Settled after the other terms were kept, both terms would count.
+async fn decision_beside_other_terms(seed: u64) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, STEERED[3].1).await {
+        Ok(s) => s,
+        Err(out) => return out,
+    };
+    let cluster = Arc::clone(&run.cluster);
+    let steer_dead = Arc::new(Steer::default());
+    let steer_sweeper = Arc::new(Steer::default());
+    let (dead_slot, dead) = process(&run, Route::RoundRobin, false, Some(&steer_dead));
+    let (_, other) = process(&run, Route::RoundRobin, false, None);
+    let (_, sweeper) = process(&run, Route::RoundRobin, false, Some(&steer_sweeper));
+    let (_, resolver) = process(&run, Route::RoundRobin, false, None);
+    let pass_of = |ledger: &Ledger| {
+        let ledger = ledger.clone();
+        async move {
+            let _ = ledger
+                .sweep_once(SweepOptions {
+                    limit: 200,
+                    stale_after: Duration::from_secs(5),
+                })
+                .await;
+        }
+    };
+
+    // 1.
+    steer_dead.hold_at("decide");
+    let dying = {
+        let ledger = dead.clone();
+        tokio::spawn(async move {
+            let _ = ledger.submit(request(eur), true).await;
+        })
+    };
+    run.slots.lock().unwrap()[dead_slot].tasks.push(dying);
+    if !steer_dead.reached("decide").await {
+        run.violation(
+            &mut out,
+            "script: the first submit never came to its decision",
+        );
+        return run.wrap_up(out, eur).await;
+    }
+    tokio::time::sleep(super::LEASE + Duration::from_secs(1)).await;
+
+    // 2.
+    cluster.cut(LEDGER_DB, X, 0);
+    cluster.cut(LEDGER_DB, X, 1);
+    let other_terms = TransferRequest {
+        destination: "c".to_owned(),
+        ..request(eur)
+    };
+    for _ in 0..3 {
+        match tokio::time::timeout(STEP_DEADLINE, other.submit(other_terms.clone(), true)).await {
+            Ok(Ok(o)) => {
+                tracing::info!(target: "sim", state = %o.state, "the other terms answered")
+            }
+            Ok(Err(e)) => tracing::info!(target: "sim", "the other terms answered: {e}"),
+            Err(_) => {
+                run.violation(&mut out, "script: the other terms' submit did not answer");
+                return run.wrap_up(out, eur).await;
+            }
+        }
+    }
+
+    // 3.
+    cluster.cut(LEDGER_DB, X, 2);
+    cluster.join(LEDGER_DB, X, 0);
+    cluster.join(LEDGER_DB, X, 1);
+    pass_of(&sweeper).await;
+    // Stale for the next pass.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    steer_sweeper.hold_at("decide");
+    let mut deciding = tokio::spawn(pass_of(&sweeper));
+    if !steer_sweeper.reached("decide").await {
+        run.violation(&mut out, "script: the sweeper never came to decide x");
+        return run.wrap_up(out, eur).await;
+    }
+
+    // 4.
+    cluster.join(LEDGER_DB, X, 2);
+    steer_sweeper.hold_at("converge");
+    steer_sweeper.release("decide");
+    // Today the decision waits until it stands alone on every copy, and the pass ends without
+    // settling; settling at once, it is held before its settles.
+    let settling = tokio::select! {
+        reached = steer_sweeper.reached("converge") => reached,
+        _ = &mut deciding => false,
+    };
+    tracing::info!(target: "sim", settling, "the sweeper's decision written");
+    if settling {
+        if !resolved(&run, &resolver).await {
+            run.violation(&mut out, "script: the fork of x was never resolved");
+        }
+        steer_sweeper.release("converge");
+        if tokio::time::timeout(STEP_DEADLINE, deciding).await.is_err() {
+            run.violation(&mut out, "script: the sweeper's pass did not end");
+        }
+    }
     run.wrap_up(out, eur).await
 }
