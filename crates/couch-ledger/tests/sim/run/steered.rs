@@ -27,7 +27,7 @@ use crate::sim::cluster::Config;
 use crate::sim::http::{Route, SimTransport};
 
 /// The steered runs by name, each with what it checks.
-pub const STEERED: [(&str, &str); 4] = [
+pub const STEERED: [(&str, &str); 5] = [
     (
         "cancel-while-a-node-is-away",
         "a pending transfer cancelled while one copy of three is away (every transfer write answered 202)",
@@ -43,6 +43,10 @@ pub const STEERED: [(&str, &str); 4] = [
     (
         "decision-beside-other-terms",
         "the sweeper's decision of a transfer left initial, over initial answered 201 while other terms of the id stood on a copy; resolved before its settles land",
+    ),
+    (
+        "read-decision-beside-other-terms",
+        "a sweeper that lost its decision of a transfer left initial converges to the one it reads while other terms of the id stand on a copy it did not read; resolved before its settles land",
     ),
 ];
 
@@ -71,6 +75,7 @@ pub fn run_steered(name: &str) -> Outcome {
             "cancel-beside-untold-done" => cancel_beside_untold_done(seed).await,
             "cancel-beside-stepwise-commit" => cancel_beside_stepwise_commit(seed).await,
             "decision-beside-other-terms" => decision_beside_other_terms(seed).await,
+            "read-decision-beside-other-terms" => read_decision_beside_other_terms(seed).await,
             other => unreachable!("no steered run {other}"),
         }
     })
@@ -510,6 +515,103 @@ async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
     run.wrap_up(out, eur).await
 }
 
+/// A sweep pass of `ledger` that takes over transfers left five seconds.
+async fn pass(ledger: Ledger) {
+    let _ = ledger
+        .sweep_once(SweepOptions {
+            limit: 200,
+            stale_after: Duration::from_secs(5),
+        })
+        .await;
+}
+
+/// Steps 1 to 3 of [`decision_beside_other_terms`] and [`read_decision_beside_other_terms`]:
+/// `x` `initial` (a → b) on copies 0 and 1, recovered by a pass of `sweeper` from the markers
+/// of a process that died before its decision, and stale; other terms of `x` (a → c) `done` on
+/// copy 2 with the longer history; copy 2 cut off from `txn:x`. `false` (and a violation) when
+/// a step did not come.
+async fn recovered_beside_other_terms(
+    run: &Run,
+    out: &mut Outcome,
+    eur: Currency,
+    sweeper: &Ledger,
+) -> bool {
+    let cluster = Arc::clone(&run.cluster);
+    let steer_dead = Arc::new(Steer::default());
+    let (dead_slot, dead) = process(run, Route::RoundRobin, false, Some(&steer_dead));
+    let (_, other) = process(run, Route::RoundRobin, false, None);
+
+    // 1.
+    steer_dead.hold_at("decide");
+    let dying = tokio::spawn(async move {
+        let _ = dead.submit(request(eur), true).await;
+    });
+    run.slots.lock().unwrap()[dead_slot].tasks.push(dying);
+    if !steer_dead.reached("decide").await {
+        run.violation(out, "script: the first submit never came to its decision");
+        return false;
+    }
+    tokio::time::sleep(super::LEASE + Duration::from_secs(1)).await;
+
+    // 2.
+    cluster.cut(LEDGER_DB, X, 0);
+    cluster.cut(LEDGER_DB, X, 1);
+    let other_terms = TransferRequest {
+        destination: "c".to_owned(),
+        ..request(eur)
+    };
+    for _ in 0..3 {
+        match tokio::time::timeout(STEP_DEADLINE, other.submit(other_terms.clone(), true)).await {
+            Ok(Ok(o)) => {
+                tracing::info!(target: "sim", state = %o.state, "the other terms answered")
+            }
+            Ok(Err(e)) => tracing::info!(target: "sim", "the other terms answered: {e}"),
+            Err(_) => {
+                run.violation(out, "script: the other terms' submit did not answer");
+                return false;
+            }
+        }
+    }
+
+    // 3.
+    cluster.cut(LEDGER_DB, X, 2);
+    cluster.join(LEDGER_DB, X, 0);
+    cluster.join(LEDGER_DB, X, 1);
+    pass(sweeper.clone()).await;
+    // Stale for the next pass.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    true
+}
+
+/// A sweep pass of `sweeper` held before its decision of `x`, a few passes tried: a pass whose
+/// view read reaches the copy that holds the other terms' `done` sees nothing open. `None` if
+/// none came there.
+async fn held_deciding(steer: &Steer, sweeper: &Ledger) -> Option<tokio::task::JoinHandle<()>> {
+    steer.hold_at("decide");
+    for _ in 0..8 {
+        let mut deciding = tokio::spawn(pass(sweeper.clone()));
+        let held = tokio::select! {
+            reached = steer.reached("decide") => reached,
+            _ = &mut deciding => false,
+        };
+        if held {
+            return Some(deciding);
+        }
+    }
+    None
+}
+
+/// Whether the decision `deciding` was released to write goes on to settle at once (it is
+/// then held at `converge`) rather than ending its pass without settling.
+async fn settles_at_once(steer: &Steer, deciding: &mut tokio::task::JoinHandle<()>) -> bool {
+    let settling = tokio::select! {
+        reached = steer.reached("converge") => reached,
+        _ = deciding => false,
+    };
+    tracing::info!(target: "sim", settling, "the sweeper's decision written");
+    settling
+}
+
 /// The sweeper's one-write decision of a transfer left `initial`, written over `initial` and
 /// answered 201 while other terms of the id stood on a copy that had lacked the document, and
 /// a resolution made before its settles land (docs/CLUSTER.md, "Telling a decision on a
@@ -531,95 +633,81 @@ async fn decision_beside_other_terms(seed: u64) -> Outcome {
         Ok(s) => s,
         Err(out) => return out,
     };
-    let cluster = Arc::clone(&run.cluster);
-    let steer_dead = Arc::new(Steer::default());
-    let steer_sweeper = Arc::new(Steer::default());
-    let (dead_slot, dead) = process(&run, Route::RoundRobin, false, Some(&steer_dead));
-    let (_, other) = process(&run, Route::RoundRobin, false, None);
-    let (_, sweeper) = process(&run, Route::RoundRobin, false, Some(&steer_sweeper));
+    let steer = Arc::new(Steer::default());
+    let (_, sweeper) = process(&run, Route::RoundRobin, false, Some(&steer));
     let (_, resolver) = process(&run, Route::RoundRobin, false, None);
-    let pass_of = |ledger: &Ledger| {
-        let ledger = ledger.clone();
-        async move {
-            let _ = ledger
-                .sweep_once(SweepOptions {
-                    limit: 200,
-                    stale_after: Duration::from_secs(5),
-                })
-                .await;
-        }
-    };
-
-    // 1.
-    steer_dead.hold_at("decide");
-    let dying = {
-        let ledger = dead.clone();
-        tokio::spawn(async move {
-            let _ = ledger.submit(request(eur), true).await;
-        })
-    };
-    run.slots.lock().unwrap()[dead_slot].tasks.push(dying);
-    if !steer_dead.reached("decide").await {
-        run.violation(
-            &mut out,
-            "script: the first submit never came to its decision",
-        );
+    if !recovered_beside_other_terms(&run, &mut out, eur, &sweeper).await {
         return run.wrap_up(out, eur).await;
     }
-    tokio::time::sleep(super::LEASE + Duration::from_secs(1)).await;
-
-    // 2.
-    cluster.cut(LEDGER_DB, X, 0);
-    cluster.cut(LEDGER_DB, X, 1);
-    let other_terms = TransferRequest {
-        destination: "c".to_owned(),
-        ..request(eur)
-    };
-    for _ in 0..3 {
-        match tokio::time::timeout(STEP_DEADLINE, other.submit(other_terms.clone(), true)).await {
-            Ok(Ok(o)) => {
-                tracing::info!(target: "sim", state = %o.state, "the other terms answered")
-            }
-            Ok(Err(e)) => tracing::info!(target: "sim", "the other terms answered: {e}"),
-            Err(_) => {
-                run.violation(&mut out, "script: the other terms' submit did not answer");
-                return run.wrap_up(out, eur).await;
-            }
-        }
-    }
-
-    // 3.
-    cluster.cut(LEDGER_DB, X, 2);
-    cluster.join(LEDGER_DB, X, 0);
-    cluster.join(LEDGER_DB, X, 1);
-    pass_of(&sweeper).await;
-    // Stale for the next pass.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    steer_sweeper.hold_at("decide");
-    let mut deciding = tokio::spawn(pass_of(&sweeper));
-    if !steer_sweeper.reached("decide").await {
+    let Some(mut deciding) = held_deciding(&steer, &sweeper).await else {
         run.violation(&mut out, "script: the sweeper never came to decide x");
         return run.wrap_up(out, eur).await;
-    }
+    };
 
     // 4.
-    cluster.join(LEDGER_DB, X, 2);
-    steer_sweeper.hold_at("converge");
-    steer_sweeper.release("decide");
+    run.cluster.join(LEDGER_DB, X, 2);
+    steer.hold_at("converge");
+    steer.release("decide");
     // Today the decision waits until it stands alone on every copy, and the pass ends without
-    // settling; settling at once, it is held before its settles.
-    let settling = tokio::select! {
-        reached = steer_sweeper.reached("converge") => reached,
-        _ = &mut deciding => false,
+    // settling.
+    if settles_at_once(&steer, &mut deciding).await {
+        if !resolved(&run, &resolver).await {
+            run.violation(&mut out, "script: the fork of x was never resolved");
+        }
+        steer.release("converge");
+        if tokio::time::timeout(STEP_DEADLINE, deciding).await.is_err() {
+            run.violation(&mut out, "script: the sweeper's pass did not end");
+        }
+    }
+    run.wrap_up(out, eur).await
+}
+
+/// The same, the decision read instead of written: two sweepers decide `x` at once over
+/// `initial` on copies 0 and 1 (copy 2 still cut off). The first's write is answered 202; the
+/// second loses its write, reads the first's `done` from copies that do not hold the other
+/// terms, and converges the accounts to it (`converge_now`): at once, it would settle the
+/// markers that a resolution keeping the other terms then leaves counted besides them.
+async fn read_decision_beside_other_terms(seed: u64) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, STEERED[4].1).await {
+        Ok(s) => s,
+        Err(out) => return out,
     };
-    tracing::info!(target: "sim", settling, "the sweeper's decision written");
+    let (steer_first, steer_second) = (Arc::new(Steer::default()), Arc::new(Steer::default()));
+    let (_, first) = process(&run, Route::RoundRobin, false, Some(&steer_first));
+    let (_, second) = process(&run, Route::RoundRobin, false, Some(&steer_second));
+    let (_, resolver) = process(&run, Route::RoundRobin, false, None);
+    if !recovered_beside_other_terms(&run, &mut out, eur, &first).await {
+        return run.wrap_up(out, eur).await;
+    }
+    let (Some(deciding_first), Some(mut deciding_second)) = (
+        held_deciding(&steer_first, &first).await,
+        held_deciding(&steer_second, &second).await,
+    ) else {
+        run.violation(&mut out, "script: the sweepers never both came to decide x");
+        return run.wrap_up(out, eur).await;
+    };
+    steer_first.release("decide");
+    if tokio::time::timeout(STEP_DEADLINE, deciding_first)
+        .await
+        .is_err()
+    {
+        run.violation(&mut out, "script: the first sweeper's pass did not end");
+        return run.wrap_up(out, eur).await;
+    }
+    steer_second.hold_at("converge");
+    steer_second.release("decide");
+    let settling = settles_at_once(&steer_second, &mut deciding_second).await;
+    run.cluster.join(LEDGER_DB, X, 2);
     if settling {
         if !resolved(&run, &resolver).await {
             run.violation(&mut out, "script: the fork of x was never resolved");
         }
-        steer_sweeper.release("converge");
-        if tokio::time::timeout(STEP_DEADLINE, deciding).await.is_err() {
-            run.violation(&mut out, "script: the sweeper's pass did not end");
+        steer_second.release("converge");
+        if tokio::time::timeout(STEP_DEADLINE, deciding_second)
+            .await
+            .is_err()
+        {
+            run.violation(&mut out, "script: the second sweeper's pass did not end");
         }
     }
     run.wrap_up(out, eur).await
