@@ -261,6 +261,18 @@ async fn submitted_held_before_commit(
     steer.reached("commit").await
 }
 
+/// A `cancel` of `x` through `ledger`, held before its undos (its `canceling` written); `None`
+/// if it never came there.
+async fn cancel_held_before_undos(
+    steer: &Steer,
+    ledger: &Ledger,
+) -> Option<tokio::task::JoinHandle<couch_ledger::Result<TransferOutcome>>> {
+    steer.hold_at("undo");
+    let ledger = ledger.clone();
+    let cancelling = tokio::spawn(async move { ledger.cancel("x").await });
+    steer.reached("undo").await.then_some(cancelling)
+}
+
 /// The revisions of `txn:x` on the first copy that holds it: its winner's position.
 fn revisions_of_x(run: &Run) -> u64 {
     let s = run.cluster.lock();
@@ -397,15 +409,10 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
         );
         return run.wrap_up(out, eur).await;
     }
-    steer_stepwise.hold_at("undo");
-    let cancelling = {
-        let ledger = stepwise.clone();
-        tokio::spawn(async move { ledger.cancel("x").await })
-    };
-    if !steer_stepwise.reached("undo").await {
+    let Some(cancelling) = cancel_held_before_undos(&steer_stepwise, &stepwise).await else {
         run.violation(&mut out, "script: the cancel never came to its undos");
         return run.wrap_up(out, eur).await;
-    }
+    };
 
     // 3.
     cluster.cut(LEDGER_DB, X, 2);
@@ -473,15 +480,10 @@ async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
 
     // 2.
     cluster.cut(LEDGER_DB, X, 2);
-    steer_cancel.hold_at("undo");
-    let cancel = {
-        let ledger = cancelling.clone();
-        tokio::spawn(async move { ledger.cancel("x").await })
-    };
-    if !steer_cancel.reached("undo").await {
+    let Some(cancel) = cancel_held_before_undos(&steer_cancel, &cancelling).await else {
         run.violation(&mut out, "script: the cancel never came to its undos");
         return run.wrap_up(out, eur).await;
-    }
+    };
 
     // 3.
     cluster.cut(LEDGER_DB, X, 0);
