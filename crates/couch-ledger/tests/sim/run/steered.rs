@@ -64,18 +64,21 @@ const STEP_DEADLINE: Duration = Duration::from_secs(60);
 
 /// Runs the steered run `name` on a fresh paused runtime of this thread.
 pub fn run_steered(name: &str) -> Outcome {
-    let seed = STEERED
+    let (index, &(name, what)) = STEERED
         .iter()
-        .position(|(n, _)| *n == name)
-        .expect("a steered run of that name") as u64;
-    let name = name.to_owned();
+        .enumerate()
+        .find(|(_, (n, _))| *n == name)
+        .expect("a steered run of that name");
+    let seed = index as u64;
     on_sim_runtime(seed, move || async move {
-        match name.as_str() {
-            "cancel-while-a-node-is-away" => cancel_while_a_node_is_away(seed).await,
-            "cancel-beside-untold-done" => cancel_beside_untold_done(seed).await,
-            "cancel-beside-stepwise-commit" => cancel_beside_stepwise_commit(seed).await,
-            "decision-beside-other-terms" => decision_beside_other_terms(seed).await,
-            "read-decision-beside-other-terms" => read_decision_beside_other_terms(seed).await,
+        match name {
+            "cancel-while-a-node-is-away" => cancel_while_a_node_is_away(seed, what).await,
+            "cancel-beside-untold-done" => cancel_beside_untold_done(seed, what).await,
+            "cancel-beside-stepwise-commit" => cancel_beside_stepwise_commit(seed, what).await,
+            "decision-beside-other-terms" => decision_beside_other_terms(seed, what).await,
+            "read-decision-beside-other-terms" => {
+                read_decision_beside_other_terms(seed, what).await
+            }
             other => unreachable!("no steered run {other}"),
         }
     })
@@ -321,8 +324,8 @@ async fn resolved(run: &Run, resolver: &Ledger) -> bool {
 /// cancel answers within its deadline, `cancelled` or `unconfirmed` (the sweeper finishes
 /// once the node is back), and writes the document a few times only, not once per try: past
 /// the copies' `_revs_limit` the copy that comes back cannot join the history.
-async fn cancel_while_a_node_is_away(seed: u64) -> Outcome {
-    let (mut run, mut out, eur) = match started(seed, STEERED[0].1).await {
+async fn cancel_while_a_node_is_away(seed: u64, what: &str) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, what).await {
         Ok(s) => s,
         Err(out) => return out,
     };
@@ -373,8 +376,8 @@ async fn cancel_while_a_node_is_away(seed: u64) -> Outcome {
 ///    settle nor an undo of it. A sweep pass resolves the fork; then the cancel's undos land,
 ///    and the sweeper finishes. Kept over the undos, the `done` would end counted on neither
 ///    account: nothing settles a one-write marker undone.
-async fn cancel_beside_untold_done(seed: u64) -> Outcome {
-    let (mut run, mut out, eur) = match started(seed, STEERED[1].1).await {
+async fn cancel_beside_untold_done(seed: u64, what: &str) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, what).await {
         Ok(s) => s,
         Err(out) => return out,
     };
@@ -457,8 +460,8 @@ async fn cancel_beside_untold_done(seed: u64) -> Outcome {
 /// 5. The cancel's undos land, then its `cancelled` (a child of a leaf the resolution
 ///    deleted), then the commit's settles. The transfer must end as its accounts say, and no
 ///    caller be told an outcome that does not stand.
-async fn cancel_beside_stepwise_commit(seed: u64) -> Outcome {
-    let (mut run, mut out, eur) = match started(seed, STEERED[2].1).await {
+async fn cancel_beside_stepwise_commit(seed: u64, what: &str) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, what).await {
         Ok(s) => s,
         Err(out) => return out,
     };
@@ -630,8 +633,8 @@ async fn settles_at_once(steer: &Steer, deciding: &mut tokio::task::JoinHandle<(
 /// 4. Every copy back; the decision (`done`, a → b) over `initial` is taken by every copy
 ///    (201). If it goes on to settle at once, it is held there while a sweep pass resolves `x`;
 ///    then the settles land. Settled after the other terms were kept, both terms would count.
-async fn decision_beside_other_terms(seed: u64) -> Outcome {
-    let (mut run, mut out, eur) = match started(seed, STEERED[3].1).await {
+async fn decision_beside_other_terms(seed: u64, what: &str) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, what).await {
         Ok(s) => s,
         Err(out) => return out,
     };
@@ -669,8 +672,8 @@ async fn decision_beside_other_terms(seed: u64) -> Outcome {
 /// second loses its write, reads the first's `done` from copies that do not hold the other
 /// terms, and converges the accounts to it (`converge_now`): at once, it would settle the
 /// markers that a resolution keeping the other terms then leaves counted besides them.
-async fn read_decision_beside_other_terms(seed: u64) -> Outcome {
-    let (mut run, mut out, eur) = match started(seed, STEERED[4].1).await {
+async fn read_decision_beside_other_terms(seed: u64, what: &str) -> Outcome {
+    let (mut run, mut out, eur) = match started(seed, what).await {
         Ok(s) => s,
         Err(out) => return out,
     };
