@@ -407,11 +407,18 @@ pub fn hot_drawn() -> bool {
     std::env::var("SIM_HOT").is_ok_and(|v| v == "1")
 }
 
-/// Whether every run takes the trio's shape (`SIM_TRIO=1`): it finds a hole the ledger does not
-/// close yet (docs/CLUSTER.md, "Open: reads of one copy"), so the CI seeds leave it out and say
-/// so.
+/// Whether every run takes the trio's shape: under `SIM_TRIO=1`, or for the runner's own group
+/// of trio seeds (docs/CLUSTER.md, "Open: reads of one copy").
 pub fn trio_drawn() -> bool {
-    std::env::var("SIM_TRIO").is_ok_and(|v| v == "1")
+    TRIO.load(Ordering::Relaxed) || std::env::var("SIM_TRIO").is_ok_and(|v| v == "1")
+}
+
+/// Set by the runner for its group of trio seeds.
+static TRIO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every seed run from now on take the trio's shape.
+pub fn set_trio() {
+    TRIO.store(true, Ordering::Relaxed);
 }
 
 /// How many transfers (and markers) one sweep pass looks at (`SIM_PASS_LIMIT=N`): by default
